@@ -1,0 +1,79 @@
+"""In-memory timer store (ADR 0118 D4 semantics; the reference for the SQL stores)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+from loom_core.errors import InvalidOptionError
+from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
+from loom_core.validation import (
+    check_aware,
+    check_execution_id,
+    check_limit,
+    check_timer_record,
+)
+
+__all__ = ["MemoryTimerStore"]
+
+
+class MemoryTimerStore:
+    """Rows keyed by (execution_id, wake_at); ``schedule`` upserts with coalesce."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, datetime], Redrive | None] = {}
+
+    async def schedule(self, record: TimerRecord) -> None:
+        record = check_timer_record(record)
+        await asyncio.sleep(0)
+        key = (record.execution_id, record.wake_at)
+        # A plain schedule never clears a re-drive flag; a flagged one replaces it.
+        self._rows[key] = record.redrive or self._rows.get(key)
+
+    async def due(
+        self, now: datetime, *, limit: int = DEFAULT_LIST_LIMIT, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        now = check_aware(now, "now")
+        limit = check_limit(limit)
+        if not isinstance(redrive, bool):
+            raise InvalidOptionError(f"redrive must be a bool, not {type(redrive).__name__}")
+        await asyncio.sleep(0)
+        rows = sorted(
+            (wake_at, execution_id, flag)
+            for (execution_id, wake_at), flag in self._rows.items()
+            if wake_at <= now and (redrive or flag is None)
+        )
+        return tuple(TimerRecord(e, w, f) for w, e, f in rows[:limit])
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        execution_id = check_execution_id(execution_id)
+        await asyncio.sleep(0)
+        return tuple(
+            TimerRecord(e, w, f) for (e, w), f in sorted(self._rows.items(), key=lambda r: r[0][1])
+            if e == execution_id
+        )
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        execution_id = check_execution_id(execution_id)
+        wake_at = check_aware(wake_at, "wake_at")
+        await asyncio.sleep(0)
+        return self._rows.pop((execution_id, wake_at), _MISSING) is not _MISSING
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        execution_id = check_execution_id(execution_id)
+        if wake_at is not None:
+            wake_at = check_aware(wake_at, "wake_at")
+        await asyncio.sleep(0)
+        doomed = [
+            key for key in self._rows
+            if key[0] == execution_id and (wake_at is None or key[1] == wake_at)
+        ]
+        for key in doomed:
+            del self._rows[key]
+        return len(doomed)
+
+    async def close(self) -> None:
+        return None
+
+
+_MISSING = object()

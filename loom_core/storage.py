@@ -1,0 +1,80 @@
+"""The :class:`Storage` bundle: one event store, timer store and lease store, opened and
+closed together."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import final
+
+from loom_core.errors import InvalidOptionError
+from loom_core.spi import EventStore, LeaseStore, TimerStore
+
+__all__ = ["Storage"]
+
+
+@final
+class Storage:
+    """Stores that share one backend. Use as ``async with`` or call :meth:`close`.
+
+    ``on_close`` runs after the three stores are closed (a backend closes its pool or
+    connection there). Closing twice is harmless.
+    """
+
+    __slots__ = ("_closed", "_on_close", "events", "leases", "timers", "url")
+
+    def __init__(
+        self,
+        events: EventStore,
+        timers: TimerStore,
+        leases: LeaseStore,
+        *,
+        url: str = "",
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        for name, value, protocol in (
+            ("events", events, EventStore),
+            ("timers", timers, TimerStore),
+            ("leases", leases, LeaseStore),
+        ):
+            if not isinstance(value, protocol):
+                raise InvalidOptionError(
+                    f"Storage({name}=...) must implement {protocol.__name__}, "
+                    f"got {type(value).__name__}"
+                )
+        self.events = events
+        self.timers = timers
+        self.leases = leases
+        self.url = url
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.events.close()
+            await self.timers.close()
+            await self.leases.close()
+        finally:
+            if self._on_close is not None:
+                await self._on_close()
+
+    async def __aenter__(self) -> Storage:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url or type(self.events).__name__})"

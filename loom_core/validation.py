@@ -1,0 +1,257 @@
+"""Checks every public entry point runs on its arguments before touching a store.
+
+Each check raises an :class:`~loom_core.errors.InvalidInputError` subclass that says what
+was wrong, so a refused call never writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Final
+
+from loom_core.errors import (
+    InvalidEventError,
+    InvalidExecutionIdError,
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidSequenceError,
+)
+from loom_core.events import JsonObject, JsonValue, NewEvent
+from loom_core.spi import AppendRequest, Redrive, TimerRecord
+
+__all__ = [
+    "MAX_ID_BYTES",
+    "MAX_KIND_LENGTH",
+    "RESERVED_METADATA_KEYS",
+    "canonical_json",
+    "check_append_requests",
+    "check_aware",
+    "check_count",
+    "check_events",
+    "check_execution_id",
+    "check_fence",
+    "check_limit",
+    "check_sequence",
+    "check_key",
+    "check_timer_record",
+    "check_ttl",
+]
+
+MAX_ID_BYTES: Final = 512
+MAX_KIND_LENGTH: Final = 200
+MAX_EVENTS_PER_APPEND: Final = 10_000
+RESERVED_METADATA_KEYS: Final = frozenset({"fence"})
+
+
+def check_key(value: object, what: str = "execution id") -> str:
+    """A non-empty string of at most 512 UTF-8 bytes with no control characters."""
+    if not isinstance(value, str):
+        raise InvalidExecutionIdError(value, f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidExecutionIdError(value, f"{what} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidExecutionIdError(value, f"{what} contains a lone surrogate") from None
+    if size > MAX_ID_BYTES:
+        raise InvalidExecutionIdError(value, f"{what} is {size} bytes; the limit is {MAX_ID_BYTES}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise InvalidExecutionIdError(value, f"{what} contains a control character (NUL included)")
+    return value
+
+
+def check_execution_id(value: object) -> str:
+    return check_key(value, "execution id")
+
+
+def _check_int(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSequenceError(f"{what} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise InvalidSequenceError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_sequence(value: object, what: str = "sequence") -> int:
+    """A non-negative int (``bool`` is refused, though it is an ``int``)."""
+    return _check_int(value, what, 0)
+
+
+def check_fence(value: object, what: str = "fence") -> int:
+    return _check_int(value, what, 0)
+
+
+def check_count(value: object, what: str, minimum: int = 0) -> int:
+    return _check_int(value, what, minimum)
+
+
+def check_limit(value: object, what: str = "limit") -> int:
+    """A positive int."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptionError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise InvalidOptionError(f"{what} must be >= 1, got {value}")
+    return value
+
+
+def check_aware(value: object, what: str) -> datetime:
+    """A timezone-aware datetime, returned in UTC."""
+    if not isinstance(value, datetime):
+        raise InvalidOptionError(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOptionError(f"{what} must be timezone-aware (got naive {value.isoformat()})")
+    return value.astimezone(UTC)
+
+
+def _check_json(value: object, path: str, depth: int = 0) -> JsonValue:
+    if depth > 200:
+        raise InvalidEventError(f"{path} nests deeper than 200 levels")
+    if value is None or isinstance(value, bool | str):
+        if isinstance(value, str):
+            _check_text(value, path)
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidEventError(f"{path} is {value!r}, which JSON cannot represent")
+        return value
+    if isinstance(value, list | tuple):
+        return [_check_json(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidEventError(f"{path} has a non-string key {k!r}; JSON keys are strings")
+            _check_text(k, f"{path} key")
+            out[k] = _check_json(v, f"{path}.{k}", depth + 1)
+        return out
+    raise InvalidEventError(f"{path} is a {type(value).__name__}, which is not a JSON value")
+
+
+def _check_text(value: str, path: str) -> None:
+    if "\x00" in value:
+        # PostgreSQL jsonb cannot store U+0000; refuse it everywhere so stores agree.
+        raise InvalidEventError(f"{path} contains U+0000, which JSON stores cannot hold")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidEventError(f"{path} contains a lone surrogate") from None
+
+
+def check_json(value: object, what: str) -> JsonValue:
+    """A JSON value, as a fresh copy with tuples turned into lists."""
+    return _check_json(value, what)
+
+
+def check_metadata(value: object, what: str) -> JsonObject:
+    if not isinstance(value, Mapping):
+        raise InvalidEventError(f"{what} must be a JSON object, not {type(value).__name__}")
+    checked = _check_json(value, what)
+    assert isinstance(checked, dict)
+    return checked
+
+
+def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent, ...]:
+    """A non-empty sequence of valid :class:`NewEvent` (fresh, validated copies)."""
+    if isinstance(events, NewEvent) or not isinstance(events, Sequence | Iterable):
+        raise InvalidEventError(
+            f"events must be a sequence of NewEvent, not {type(events).__name__}"
+        )
+    items = tuple(events)
+    if not items and not allow_empty:
+        raise InvalidEventError("events must not be empty")
+    if len(items) > MAX_EVENTS_PER_APPEND:
+        raise InvalidEventError(
+            f"{len(items)} events in one append; the limit is {MAX_EVENTS_PER_APPEND}"
+        )
+    out = []
+    for i, event in enumerate(items):
+        if not isinstance(event, NewEvent):
+            raise InvalidEventError(f"events[{i}] is a {type(event).__name__}, not a NewEvent")
+        kind = event.kind
+        if not isinstance(kind, str) or not kind:
+            raise InvalidEventError(f"events[{i}].kind must be a non-empty str, got {kind!r}")
+        if len(kind) > MAX_KIND_LENGTH or any(ord(c) < 0x20 or ord(c) == 0x7F for c in kind):
+            raise InvalidEventError(
+                f"events[{i}].kind {kind[:40]!r} must be at most {MAX_KIND_LENGTH} printable "
+                "characters"
+            )
+        _check_text(kind, f"events[{i}].kind")
+        payload = check_json(event.payload, f"events[{i}].payload")
+        metadata = check_metadata(event.metadata, f"events[{i}].metadata")
+        reserved = RESERVED_METADATA_KEYS & metadata.keys()
+        if reserved:
+            raise InvalidEventError(
+                f"events[{i}].metadata uses the reserved key(s) {sorted(reserved)}; "
+                "the store stamps 'fence' from append(fence=...)"
+            )
+        out.append(NewEvent(str(kind), payload, metadata))
+    return tuple(out)
+
+
+def canonical_json(value: JsonValue) -> str:
+    """Compact JSON text with sorted keys (what SQL stores persist)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
+                      allow_nan=False)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def check_append_requests(
+    requests: Sequence[AppendRequest],
+) -> list[tuple[AppendRequest, tuple[NewEvent, ...]]]:
+    """A valid ``append_many`` batch: non-empty, each id once, each request checked."""
+    if isinstance(requests, AppendRequest) or not isinstance(requests, Sequence):
+        raise InvalidInputError("append_many takes a sequence of AppendRequest")
+    if not requests:
+        raise InvalidInputError("append_many needs at least one AppendRequest")
+    seen: set[str] = set()
+    out = []
+    for i, request in enumerate(requests):
+        if not isinstance(request, AppendRequest):
+            raise InvalidInputError(f"requests[{i}] is a {type(request).__name__}, "
+                                    "not an AppendRequest")
+        execution_id = check_execution_id(request.execution_id)
+        if execution_id in seen:
+            raise InvalidInputError(
+                f"append_many names {execution_id!r} twice; put its events in one request"
+            )
+        seen.add(execution_id)
+        events = check_events(request.events)
+        expected = check_sequence(request.expected_sequence, f"requests[{i}].expected_sequence")
+        fence = None if request.fence is None else check_fence(request.fence)
+        out.append((AppendRequest(execution_id, events, expected, fence), events))
+    return out
+
+
+def check_timer_record(record: object) -> TimerRecord:
+    """A valid :class:`TimerRecord` with ``wake_at`` in UTC."""
+    if not isinstance(record, TimerRecord):
+        raise InvalidOptionError(f"schedule takes a TimerRecord, not {type(record).__name__}")
+    execution_id = check_execution_id(record.execution_id)
+    wake_at = check_aware(record.wake_at, "wake_at")
+    redrive = record.redrive
+    if redrive is not None:
+        if not isinstance(redrive, Redrive):
+            raise InvalidOptionError(f"redrive must be a Redrive, not {type(redrive).__name__}")
+        attempt = redrive.attempt
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise InvalidOptionError(f"redrive.attempt must be an int >= 0, got {attempt!r}")
+    return TimerRecord(execution_id, wake_at, redrive)
+
+
+def check_ttl(ttl_seconds: object) -> float:
+    """A finite, positive number of seconds."""
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise InvalidOptionError(
+            f"ttl_seconds must be a number, not {type(ttl_seconds).__name__}"
+        )
+    if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
+        raise InvalidOptionError(f"ttl_seconds must be finite and > 0, got {ttl_seconds!r}")
+    return float(ttl_seconds)

@@ -1,0 +1,58 @@
+import enum
+
+import pytest
+
+from loom_core import CLASSIFICATION, EventKind, NewEvent, UnclassifiedKindError, is_answering
+from loom_core.kinds import build_classification
+
+ANSWERING = {
+    "EXECUTION_RESUMED",
+    "EXECUTION_SUSPENDED",
+    "EXECUTION_COMPLETED",
+    "EXECUTION_FAILED",
+    "EXECUTION_CANCELLED",
+    "EXECUTION_CONTINUED",
+}
+
+
+def test_classification_is_total_over_kernel_kinds() -> None:
+    assert set(CLASSIFICATION) == {k.value for k in EventKind}
+
+
+@pytest.mark.parametrize("kind", sorted(k.value for k in EventKind))
+def test_each_kernel_kind_is_classified_as_adr_0118_says(kind: str) -> None:
+    assert is_answering(NewEvent(kind)) == (kind in ANSWERING)
+
+
+def test_unknown_kind_is_ignorable() -> None:
+    assert not is_answering(NewEvent("order.shipped"))
+
+
+def test_unknown_kind_stamped_kernel_true_is_answering() -> None:
+    assert is_answering(NewEvent("EXECUTION_REWOUND", metadata={"kernel": True}))
+
+
+@pytest.mark.parametrize("stamp", ["true", 1, "True", None, False])
+def test_only_json_true_counts_as_the_kernel_stamp(stamp: object) -> None:
+    assert not is_answering(NewEvent("EXECUTION_REWOUND", metadata={"kernel": stamp}))  # type: ignore[dict-item]
+
+
+def test_kernel_kind_ignores_the_stamp() -> None:
+    assert not is_answering(NewEvent("STEP_COMPLETED", metadata={"kernel": True}))
+
+
+def test_an_unclassified_kind_fails_the_build() -> None:
+    class Kinds(enum.StrEnum):
+        A = "A"
+        B = "B"
+
+    with pytest.raises(UnclassifiedKindError, match="'B'"):
+        build_classification(Kinds, ("A",), ())
+
+
+def test_a_kind_classified_twice_fails_the_build() -> None:
+    class Kinds(enum.StrEnum):
+        A = "A"
+
+    with pytest.raises(UnclassifiedKindError, match="twice"):
+        build_classification(Kinds, ("A",), ("A",))
