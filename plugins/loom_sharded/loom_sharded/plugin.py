@@ -32,9 +32,16 @@ from loom_sharded.timers import ShardedTimerStore
 
 __all__ = ["ShardedDecorator", "loom_register_decorators", "sharded_storage"]
 
-OPTIONS: Final = frozenset({"shards", "names"})
+OPTIONS: Final = frozenset({"shards", "names", "colocate"})
 CONFORMANCE_EXTRA_SHARDS: Final = 2
 """The kit runs through three shards: the store under test and two more of its kind."""
+CONFORMANCE_COLOCATE: Final = "-"
+"""The kit's multi-execution cases (``append_many`` of ``exec-a`` and ``exec-b``, a
+``copy_prefix`` of ``exec-src`` to ``exec-branch``) need their ids on one shard, which is
+what co-location is for: with ``-`` they share the stem ``exec``. Ids with other stems
+(``job-1``, ``page-…``, ``copy-target``, lease keys) still spread over the shards; the
+plugin's own tests also run the kit with plain routing, where only those cases are left
+out, and test their cross-shard refusal instead."""
 
 
 def _names(names: object, count: int) -> tuple[str, ...]:
@@ -50,14 +57,22 @@ def _names(names: object, count: int) -> tuple[str, ...]:
     return tuple(ShardRouter(names).names)
 
 
-def sharded_storage(shards: Sequence[Storage], *, names: Sequence[str] | None = None) -> Storage:
+def sharded_storage(
+    shards: Sequence[Storage],
+    *,
+    names: Sequence[str] | None = None,
+    colocate: str | None = None,
+) -> Storage:
     """One :class:`Storage` over ``shards`` (which it owns: closing it closes each).
 
     ``names`` are the shards' routing names (default ``shard-0``, ``shard-1``, …): an id's
     owner depends on them, not on the list order, so name shards when the list may be
-    reordered. Refuses (:class:`~loom_core.errors.InvalidOptionError`) an empty list, a
-    storage given twice, names that are not one unique printable str per shard, and shards
-    whose event stores do not offer the same optional methods.
+    reordered. ``colocate`` is a separator: ids with the same stem before it share a shard
+    (:mod:`loom_sharded.routing`).
+
+    Refuses (:class:`~loom_core.errors.InvalidOptionError`) an empty list, a storage given
+    twice, names that are not one unique printable str per shard, a bad ``colocate``, and
+    shards whose event stores do not offer the same optional methods.
     """
     if isinstance(shards, str) or not isinstance(shards, Sequence) or not shards:
         raise InvalidOptionError("sharded_storage needs a non-empty list of Storage")
@@ -66,7 +81,9 @@ def sharded_storage(shards: Sequence[Storage], *, names: Sequence[str] | None = 
             raise InvalidOptionError(f"shard {i} is a {type(shard).__name__}, not a Storage")
     if len({id(shard) for shard in shards}) != len(shards):
         raise InvalidOptionError("the same Storage is given as two shards")
-    router = ShardRouter(_names(names, len(shards)))
+    if colocate is not None and not isinstance(colocate, str):
+        raise InvalidOptionError(f"colocate must be a str, not {type(colocate).__name__}")
+    router = ShardRouter(_names(names, len(shards)), colocate=colocate)
     info = [Shard(i, name, redact_url(s.url)) for i, (name, s) in
             enumerate(zip(router.names, shards, strict=True))]
     events = ShardedEventStore([s.events for s in shards], router=router, shard_info=info)
@@ -83,8 +100,9 @@ def sharded_storage(shards: Sequence[Storage], *, names: Sequence[str] | None = 
 @final
 class ShardedDecorator:
     """``sharded``: options ``shards`` (required: a list of URLs or open Storage objects,
-    the shards after the decorated one) and ``names`` (optional routing names, one per
-    shard, shard 0 first)."""
+    the shards after the decorated one), ``names`` (optional routing names, one per
+    shard, shard 0 first) and ``colocate`` (optional separator: ids with the same stem
+    before it share a shard)."""
 
     __slots__ = ()
 
@@ -101,7 +119,9 @@ class ShardedDecorator:
             )
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
-            raise InvalidOptionError(f"unknown sharded option(s) {unknown}; known: names, shards")
+            raise InvalidOptionError(
+                f"unknown sharded option(s) {unknown}; known: colocate, names, shards"
+            )
         if "shards" not in options:
             raise InvalidOptionError(
                 "the sharded decorator needs the option 'shards': the storages after the "
@@ -122,6 +142,9 @@ class ShardedDecorator:
                     f"shard {i} is a {type(item).__name__}; give a URL or an open Storage"
                 )
         names = _names(options.get("names"), 1 + len(extra))
+        colocate = options.get("colocate")
+        if colocate is not None and not isinstance(colocate, str):
+            raise InvalidOptionError(f"colocate must be a str, not {type(colocate).__name__}")
         opened: list[Storage] = []
         try:
             shards = [storage]
@@ -133,7 +156,7 @@ class ShardedDecorator:
                 else:
                     assert isinstance(item, Storage)
                     shards.append(item)
-            return sharded_storage(shards, names=names)
+            return sharded_storage(shards, names=names, colocate=colocate)
         except BaseException:
             # Only what we opened: the caller still owns what it handed in.
             for shard in opened:
@@ -141,7 +164,10 @@ class ShardedDecorator:
             raise
 
     async def conformance_options(self, open_inner: InnerOpener) -> Mapping[str, object]:
-        return {"shards": [await open_inner() for _ in range(CONFORMANCE_EXTRA_SHARDS)]}
+        return {
+            "shards": [await open_inner() for _ in range(CONFORMANCE_EXTRA_SHARDS)],
+            "colocate": CONFORMANCE_COLOCATE,
+        }
 
 
 @hookimpl

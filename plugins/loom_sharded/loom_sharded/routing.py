@@ -10,6 +10,12 @@ owns the id. The score of a shard depends only on its own name and the id, so:
 - removing a shard moves only the ids it owned; reordering named shards moves nothing.
 
 Shard names are therefore part of the data's placement: renaming a shard moves its ids.
+
+Co-location: with a ``colocate`` separator, an id routes by its *stem*, the text before the
+first separator (``order-42/child-1`` routes as ``order-42`` with ``colocate="/"``), so a
+parent and its children, or a log and its branches, share a shard and ``append_many`` and
+``copy_prefix`` work across them. An id without the separator (or starting with it) routes
+by the whole id.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from loom_core.errors import InvalidOptionError
+from loom_core.errors import InvalidExecutionIdError, InvalidOptionError
 from loom_core.validation import check_key
 
 __all__ = ["Movement", "ShardRouter", "default_names", "measure_movement"]
@@ -34,6 +40,13 @@ def default_names(count: int) -> tuple[str, ...]:
     return tuple(f"shard-{i}" for i in range(count))
 
 
+def _check_option(value: object, what: str) -> str:
+    try:
+        return check_key(value, what)
+    except InvalidExecutionIdError as error:
+        raise InvalidOptionError(f"{what} {error.value!r} refused: {error.reason}") from None
+
+
 def _score(name: bytes, key: str) -> int:
     digest = hashlib.blake2b(name + b"\x00" + key.encode("utf-8"), digest_size=8,
                              person=_PERSON).digest()
@@ -43,19 +56,31 @@ def _score(name: bytes, key: str) -> int:
 class ShardRouter:
     """Maps an id (execution id or lease key) to the index of the shard that owns it."""
 
-    __slots__ = ("_encoded", "names", "owner")
+    __slots__ = ("_encoded", "colocate", "names", "owner")
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], *, colocate: str | None = None) -> None:
         if isinstance(names, str) or not isinstance(names, Sequence) or not names:
             raise InvalidOptionError("shard names must be a non-empty sequence of str")
-        checked = tuple(check_key(name, "shard name") for name in names)
+        checked = tuple(_check_option(name, "shard name") for name in names)
         if len(set(checked)) != len(checked):
             raise InvalidOptionError(f"shard names must be unique, got {list(checked)}")
+        if colocate is not None:
+            colocate = _check_option(colocate, "colocate separator")
         self.names = checked
+        self.colocate = colocate
         self._encoded = tuple(name.encode("utf-8") for name in checked)
         self.owner = functools.lru_cache(maxsize=_CACHE_SIZE)(self._owner)
 
+    def stem(self, key: str) -> str:
+        """What ``key`` routes by: its text before the ``colocate`` separator, or all of it."""
+        if self.colocate is not None:
+            stem, found, _ = key.partition(self.colocate)
+            if found and stem:
+                return stem
+        return key
+
     def _owner(self, key: str) -> int:
+        key = self.stem(key)
         best, best_score = 0, -1
         for index, name in enumerate(self._encoded):
             score = _score(name, key)

@@ -8,7 +8,7 @@ import pytest
 from loom_sharded import ShardRouter, default_names, measure_movement
 from loom_sharded.movement import main as movement_main
 
-from loom_core import InvalidExecutionIdError, InvalidOptionError
+from loom_core import InvalidOptionError
 
 IDS = [f"execution-{i:06d}" for i in range(20_000)]
 
@@ -63,7 +63,7 @@ def test_removing_a_shard_moves_only_the_ids_it_owned() -> None:
     ids=["none", "dup", "empty", "nul", "str"],
 )
 def test_bad_shard_names_are_refused(names: object) -> None:
-    with pytest.raises((InvalidOptionError, InvalidExecutionIdError)):
+    with pytest.raises(InvalidOptionError):
         ShardRouter(names)  # type: ignore[arg-type]
 
 
@@ -74,3 +74,22 @@ def test_movement_figure_command_prints_the_table(capsys: pytest.CaptureFixture[
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [int(row[0]) for row in rows] == list(range(1, 9))
     assert all(abs(float(row[1]) - float(row[2])) < 0.03 for row in rows)
+
+
+def test_colocated_ids_share_the_shard_of_their_stem() -> None:
+    router = ShardRouter(default_names(5), colocate="/")
+    for n in range(200):
+        parent = f"order-{n}"
+        owner = router.owner(parent)
+        assert router.owner(f"{parent}/child-1") == owner
+        assert router.owner(f"{parent}/branch/2") == owner
+    assert router.stem("/leading") == "/leading"
+    assert router.stem("plain") == "plain"
+    spread = collections.Counter(router.owner(f"order-{n}/x") for n in range(2000))
+    assert len(spread) == 5, "stems still spread over every shard"
+
+
+def test_colocation_does_not_change_where_ids_without_the_separator_go() -> None:
+    plain = ShardRouter(default_names(3))
+    colocated = ShardRouter(default_names(3), colocate="/")
+    assert all(plain.owner(i) == colocated.owner(i) for i in IDS[:3000])

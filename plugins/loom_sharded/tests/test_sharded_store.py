@@ -134,6 +134,21 @@ async def test_copy_prefix_on_one_shard_works_and_across_shards_is_refused(
     assert await sharded.events.head(elsewhere) == 0
 
 
+async def test_colocated_executions_can_be_appended_and_branched_together(
+    shards: list[Storage],
+) -> None:
+    storage = sharded_storage(shards, colocate="/")
+    parent = "order-7"
+    children = [f"{parent}/child-{n}" for n in range(6)]
+    written = await storage.events.append_many(
+        [AppendRequest(i, [NewEvent("A")], 0) for i in [parent, *children]]
+    )
+    assert len(written) == 7
+    assert await storage.events.copy_prefix(parent, f"{parent}/branch", through_sequence=0) == 1
+    owner = events_of(storage).shard_of(parent)
+    assert len(await shards[owner].events.list_executions()) == 8
+
+
 async def test_delete_truncate_and_subscribe_route_to_the_owner(sharded: Storage) -> None:
     [execution_id] = ids_on(sharded, 2, 1)
     await sharded.events.append(
@@ -239,6 +254,8 @@ async def test_shards_given_as_urls_are_opened_and_closed_with_the_storage() -> 
         ({"shards": [], "names": ["a", "b"]}, "names has 2 entries but there are 1 shards"),
         ({"shards": [], "names": "a"}, "names must be a list"),
         ({"shards": [], "shard": []}, "unknown sharded option"),
+        ({"shards": [], "colocate": 1}, "colocate must be a str"),
+        ({"shards": [], "colocate": ""}, "colocate separator must not be empty"),
     ],
 )
 async def test_bad_options_are_refused_with_a_typed_error(
@@ -286,5 +303,5 @@ async def test_the_kit_gets_two_extra_shards_of_the_kind_under_test() -> None:
         return opened[-1]
 
     options = await ShardedDecorator().conformance_options(open_inner)
-    assert options == {"shards": opened}
+    assert options == {"shards": opened, "colocate": "-"}
     assert len(opened) == 2
