@@ -2,9 +2,13 @@
 
 import pytest
 from loom_conformance import StorageFactory, memory_factory
-from loom_conformance.suites import TestEventStoreContract
+from loom_conformance.suites import (
+    TestEventStoreContract,
+    TestLeaseStoreContract,
+    TestTimerStoreContract,
+)
 
-__all__ = ["TestEventStoreContract"]
+__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
 
 
 @pytest.fixture

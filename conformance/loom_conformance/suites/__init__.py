@@ -7,9 +7,18 @@
     )
 
 They run against whatever the ``loom_storage_factory`` fixture opens (``memory://`` unless
-a ``conftest.py`` overrides it).
+a ``conftest.py`` overrides it). ``TestDecoratorContract`` checks every registered
+decorator's decisions (see :mod:`loom_conformance.decorating`).
 """
 
+from loom_conformance.suites.decorators import TestDecoratorContract
 from loom_conformance.suites.events import TestEventStoreContract
+from loom_conformance.suites.leases import TestLeaseStoreContract
+from loom_conformance.suites.timers import TestTimerStoreContract
 
-__all__ = ["TestEventStoreContract"]
+__all__ = [
+    "TestDecoratorContract",
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestTimerStoreContract",
+]
