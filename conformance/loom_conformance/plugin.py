@@ -27,8 +27,13 @@ import pytest
 import pytest_asyncio
 
 from loom_conformance.factory import StorageFactory, memory_factory
-from loom_conformance.requirements import REQUIRES_ANY_MARK, REQUIRES_MARK, missing
-from loom_core import EventStore, LeaseStore, Storage, TimerStore
+from loom_conformance.requirements import (
+    COVERAGE_PROPERTY,
+    REQUIRES_ANY_MARK,
+    REQUIRES_MARK,
+    missing,
+)
+from loom_core import OPTIONAL_EVENT_STORE_METHODS, EventStore, LeaseStore, Storage, TimerStore
 
 __all__ = [
     "loom_events",
@@ -42,7 +47,43 @@ __all__ = [
 DECORATOR_CASE_FIXTURE: Final = "loom_decorator_case"
 
 
+class _OptionalMethodTally:
+    """Counts, per optional method, the passing refusal-or-offered checks by branch, and
+    prints them at the end of the run so a store author sees that none went untested."""
+
+    def __init__(self) -> None:
+        self.offered: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" or not report.passed:
+            return
+        for name, value in report.user_properties:
+            if name == COVERAGE_PROPERTY and isinstance(value, tuple):
+                method, offered = value
+                tally = self.offered if offered else self.refused
+                tally[method] = tally.get(method, 0) + 1
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not (self.offered or self.refused):
+            return
+        terminalreporter.section("loom-conformance: optional event-store methods")
+        for method in OPTIONAL_EVENT_STORE_METHODS:
+            offered, refused = self.offered.get(method, 0), self.refused.get(method, 0)
+            if not offered and not refused:
+                verdict = "NOT CHECKED"
+            else:
+                parts = []
+                if offered:
+                    parts.append(f"offered, contract run ({offered} store(s))")
+                if refused:
+                    parts.append(f"not offered, Unsupported checked ({refused} store(s))")
+                verdict = "; ".join(parts)
+            terminalreporter.write_line(f"  {method:<24} {verdict}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_OptionalMethodTally(), "loom-conformance-tally")
     config.addinivalue_line(
         "markers",
         f"{REQUIRES_MARK}(*methods): run only where the store offers every named optional "

@@ -24,7 +24,14 @@ import pytest
 
 from loom_core import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod
 
-__all__ = ["REFUSAL_TEST", "REQUIRES_ANY_MARK", "REQUIRES_MARK", "Requirements", "requires"]
+__all__ = [
+    "COVERAGE_PROPERTY",
+    "REFUSAL_TEST",
+    "REQUIRES_ANY_MARK",
+    "REQUIRES_MARK",
+    "Requirements",
+    "requires",
+]
 
 REQUIRES_MARK: Final = "loom_requires"
 """``@pytest.mark.loom_requires("m1", "m2")``: runs only where every named method is offered."""
@@ -34,6 +41,9 @@ REQUIRES_ANY_MARK: Final = "loom_requires_any"
 
 REFUSAL_TEST: Final = "test_optional_method_is_offered_or_refused_with_unsupported"
 """The test that checks, for every optional method, the branch the store chose."""
+
+COVERAGE_PROPERTY: Final = "loom_optional_method"
+"""The ``user_properties`` entry :data:`REFUSAL_TEST` records: ``(method, offered)``."""
 
 
 def _requires(*methods: OptionalMethod) -> pytest.MarkDecorator:

@@ -55,6 +55,29 @@ def test_suites_run_in_a_project_using_auto_mode(pytester: pytest.Pytester) -> N
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] > 100
     assert set(outcomes) == {"passed", "deselected"}, outcomes
+    result.stdout.fnmatch_lines([
+        "*loom-conformance: optional event-store methods*",
+        "*acquire_fence_if*offered, contract run (1 store(s))",
+    ])
+    assert "NOT CHECKED" not in result.stdout.str()
+
+
+def test_the_summary_shows_the_refused_branch_for_a_bare_store(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        "import pytest\n"
+        "from loom_conformance import memory_factory\n"
+        "@pytest.fixture\n"
+        "def loom_storage_factory():\n"
+        "    return memory_factory(offer=('subscribe',))\n"
+    )
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", "offered_or")
+    result.stdout.fnmatch_lines([
+        "*append_many*not offered, Unsupported checked (1 store(s))",
+        "*subscribe*offered, contract run (1 store(s))",
+    ])
 
 
 def test_a_conditional_acquire_that_ignores_the_park_fails_the_kit(

@@ -11,6 +11,7 @@ from typing import Any, Final
 import pytest
 
 from loom_conformance.factory import StorageFactory
+from loom_conformance.requirements import COVERAGE_PROPERTY
 from loom_conformance.suites._support import (
     app,
     close_iterator,
@@ -368,7 +369,7 @@ class EventStoreRequiredContract:
 
     @pytest.mark.parametrize("method", OPTIONAL_EVENT_STORE_METHODS)
     async def test_optional_method_is_offered_or_refused_with_unsupported(
-        self, loom_events: EventStore, method: OptionalMethod
+        self, loom_events: EventStore, method: OptionalMethod, request: pytest.FixtureRequest
     ) -> None:
         """Either branch is checked, so no optional method goes untested: an offered
         method exists (bad input gets InvalidInputError, not Unsupported); one that is not
@@ -388,6 +389,10 @@ class EventStoreRequiredContract:
             assert method in str(caught.value)
             assert isinstance(caught.value, NotImplementedError)
         assert await snapshot(loom_events, "exec-new") == before
+        # Read by the plugin's end-of-run summary of which branch each method took.
+        request.node.user_properties.append(
+            (COVERAGE_PROPERTY, (method, method in loom_events.capabilities))
+        )
 
     # -- bad input ----------------------------------------------------------------------
 
