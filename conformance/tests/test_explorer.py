@@ -1,6 +1,9 @@
 """The schedule explorer itself: its schedule count, its verdicts, and that it catches a
 store whose conditional acquire ignores the park."""
 
+import subprocess
+import sys
+
 import pytest
 from loom_conformance import StorageFactory, explore, memory_factory
 from loom_conformance.explorer import main, schedules
@@ -96,3 +99,15 @@ def test_command_prints_the_counts_and_succeeds(capsys: pytest.CaptureFixture[st
     assert "acquire_fence_if: 2047 schedules, 0 violations" in out
     assert "negative control, unconditional acquire_fence: 2047 schedules, " in out
     assert "negative control, unconditional acquire_fence: 2047 schedules, 0 violations" not in out
+
+
+def test_python_dash_m_runs_the_explorer() -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "loom_conformance.explorer",
+         "--steps", "6"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("acquire_fence_if: 127 schedules, 0 violations\n")
+    control = "negative control, unconditional acquire_fence: 127 schedules, 6 violations"
+    assert control in done.stdout

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
@@ -403,7 +402,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     isolation: Isolation = "execution" if args.isolation == "execution" else "store"
     return asyncio.run(_main(args.url, args.steps, isolation))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
