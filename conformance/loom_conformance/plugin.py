@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 DECORATOR_CASE_FIXTURE: Final = "loom_decorator_case"
+DECORATORS_INI: Final = "loom_decorators"
 
 
 class _OptionalMethodTally:
@@ -96,13 +97,23 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        DECORATORS_INI,
+        "decorator names TestDecoratorContract checks (default: every registered one)",
+        type="linelist",
+        default=[],
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The decorator checks run once per registered decorator and inner store, found when
     # the tests are collected (entry points, or plugins a conftest registered in-process).
     if DECORATOR_CASE_FIXTURE in metafunc.fixturenames:
         from loom_conformance.decorating import decorator_params
 
-        metafunc.parametrize(DECORATOR_CASE_FIXTURE, decorator_params())
+        names = metafunc.config.getini(DECORATORS_INI)
+        metafunc.parametrize(DECORATOR_CASE_FIXTURE, decorator_params(names or None))
 
 
 @pytest.fixture

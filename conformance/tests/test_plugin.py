@@ -109,3 +109,13 @@ def test_capabilities_that_claim_an_unoffered_method_fail_the_kit(
     outcomes = result.parseoutcomes()
     assert (outcomes.get("failed"), outcomes.get("passed")) == (2, 6), outcomes
     result.stdout.fnmatch_lines(["*offered_or_refused_with_unsupported?subscribe?*"])
+
+
+def test_the_decorator_contract_can_be_restricted_by_name(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nloom_decorators = no-such-decorator\n")
+    pytester.makepyfile(
+        test_decorators="from loom_conformance.suites import TestDecoratorContract\n"
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*no decorator named 'no-such-decorator' is installed*"])
+    assert result.ret != 0
