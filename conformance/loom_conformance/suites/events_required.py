@@ -71,7 +71,11 @@ _VALID_BATCH: Final = (app("order.placed", {"n": 1}),)
 
 
 def _ids(values: tuple[object, ...]) -> list[str]:
-    return [repr(v)[:24] for v in values]
+    """Stable, readable test ids (a bare ``object()`` would put its address in the id)."""
+    return [
+        type(v).__name__ if type(v) is object else repr(v)[:24].replace("\\", "/")
+        for v in values
+    ]
 
 
 async def _call_optional(
