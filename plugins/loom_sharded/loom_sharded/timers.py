@@ -29,7 +29,8 @@ class ShardedTimerStore:
     WARNING on the ``loom_sharded`` logger and kept in :attr:`unavailable`): its rows stay
     in place and are due again on the next poll once it is back, while the other shards'
     wakes keep firing. Unlike ``list_executions``, ``due`` has no cursor that would skip
-    the missing rows for good.
+    the missing rows for good. When *no* shard answers, ``due`` raises the first shard's
+    error instead of reporting that nothing is due.
     """
 
     def __init__(self, placement: Placement[TimerStore]) -> None:
@@ -64,6 +65,9 @@ class ShardedTimerStore:
             else:
                 pages.append(result)
         self.unavailable = tuple(skipped)
+        if not pages:
+            # Nothing answered: an empty result would read as "nothing is due".
+            raise skipped[0]
         merged = heapq.merge(*pages, key=_order)
         return tuple(record for _, record in zip(range(limit), merged, strict=False))
 

@@ -205,3 +205,17 @@ async def test_a_write_error_keeps_its_meaning_and_gains_the_shard_name(
         await storage.events.append(gone, [NewEvent("A")], expected_sequence=0)
     assert not isinstance(failed.value, StorageUnavailableError)
     assert any("shard 1 (shard-1" in note for note in failed.value.__notes__)
+
+
+async def test_due_with_every_shard_down_raises_instead_of_finding_nothing_due() -> None:
+    backends = [Backend() for _ in range(2)]
+    shards = [await behind(backend, f"memory://shard{i}") for i, backend in enumerate(backends)]
+    async with sharded_storage(shards) as storage:
+        await storage.timers.schedule(TimerRecord("exec-1", T0))
+        for backend in backends:
+            backend.stop(OUTAGES["driver-error"])
+        with pytest.raises(ShardUnavailableError, match="shard 0"):
+            await storage.timers.due(T0 + timedelta(days=1))
+        for backend in backends:
+            backend.start()
+        assert len(await storage.timers.due(T0 + timedelta(days=1))) == 1
