@@ -1,0 +1,37 @@
+"""Fixtures for the loom-sqlite tests: a fresh database file per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from loom_core import Storage, open_storage
+from sqlite_helpers import url_for
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "loom.db"
+
+
+@pytest.fixture
+def db_url(db_path: Path) -> str:
+    return url_for(db_path)
+
+
+@pytest.fixture
+async def storage(db_url: str) -> AsyncIterator[Storage]:
+    async with open_storage(db_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def loom_storage_factory(tmp_path: Path) -> Callable[[], Awaitable[Storage]]:
+    """The conformance kit's hook: each call opens a fresh, empty SQLite file."""
+    counter = iter(range(1_000_000))
+
+    async def factory() -> Storage:
+        return await open_storage(url_for(tmp_path / f"conformance-{next(counter)}.db"))
+
+    return factory
