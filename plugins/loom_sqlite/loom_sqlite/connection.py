@@ -13,8 +13,10 @@ is there and refuses clearly if a future aiosqlite removes it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar, cast, final
 
@@ -126,12 +128,40 @@ def _explain(path: str, exc: sqlite3.Error) -> StorageError:
 
 
 def _require_directory(path: str) -> None:
-    # SQLite's own error for this is a bare "unable to open database file".
+    # SQLite's own error for each of these is a bare "unable to open database file".
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
         raise DatabaseOpenError(
             path, f"the directory {directory!r} does not exist; create it first"
+        ) from None
+    except PermissionError:
+        raise DatabaseOpenError(
+            path, f"the directory {directory!r} cannot be reached (permission denied)"
+        ) from None
+    except OSError as exc:
+        raise DatabaseOpenError(path, f"the directory {directory!r}: {exc.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise DatabaseOpenError(path, f"{directory!r} is not a directory")
+    if os.path.isdir(path):
+        raise DatabaseOpenError(path, "it is a directory, not a file")
+    if not os.path.exists(path) and not os.access(directory, os.W_OK):
+        raise DatabaseOpenError(
+            path,
+            f"the directory {directory!r} is read-only, so the file cannot be created "
+            "(SQLite also creates its -wal and -shm files there)",
         )
+
+
+async def _stopped(aio: aiosqlite.Connection) -> None:
+    """Wait for a failed connection's thread to end.
+
+    aiosqlite stops the thread of a connection that failed to open without awaiting it;
+    if the event loop closed first, the thread's last hand-back would fail on the closed
+    loop. Waiting here keeps that inside this call.
+    """
+    await asyncio.to_thread(aio._thread.join, 10)
 
 
 def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
@@ -165,14 +195,16 @@ async def open_connection(settings: Settings) -> SqliteConnection:
             "which loom-sqlite uses to batch work per thread hop; install aiosqlite<1",
         )
     _require_directory(settings.path)
+    pending = aiosqlite.connect(
+        settings.path,
+        isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE … COMMIT
+        timeout=settings.busy_timeout_ms / 1000,  # the busy handler, without SQL text
+        cached_statements=256,
+    )
     try:
-        aio = await aiosqlite.connect(
-            settings.path,
-            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE … COMMIT
-            timeout=settings.busy_timeout_ms / 1000,  # the busy handler, without SQL text
-            cached_statements=256,
-        )
+        aio = await pending
     except sqlite3.Error as exc:
+        await _stopped(pending)
         raise _explain(settings.path, exc) from exc
     connection = SqliteConnection(aio, settings)
     try:

@@ -138,13 +138,14 @@ def _insert(
     raw: sqlite3.Connection, execution_id: str, head: int, rows: Sequence[_Row], now: int
 ) -> tuple[Event, ...]:
     recorded_at = from_micros(now)
-    raw.executemany(
-        INSERT_EVENT,
-        [
-            (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now, r.answering)
-            for i, r in enumerate(rows)
-        ],
-    )
+    values = [
+        (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now, r.answering)
+        for i, r in enumerate(rows)
+    ]
+    if len(values) == 1:
+        raw.execute(INSERT_EVENT, values[0])  # cheaper than executemany for the usual case
+    else:
+        raw.executemany(INSERT_EVENT, values)
     raw.execute(UPSERT_HEAD, (execution_id, head + len(rows)))
     return tuple(
         Event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)

@@ -43,9 +43,13 @@ Operation: TypeAlias = Callable[[sqlite3.Connection], T]
 BEGIN: Final = "BEGIN IMMEDIATE"
 COMMIT: Final = "COMMIT"
 ROLLBACK: Final = "ROLLBACK"
-SAVEPOINT: Final = "SAVEPOINT loom_op"
-RELEASE: Final = "RELEASE loom_op"
-ROLLBACK_TO: Final = "ROLLBACK TO loom_op"
+# Failures one operation's own values can cause. A full disk is here too: the operation
+# that did not fit is dropped and the smaller ones are tried again (on a disk that is
+# really full each retry fails at its first write, so that stays cheap).
+_OP_SPECIFIC: Final = frozenset(
+    {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_MISMATCH,
+     sqlite3.SQLITE_RANGE, sqlite3.SQLITE_FULL}
+)
 MAX_BATCH: Final = 256  # keeps one transaction (and another process's wait) short
 
 _Outcome: TypeAlias = tuple[object, BaseException | None]
@@ -165,55 +169,68 @@ def _run_writes(
     outcomes: list[_Outcome],
     connection: SqliteConnection,
 ) -> None:
+    remaining = list(writes)
+    while remaining:
+        culprit = _attempt(raw, batch, remaining, outcomes, connection)
+        if culprit is None:
+            return
+        # It failed half-way through its own writes; everything was rolled back, so run
+        # the others again without it (each round drops one, so this ends).
+        remaining.remove(culprit)
+
+
+def _attempt(
+    raw: sqlite3.Connection,
+    batch: Sequence[_Pending],
+    remaining: list[int],
+    outcomes: list[_Outcome],
+    connection: SqliteConnection,
+) -> int | None:
+    """One transaction over ``remaining``; the index to drop and retry without, or None."""
+
     def fail_all(error_for: Callable[[_Pending], BaseException]) -> None:
-        for index in writes:
+        for index in remaining:
             outcomes[index] = (None, error_for(batch[index]))
 
     try:
         raw.execute(BEGIN)
     except sqlite3.Error as exc:
         fail_all(_translated(exc, connection))
-        return
-    for index in writes:
+        return None
+    for index in remaining:
         pending = batch[index]
+        before = raw.total_changes
         try:
-            raw.execute(SAVEPOINT)
             value = pending.op(raw)
-            raw.execute(RELEASE)
-        except sqlite3.Error as exc:
-            if not raw.in_transaction:
-                # SQLite rolled the whole transaction back (an I/O error, a full disk):
-                # every write of the batch is gone, not just this one.
+        except Exception as exc:
+            error: BaseException = exc
+            if isinstance(exc, sqlite3.Error):
+                error = connection.translate(exc, doing=pending.doing, write=True)
+            if raw.in_transaction and raw.total_changes == before:
+                # Refused (or failed) before writing anything: nothing to undo.
+                outcomes[index] = (None, error)
+                continue
+            _abandon(raw)
+            if isinstance(exc, sqlite3.Error) and not _op_specific(exc):
+                # The file or the disk failed, not this operation: every write is lost.
                 fail_all(_translated(exc, connection))
-                return
-            error: BaseException = connection.translate(exc, doing=pending.doing, write=True)
-            if not _undo(raw):
-                fail_all(_translated(exc, connection))
-                return
+                return None
             outcomes[index] = (None, error)
-        except Exception as exc:  # a refusal (LoomError) or a bug: this operation only
-            if not _undo(raw):
-                fail_all(functools.partial(_lost, cause=exc, connection=connection))
-                return
-            outcomes[index] = (None, exc)
-        else:
-            outcomes[index] = (value, None)
+            return index
+        outcomes[index] = (value, None)
     try:
         raw.execute(COMMIT)
     except sqlite3.Error as exc:
         _abandon(raw)
+        # Refusals too: they were judged against writes that did not commit.
         fail_all(functools.partial(_commit_failed, cause=exc, connection=connection))
+    return None
 
 
-def _undo(raw: sqlite3.Connection) -> bool:
-    """Roll back the current operation's savepoint; False if the transaction is lost."""
-    try:
-        raw.execute(ROLLBACK_TO)
-        raw.execute(RELEASE)
-    except sqlite3.Error:
-        _abandon(raw)
-        return False
-    return True
+def _op_specific(exc: sqlite3.Error) -> bool:
+    """An error caused by one operation's values, not by the file or the disk."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _OP_SPECIFIC
 
 
 def _translated(
@@ -231,13 +248,6 @@ def _commit_failed(
     return StorageWriteError(
         f"SQLite database {connection.path!r}: the commit failed while {pending.doing} "
         f"({cause}); the transaction was rolled back and nothing was written"
-    )
-
-
-def _lost(pending: _Pending, cause: BaseException, connection: SqliteConnection) -> BaseException:
-    return StorageWriteError(
-        f"SQLite database {connection.path!r}: the transaction carrying this write was "
-        f"rolled back ({cause}) while {pending.doing}; nothing was written, retry"
     )
 
 

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from loom_core import Storage, open_storage
 from sqlite_helpers import url_for
+
+from loom_core import Storage, open_storage
 
 
 @pytest.fixture

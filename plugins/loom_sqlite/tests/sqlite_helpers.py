@@ -43,3 +43,28 @@ def send(process: subprocess.Popen[str], line: str) -> None:
     assert process.stdin is not None
     process.stdin.write(line + "\n")
     process.stdin.flush()
+
+
+def file_bytes(path: Path) -> bytes:
+    """The file's content (a plain function: tests check files from async code too)."""
+    return path.read_bytes()
+
+
+def names_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def smash_pages(path: Path, keep_pages: int, page_size: int = 4096) -> None:
+    """Overwrite every page after the first ``keep_pages`` with 0xFF bytes."""
+    size = path.stat().st_size
+    with path.open("r+b") as damaged:
+        damaged.seek(page_size * keep_pages)
+        damaged.write(b"\xff" * (size - page_size * keep_pages))
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait for ``process`` to exit; fail with its stderr unless it exited 0."""
+    process.wait(timeout=timeout)
+    if process.returncode != 0:
+        assert process.stderr is not None
+        raise AssertionError(f"worker exited {process.returncode}: {process.stderr.read()}")

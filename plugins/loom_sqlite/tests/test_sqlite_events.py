@@ -11,6 +11,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
+
 from loom_core import (
     AppendRequest,
     Event,
@@ -21,6 +22,7 @@ from loom_core import (
     InvalidEventError,
     InvalidInputError,
     InvalidSequenceError,
+    JsonValue,
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
@@ -47,7 +49,9 @@ async def test_offers_every_optional_method(storage: Storage) -> None:
 
 
 async def test_appended_events_read_back_equal(storage: Storage) -> None:
-    payload = {"n": 1, "f": -0.5, "big": 2**70, "s": "é\u2028", "l": [None, True, {"x": []}]}
+    payload: JsonValue = {
+        "n": 1, "f": -0.5, "big": 2**70, "s": "é\u2028", "l": [None, True, {"x": []}]
+    }
     written = await storage.events.append(
         "e1",
         [NewEvent("STEP_COMPLETED", payload, {"trace": "t-1"}), NewEvent("order.shipped")],
@@ -125,7 +129,8 @@ async def test_fenced_append_stamps_the_token_and_a_stale_one_is_refused(
         await storage.events.append("e1", [NewEvent("B")], expected_sequence=1, fence=old)
     assert caught.value.current_fence == new == 2
     unfenced = await storage.events.append("e1", [NewEvent("DENIED")], expected_sequence=1)
-    assert unfenced[0].fence == 0 and "fence" not in unfenced[0].metadata
+    assert unfenced[0].fence == 0
+    assert "fence" not in unfenced[0].metadata
     assert [e.kind for e in await storage.events.read("e1")] == ["A", "DENIED"]
 
 
@@ -349,7 +354,8 @@ async def test_concurrent_appends_share_commits_but_keep_their_own_results(
         elif i % 10 == 7:
             assert isinstance(outcome, StaleFenceError)
         else:
-            assert isinstance(outcome, tuple) and len(outcome) == 3
+            assert isinstance(outcome, tuple)
+            assert len(outcome) == 3
             assert all(isinstance(e, Event) for e in outcome)
     assert await storage.events.head("taken") == 1
     assert await storage.events.head("fenced") == 0

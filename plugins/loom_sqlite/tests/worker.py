@@ -26,14 +26,15 @@ from collections.abc import Sequence
 
 from loom_core import (
     AppendRequest,
+    ConflictError,
     FenceAcquired,
     NewEvent,
     Redrive,
-    SequenceConflictError,
     StaleFenceError,
     TimerRecord,
     open_storage,
 )
+from loom_core.plugins import default_plugins
 from loom_core.spi import EventStore
 
 EPOCH_WAKE = "2030-01-01T00:00:00+00:00"
@@ -68,13 +69,15 @@ async def role_race(url: str, role: str, ids: Sequence[str]) -> None:
         say("ready")
         for execution_id in ids:
             wait_for_go()
-            park = (await events.read(execution_id))[-1]
+            # The park is at sequence 1 (the test wrote STARTED, SUSPENDED); the rival's
+            # answer may already follow it.
+            (park,) = await events.read(execution_id, from_sequence=1, to_sequence=1)
             if role == "resume":
                 try:
                     await events.append(
                         execution_id,
                         [NewEvent("EXECUTION_RESUMED", {"by": os.getpid()})],
-                        expected_sequence=park.sequence + 1,
+                        expected_sequence=2,
                         fence=park.fence,
                     )
                     say(f"{execution_id} ok")
@@ -106,7 +109,7 @@ async def role_fenced(url: str, execution_id: str, rounds: int, name: str) -> No
                         expected_sequence=head,
                         fence=token,
                     )
-                except (StaleFenceError, SequenceConflictError):
+                except ConflictError:  # stale, head moved, or the rival created it first
                     break
                 say(f"ack {written[0].sequence} {token}")
         say("done")
@@ -140,7 +143,10 @@ async def _writer_many(events: EventStore, execution_id: str, rng: random.Random
             [
                 AppendRequest(
                     eid,
-                    [NewEvent("STEP_COMPLETED", {"n": head + i, "of": count}) for i in range(count)],
+                    [
+                        NewEvent("STEP_COMPLETED", {"n": head + i, "of": count})
+                        for i in range(count)
+                    ],
                     head,
                 )
                 for eid, head in ((left, heads[0]), (right, heads[1]))
@@ -162,6 +168,8 @@ async def role_writer(url: str, seed: int) -> None:
 
 
 def role_zygote(url: str) -> None:
+    # Discover the plugins once, here: every forked writer inherits the result.
+    default_plugins().backend_for("sqlite")
     say("ready")
     for line in sys.stdin:
         command, _, seed = line.strip().partition(" ")
