@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from sqlite_helpers import url_for
@@ -36,3 +37,10 @@ def loom_storage_factory(tmp_path: Path) -> Callable[[], Awaitable[Storage]]:
         return await open_storage(url_for(tmp_path / f"conformance-{next(counter)}.db"))
 
     return factory
+
+
+@pytest.fixture
+def loom_explorer_isolation() -> Literal["store", "execution"]:
+    """The explorer's 2,047 schedules share one file, each on its own execution id: a new
+    file per schedule would spend the run creating files and schemas."""
+    return "execution"
