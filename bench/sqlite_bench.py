@@ -85,9 +85,11 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-async def run_store(path: str, name: str, executions: int, concurrency: int) -> float:
+async def run_store(
+    path: str, name: str, executions: int, concurrency: int, synchronous: str = "NORMAL"
+) -> float:
     scenario = SCENARIOS[name]
-    async with open_storage("sqlite:///" + path) as storage:
+    async with open_storage("sqlite:///" + path, options={"synchronous": synchronous}) as storage:
         counter = iter(range(executions))
 
         async def worker() -> None:
@@ -150,11 +152,14 @@ def raw_scenario(raw: sqlite3.Connection, name: str, eid: str) -> None:
     raw_append(raw, eid, 3, "EXECUTION_COMPLETED", token)
 
 
-def run_raw(path: str, name: str, executions: int) -> float:
+SYNCHRONOUS = {"NORMAL": "PRAGMA synchronous = NORMAL", "FULL": "PRAGMA synchronous = FULL"}
+
+
+def run_raw(path: str, name: str, executions: int, synchronous: str = "NORMAL") -> float:
     raw = sqlite3.connect(path, isolation_level=None, timeout=5)
     try:
         raw.execute("PRAGMA journal_mode = WAL")
-        raw.execute("PRAGMA synchronous = NORMAL")
+        raw.execute(SYNCHRONOUS[synchronous])
         ensure_schema(raw)
         start = time.perf_counter()
         for i in range(executions):
@@ -187,12 +192,15 @@ def fresh(directory: str, label: str) -> str:
     return path
 
 
-def measure(directory: str, name: str, executions: int, concurrency: int, repeat: int) -> Figure:
+def measure(
+    directory: str, name: str, executions: int, concurrency: int, repeat: int, synchronous: str
+) -> Figure:
     stores, raws = [], []
     for round_ in range(repeat):
-        raws.append(run_raw(fresh(directory, f"raw-{name}-{round_}"), name, executions))
+        raw_path = fresh(directory, f"raw-{name}-{round_}")
+        raws.append(run_raw(raw_path, name, executions, synchronous))
         path = fresh(directory, f"store-{name}-{round_}")
-        stores.append(asyncio.run(run_store(path, name, executions, concurrency)))
+        stores.append(asyncio.run(run_store(path, name, executions, concurrency, synchronous)))
     return Figure(name, concurrency, statistics.median(stores), statistics.median(raws))
 
 
@@ -204,19 +212,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--sequential", action="store_true",
                         help="also measure one execution at a time (concurrency 1)")
+    parser.add_argument("--synchronous", choices=("NORMAL", "FULL"), default="NORMAL")
     parser.add_argument("--dir", default=None, help="where the database files go")
     args = parser.parse_args()
     executions = args.executions or (300 if args.quick else 3000)
     repeat = args.repeat or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        print(f"SQLite {sqlite3.sqlite_version}, synchronous=NORMAL, WAL; {executions} "
+        print(f"SQLite {sqlite3.sqlite_version}, synchronous={args.synchronous}, WAL; {executions} "
               f"executions per run, median of {repeat}")
         print(f"{'workload':<15} {'conc':>4} {'store exec/s':>13} {'raw exec/s':>11} "
               f"{'ratio':>6}")
         levels = [args.concurrency] + ([1] if args.sequential else [])
         for concurrency in levels:
             for name in SCENARIOS:
-                figure = measure(directory, name, executions, concurrency, repeat)
+                figure = measure(
+                    directory, name, executions, concurrency, repeat, args.synchronous
+                )
                 print(f"{figure.name:<15} {figure.concurrency:>4} {figure.store:>13.0f} "
                       f"{figure.raw:>11.0f} {figure.ratio:>5.2f}x", flush=True)
 

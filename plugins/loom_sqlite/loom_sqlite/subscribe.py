@@ -36,40 +36,47 @@ def _data_version(raw: sqlite3.Connection) -> int:
 
 @final
 class Subscriptions:
-    """Wake-up signals per execution, and the cross-process poller."""
+    """Wake-up signals of the waiting subscribers, and the cross-process poller."""
 
-    __slots__ = ("_closed", "_poll_seconds", "_poller", "_runner", "_signals")
+    __slots__ = ("_closed", "_poll_seconds", "_poller", "_runner", "_waiting")
 
     def __init__(self, runner: TransactionRunner, poll_ms: int) -> None:
         self._runner = runner
         self._poll_seconds = poll_ms / 1000
-        self._signals: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, set[asyncio.Event]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
 
     def wake(self, execution_id: str) -> None:
         """Called after this storage committed events for ``execution_id``."""
-        signal = self._signals.pop(execution_id, None)
-        if signal is not None:
+        for signal in self._waiting.pop(execution_id, ()):
             signal.set()
 
     def _wake_all(self) -> None:
-        signals, self._signals = self._signals, {}
-        for signal in signals.values():
-            signal.set()
+        waiting, self._waiting = self._waiting, {}
+        for signals in waiting.values():
+            for signal in signals:
+                signal.set()
 
-    def _signal(self, execution_id: str) -> asyncio.Event:
-        signal = self._signals.get(execution_id)
-        if signal is None:
-            signal = self._signals[execution_id] = asyncio.Event()
+    def _register(self, execution_id: str) -> asyncio.Event:
+        signal = asyncio.Event()
+        self._waiting.setdefault(execution_id, set()).add(signal)
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         return signal
 
+    def _unregister(self, execution_id: str, signal: asyncio.Event) -> None:
+        signals = self._waiting.get(execution_id)
+        if signals is not None:
+            signals.discard(signal)
+            if not signals:
+                del self._waiting[execution_id]
+
     async def _poll(self) -> None:
         last: int | None = None
         try:
-            while self._signals and not self._closed:
+            # Only while someone waits: an abandoned subscription stops costing reads.
+            while self._waiting and not self._closed:
                 try:
                     version = await self._runner.read(
                         _data_version, doing="polling for other processes' commits"
@@ -92,17 +99,19 @@ class Subscriptions:
         """Yield events of ``execution_id`` from ``next_sequence`` on, until closed;
         ``read(execution_id, from_sequence, limit)`` reads one batch."""
         while not self._closed:
-            signal = self._signal(execution_id)
+            signal = self._register(execution_id)
             try:
                 batch = await read(execution_id, next_sequence, BATCH)
+                if not batch:
+                    await signal.wait()
+                    continue
             except DatabaseClosedError:
                 return
-            if batch:
-                for event in batch:
-                    next_sequence = event.sequence + 1
-                    yield event
-                continue
-            await signal.wait()
+            finally:
+                self._unregister(execution_id, signal)
+            for event in batch:
+                next_sequence = event.sequence + 1
+                yield event
 
     async def close(self) -> None:
         self._closed = True

@@ -399,3 +399,26 @@ async def test_closing_the_storage_ends_subscriptions(db_url: str) -> None:
     await storage.close()
     await asyncio.wait_for(task, timeout=10)
     assert received == []
+
+
+async def test_a_subscriber_leaving_does_not_deafen_another_on_the_same_log(
+    storage: Storage,
+) -> None:
+    quitter = storage.events.subscribe("e")
+    stayer: list[str] = []
+
+    async def stay() -> None:
+        async for event in storage.events.subscribe("e"):
+            stayer.append(event.kind)
+            if len(stayer) == 2:
+                return
+
+    task = asyncio.create_task(stay())
+    first = asyncio.ensure_future(anext(quitter))
+    await asyncio.sleep(0.05)  # both are waiting on the empty log now
+    await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+    assert (await asyncio.wait_for(first, timeout=10)).kind == "A"
+    await quitter.aclose()  # type: ignore[attr-defined]
+    await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
+    await asyncio.wait_for(task, timeout=10)
+    assert stayer == ["A", "B"]
