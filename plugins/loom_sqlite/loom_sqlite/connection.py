@@ -7,8 +7,9 @@ store operation that issued its statements one by one through ``aiosqlite`` woul
 most of its time hopping. :meth:`SqliteConnection.call` instead ships one function that
 does all of an operation's (or a batch of operations') work with the plain
 ``sqlite3.Connection`` on that thread. aiosqlite has no public name for this, so it uses
-``Connection._execute`` (present since aiosqlite 0.11); :func:`open_connection` checks it
-is there and refuses clearly if a future aiosqlite removes it.
+``Connection._execute`` (there in the aiosqlite releases this was tested with, up to
+0.22); :func:`open_connection` checks it is there and refuses clearly if a later
+aiosqlite removes it.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ async def open_connection(settings: Settings) -> SqliteConnection:
         raise DatabaseOpenError(
             settings.path,
             f"aiosqlite {getattr(aiosqlite, '__version__', '?')} has no Connection._execute, "
-            "which loom-sqlite uses to batch work per thread hop; install aiosqlite<1",
+            "which loom-sqlite uses to batch work per thread hop; install aiosqlite 0.22 (or "
+            "another release that has it)",
         )
     _require_directory(settings.path)
     pending = aiosqlite.connect(
