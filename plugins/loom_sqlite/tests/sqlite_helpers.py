@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKER = Path(__file__).with_name("worker.py")
+WORKER = Path(__file__).with_name("sqlite_worker.py")
 
 
 def url_for(path: Path) -> str:
@@ -15,7 +15,7 @@ def url_for(path: Path) -> str:
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    """Start ``worker.py`` with ``args`` in its own process, line-buffered text pipes."""
+    """Start ``sqlite_worker.py`` with ``args`` in its own process, line-buffered text pipes."""
     return subprocess.Popen(
         [sys.executable, str(WORKER), *args],
         stdin=subprocess.PIPE,

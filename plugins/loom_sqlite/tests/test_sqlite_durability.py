@@ -1,6 +1,6 @@
 """A writer process SIGKILLed at random points, 200 times, loses nothing it acknowledged.
 
-Each round forks a fresh writer process (from a warm ``worker.py zygote``, so a round costs
+Each round forks a fresh writer process (from a warm ``sqlite_worker.py zygote``, so a round costs
 milliseconds, not an interpreter start-up). The writer appends batches of 1-3 events to
 three executions concurrently (so its appends share group commits) and pairs of
 executions through ``append_many``, printing an ``ack`` line after each append returns.

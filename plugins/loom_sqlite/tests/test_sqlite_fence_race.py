@@ -1,6 +1,6 @@
 """Two *processes* racing on one file obey the same fence rules as tasks in one process.
 
-Each racer is a real subprocess (``worker.py``) with its own connection; the test releases
+Each racer is a real subprocess (``sqlite_worker.py``) with its own connection; the test releases
 both at once for every round and checks ADR 0118 D1's invariant on what they report and on
 what the file holds.
 """

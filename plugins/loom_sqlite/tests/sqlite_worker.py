@@ -1,4 +1,4 @@
-"""Subprocess roles for the multi-process tests (run as ``python worker.py ROLE ARGS``).
+"""Subprocess roles for the multi-process tests (run as ``python sqlite_worker.py ROLE ARGS``).
 
 Each role opens the SQLite storage itself, in its own process, and reports on stdout one
 line per fact the test needs, flushed as soon as it is true.
