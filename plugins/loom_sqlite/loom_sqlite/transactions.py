@@ -116,12 +116,16 @@ class TransactionRunner:
                         doing="running a batch",
                         write=True,
                     )
-                except BaseException as exc:  # the hop itself failed: nobody's op ran
+                except asyncio.CancelledError:
+                    # The loop is shutting down; the batch may still commit on the thread.
+                    for pending in (*batch, *self._queue):
+                        pending.future.cancel()
+                    self._queue.clear()
+                    raise
+                except Exception as exc:  # the hop was refused (closed): no operation ran
                     for pending in batch:
                         if not pending.future.done():
                             pending.future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
                     continue
                 for pending, (value, error) in zip(batch, outcomes, strict=True):
                     if pending.future.done():
