@@ -84,7 +84,7 @@ WHERE execution_id = ? AND sequence <= ?
 """
 TRUNCATE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ? AND sequence < ?"
 
-_NO_UPPER: Final = 2**63 - 1
+_NO_UPPER: Final = 2**63 - 1  # SQLite's largest integer, past any real sequence
 _NO_LIMIT: Final = -1  # SQLite: a negative LIMIT means none
 
 
@@ -337,11 +337,13 @@ class SqliteEventStore(RefusesUnoffered):
             to_sequence = check_sequence(to_sequence, "to_sequence")
         if limit is not None:
             limit = check_limit(limit)
+        if from_sequence > _NO_UPPER:
+            return ()  # no sequence gets that far (and SQLite integers stop at 2**63 - 1)
         return await self._read(
             execution_id,
             from_sequence,
-            _NO_UPPER if to_sequence is None else to_sequence,
-            _NO_LIMIT if limit is None else limit,
+            _NO_UPPER if to_sequence is None else min(to_sequence, _NO_UPPER),
+            _NO_LIMIT if limit is None else min(limit, _NO_UPPER),
         )
 
     async def _read(
@@ -367,7 +369,7 @@ class SqliteEventStore(RefusesUnoffered):
         limit = check_limit(limit)
         # Every id is non-empty, so "after the empty string" is "from the start".
         return await self._open().read(
-            functools.partial(_list, after=after or "", limit=limit),
+            functools.partial(_list, after=after or "", limit=min(limit, _NO_UPPER)),
             doing="listing executions",
         )
 
@@ -395,7 +397,10 @@ class SqliteEventStore(RefusesUnoffered):
         park_seq = check_sequence(park_seq, "park_seq")
         return await self._open().write(
             functools.partial(
-                fencing.acquire_if, execution_id=execution_id, fence=fence, park_seq=park_seq
+                fencing.acquire_if,
+                execution_id=execution_id,
+                fence=fence,
+                park_seq=min(park_seq, _NO_UPPER),  # the same scan; SQLite ints are 64-bit
             ),
             doing=f"acquiring a conditional fence on {execution_id!r}",
         )

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from datetime import UTC, datetime
 from typing import Final
 
-from loom_core.errors import LeaseHeldError, LeaseNotHeldError
+from loom_core.errors import InvalidOptionError, LeaseHeldError, LeaseNotHeldError
 from loom_core.spi import Lease, LeaseScope
 from loom_core.validation import check_key, check_ttl
-from loom_sqlite.clock import from_micros, host_clock, now_micros
+from loom_sqlite.clock import from_micros, host_clock, now_micros, to_micros
 from loom_sqlite.errors import DatabaseClosedError
 from loom_sqlite.settings import Clock
 from loom_sqlite.transactions import TransactionRunner
@@ -36,6 +37,7 @@ ON CONFLICT (lease_key) DO UPDATE SET
     expires_at = excluded.expires_at
 """
 DELETE_LEASE: Final = "DELETE FROM loom_leases WHERE lease_key = ?"
+_LATEST: Final = to_micros(datetime.max.replace(tzinfo=UTC))
 
 
 def _live(raw: sqlite3.Connection, key: str, now: int) -> tuple[str, int, int] | None:
@@ -49,23 +51,33 @@ def _lease(key: str, holder: str, acquired_at: int, expires_at: int) -> Lease:
     return Lease(key, holder, from_micros(acquired_at), from_micros(expires_at))
 
 
+def _expiry(now: int, ttl: int) -> int:
+    if now + ttl > _LATEST:
+        raise InvalidOptionError(
+            f"ttl_seconds {ttl / 1_000_000:g} puts the lease's expiry past the year 9999"
+        )
+    return now + ttl
+
+
 def _acquire(raw: sqlite3.Connection, key: str, holder: str, ttl: int, clock: Clock) -> Lease:
     now = now_micros(clock)
+    expires_at = _expiry(now, ttl)
     current = _live(raw, key, now)
     if current is not None and current[0] != holder:
         raise LeaseHeldError(key, current[0], from_micros(current[2]))
     acquired_at = current[1] if current is not None else now
-    raw.execute(UPSERT_LEASE, (key, holder, acquired_at, now + ttl))
-    return _lease(key, holder, acquired_at, now + ttl)
+    raw.execute(UPSERT_LEASE, (key, holder, acquired_at, expires_at))
+    return _lease(key, holder, acquired_at, expires_at)
 
 
 def _renew(raw: sqlite3.Connection, key: str, holder: str, ttl: int, clock: Clock) -> Lease:
     now = now_micros(clock)
+    expires_at = _expiry(now, ttl)
     current = _live(raw, key, now)
     if current is None or current[0] != holder:
         raise LeaseNotHeldError(key, holder)
-    raw.execute(UPSERT_LEASE, (key, holder, current[1], now + ttl))
-    return _lease(key, holder, current[1], now + ttl)
+    raw.execute(UPSERT_LEASE, (key, holder, current[1], expires_at))
+    return _lease(key, holder, current[1], expires_at)
 
 
 def _release(raw: sqlite3.Connection, key: str, holder: str, clock: Clock) -> bool:

@@ -55,6 +55,7 @@ ORDER BY wake_at
 """
 DELETE_ONE: Final = "DELETE FROM loom_timers WHERE execution_id = ? AND wake_at = ?"
 DELETE_ALL: Final = "DELETE FROM loom_timers WHERE execution_id = ?"
+_MAX_LIMIT: Final = 2**63 - 1
 
 
 def _record(execution_id: str, wake_at: int, redrive: str | None) -> TimerRecord:
@@ -104,7 +105,9 @@ class SqliteTimerStore:
             raise InvalidOptionError(f"redrive must be a bool, not {type(redrive).__name__}")
         return await self._open().read(
             functools.partial(
-                _rows, sql=DUE if redrive else DUE_PLAIN, params=(to_micros(now), limit)
+                _rows,
+                sql=DUE if redrive else DUE_PLAIN,
+                params=(to_micros(now), min(limit, _MAX_LIMIT)),  # SQLite ints are 64-bit
             ),
             doing="reading due timers",
         )

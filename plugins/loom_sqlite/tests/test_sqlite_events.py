@@ -422,3 +422,18 @@ async def test_a_subscriber_leaving_does_not_deafen_another_on_the_same_log(
     await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
     await asyncio.wait_for(task, timeout=10)
     assert stayer == ["A", "B"]
+
+
+async def test_numbers_past_sqlite_integers_behave_as_in_memory(storage: Storage) -> None:
+    huge = 2**70
+    await storage.events.append("e", [NewEvent("EXECUTION_SUSPENDED")], expected_sequence=0)
+    assert await storage.events.read("e", from_sequence=huge) == ()
+    assert len(await storage.events.read("e", to_sequence=huge, limit=huge)) == 1
+    assert await storage.events.list_executions(limit=huge) == ("e",)
+    assert await storage.events.acquire_fence_if("e", fence=huge, park_seq=0) == FenceStale(0)
+    assert await storage.events.acquire_fence_if("e", fence=0, park_seq=huge) == FenceAcquired(1)
+    with pytest.raises(SequenceConflictError):
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=huge)
+    written = await storage.events.append("f", [NewEvent("A")], expected_sequence=0, fence=huge)
+    assert written[0].fence == huge
+    assert await storage.timers.due(datetime(2030, 1, 1, tzinfo=UTC), limit=huge) == ()

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from loom_core import LeaseHeldError, LeaseNotHeldError, open_storage
+from loom_core import InvalidOptionError, LeaseHeldError, LeaseNotHeldError, open_storage
 
 
 class Clock:
@@ -79,3 +79,10 @@ async def test_two_storages_on_one_file_share_leases(db_url: str) -> None:
         inspected = await other.leases.inspect("job")
         assert inspected is not None
         assert inspected.holder == "node-a"
+
+
+async def test_a_ttl_past_the_calendar_is_refused_and_changes_nothing(db_url: str) -> None:
+    async with open_storage(db_url) as storage:
+        with pytest.raises(InvalidOptionError, match="past the year 9999"):
+            await storage.leases.acquire("job", "a", ttl_seconds=1e300)
+        assert await storage.leases.inspect("job") is None
