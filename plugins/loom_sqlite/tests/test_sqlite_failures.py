@@ -115,7 +115,9 @@ async def _open_and_write(check: str, path: Path) -> str:
 @pytest.fixture
 def reachable_dir() -> Iterator[Path]:
     """A directory the unprivileged child can reach (pytest's tmp_path is root-only)."""
-    directory = Path(tempfile.mkdtemp(prefix="loom-sqlite-"))
+    # Under /tmp (world-traversable) when the child will drop to nobody, whatever TMPDIR is.
+    parent = "/tmp" if os.geteuid() == 0 else None
+    directory = Path(tempfile.mkdtemp(prefix="loom-sqlite-", dir=parent))
     directory.chmod(0o755)
     yield directory
     for child in directory.iterdir():
