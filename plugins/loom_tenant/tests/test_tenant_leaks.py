@@ -1,6 +1,7 @@
 """Cross-tenant reads and writes through every SPI method: none may leak.
 
-Hostile tenants share one inner storage and each owns data under the same ids. An
+Run over an in-memory store and over a real SQLite file. Hostile tenants share one inner
+storage and each owns data under the same ids. An
 attacker tenant then calls every EventStore, TimerStore and LeaseStore method on the ids a
 random victim tenant uses, including ids spelled as the victim's *stored* ids. A leak is
 any answer that carries another tenant's data, or any write that changes what the victim
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from loom_tenant import MAX_TENANT_BYTES, TenantCodec, tenant_view
@@ -88,9 +90,12 @@ def owned(event: Event, tenant: str) -> bool:
     return isinstance(event.payload, dict) and event.payload.get("owner") == tenant
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[tuple[Storage, dict[str, Storage]]]:
-    async with open_storage("memory://") as shared:
+@pytest.fixture(params=["memory", "sqlite"])
+async def world(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Storage, dict[str, Storage]]]:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'shared.db'}"
+    async with open_storage(url) as shared:
         views = {tenant: tenant_view(shared, tenant) for tenant in TENANTS}
         for t_index, (tenant, view) in enumerate(views.items()):
             for i_index, execution_id in enumerate(IDS):
