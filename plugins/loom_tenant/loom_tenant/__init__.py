@@ -13,6 +13,7 @@ from loom_tenant.codec import MAX_TENANT_BYTES, TenantCodec, check_tenant
 from loom_tenant.events import TenantEventStore
 from loom_tenant.leases import TenantLeaseStore
 from loom_tenant.plugin import TenantDecorator, tenant_view
+from loom_tenant.rls import enable_row_level_security, session_options, session_url
 from loom_tenant.timers import TenantTimerStore
 
 __all__ = [
@@ -23,5 +24,8 @@ __all__ = [
     "TenantLeaseStore",
     "TenantTimerStore",
     "check_tenant",
+    "enable_row_level_security",
+    "session_options",
+    "session_url",
     "tenant_view",
 ]
