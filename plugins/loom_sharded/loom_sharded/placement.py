@@ -65,10 +65,9 @@ class Placement(Generic[T]):
     def index_of(self, key: object, what: str = "execution id") -> int:
         return self.router.owner(check_key(key, what))
 
-    async def each(
-        self, call: Callable[[T], Awaitable[R]]
-    ) -> list[R | ShardUnavailableError | BaseException]:
-        """``call`` on every shard concurrently; a failed shard's slot holds its error."""
+    async def each(self, call: Callable[[T], Awaitable[R]]) -> list[R | BaseException]:
+        """``call`` on every shard concurrently; a failed shard's slot holds its error
+        (a :class:`ShardUnavailableError` when the shard is down, see :func:`on_shard`)."""
 
         async def one(store: T, shard: Shard) -> R:
             with on_shard(shard):
