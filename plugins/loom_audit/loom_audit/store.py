@@ -8,10 +8,16 @@ the event that really precedes it; one that raced another writer fails with
 (which re-reads the new predecessor). No lock, no cache: a second process writing the
 same store is linked correctly too.
 
+Reads through the decorator (``read``, ``subscribe``, the events ``append`` returns) show
+each event as the caller wrote it, without the ``chain`` field, exactly as an undecorated
+store would; the links live in the stored rows, where :meth:`AuditEventStore.read_chained`,
+:meth:`AuditEventStore.verify` and :meth:`AuditEventStore.export_head` read them.
+
 The optional methods, decided:
 
-- ``acquire_fence``, ``acquire_fence_if``, ``subscribe``: forwarded; they add nothing to
-  a log (an acquire moves only the token, which the next fenced append's stamp records).
+- ``acquire_fence``, ``acquire_fence_if``: forwarded; they add nothing to a log (an
+  acquire moves only the token, which the next fenced append's stamp records).
+- ``subscribe``: forwarded, each event shown without its link (like ``read``).
 - ``append_if_unchanged``, ``append_many``: linked like ``append``, then forwarded.
 - ``delete_execution``: forwarded. The chain goes with the log; a re-created id starts a
   new chain from GENESIS, and a head exported for the old log no longer verifies.
@@ -27,10 +33,11 @@ The optional methods, decided:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
-from loom_audit.chain import GENESIS, chain_events, read_link, refuse_chain_field
+from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refuse_chain_field
 from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
 from loom_audit.verification import ChainWalk, Verification
@@ -120,8 +127,38 @@ class AuditEventStore(EventStoreDecorator):
         if fence is not None:
             fence = check_fence(fence)
         chained = await self._chained(execution_id, checked, expected_sequence, fence)
-        return await self.inner.append(
+        written = await self.inner.append(
             execution_id, chained, expected_sequence=expected_sequence, fence=fence
+        )
+        return _unlinked(written)
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        """The events without their links (see :meth:`read_chained`)."""
+        return _unlinked(
+            await self.inner.read(
+                execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+            )
+        )
+
+    async def read_chained(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        """The events as stored, each with ``metadata["chain"]`` (see
+        :func:`~loom_audit.read_link`)."""
+        return await self.inner.read(
+            execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
         )
 
     # -- optional ------------------------------------------------------------------------
@@ -139,10 +176,11 @@ class AuditEventStore(EventStoreDecorator):
         expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         observed_fence = check_fence(observed_fence, "observed_fence")
         chained = await self._chained(execution_id, checked, expected_sequence, None)
-        return await self.inner.append_if_unchanged(
+        written = await self.inner.append_if_unchanged(
             execution_id, chained, expected_sequence=expected_sequence,
             observed_fence=observed_fence,
         )
+        return _unlinked(written)
 
     async def append_many(
         self, requests: Sequence[AppendRequest]
@@ -161,7 +199,19 @@ class AuditEventStore(EventStoreDecorator):
             )
             for request, events in checked
         ]
-        return await self.inner.append_many(chained)
+        return tuple(_unlinked(batch) for batch in await self.inner.append_many(chained))
+
+    def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
+        return self._unlinking(self.inner.subscribe(execution_id, from_sequence=from_sequence))
+
+    async def _unlinking(self, source: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        try:
+            async for event in source:
+                yield _unlinked((event,))[0]
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
 
     # -- the chain -----------------------------------------------------------------------
 
@@ -243,5 +293,14 @@ class AuditEventStore(EventStoreDecorator):
             "the audit decorator, which starts the target's own chain"
         ),
         truncate_prefix_keeping=FORWARD,
-        subscribe=FORWARD,
+        subscribe=Implement(subscribe, requires=("subscribe",)),
+    )
+
+
+def _unlinked(events: Sequence[Event]) -> tuple[Event, ...]:
+    return tuple(
+        dataclasses.replace(
+            e, metadata={k: v for k, v in e.metadata.items() if k != CHAIN_FIELD}
+        ) if CHAIN_FIELD in e.metadata else e
+        for e in events
     )

@@ -60,7 +60,7 @@ async def _rewrite(raw: MemoryEventStore, execution_id: str, rows: list[NewEvent
 async def test_each_event_links_to_its_predecessor(audit: AuditEventStore) -> None:
     await audit.append("e", [NewEvent("A", 1), NewEvent("B", 2)], expected_sequence=0)
     await audit.append("e", [NewEvent("C", {"x": [1.5, None]})], expected_sequence=2)
-    events = await audit.read("e")
+    events = await audit.read_chained("e")
     links = [_link(e) for e in events]
     assert links[0][0] == GENESIS
     assert [prev for prev, _ in links[1:]] == [own for _, own in links[:-1]]
@@ -75,7 +75,10 @@ async def test_user_metadata_is_kept_and_the_chain_key_is_reserved(
 ) -> None:
     await audit.append("e", [NewEvent("A", 1, {"by": "node-1"})], expected_sequence=0)
     (event,) = await audit.read("e")
-    assert event.metadata["by"] == "node-1"
+    assert event.metadata == {"by": "node-1"}  # the link is kept out of the caller's view
+    (stored,) = await audit.read_chained("e")
+    assert stored.metadata["by"] == "node-1"
+    assert _link(stored)[0] == GENESIS
     with pytest.raises(InvalidEventError, match="reserved key 'chain'"):
         await audit.append("e", [NewEvent("B", 2, {CHAIN_FIELD: "x"})], expected_sequence=1)
     with pytest.raises(InvalidEventError, match="reserved key 'chain'"):
@@ -252,7 +255,7 @@ async def test_a_compacted_log_verifies_only_when_declared_and_keeps_its_anchor(
     audit: AuditEventStore,
 ) -> None:
     await audit.append("e", [NewEvent("A", i) for i in range(6)], expected_sequence=0)
-    before = await audit.read("e")
+    before = await audit.read_chained("e")
     assert await audit.truncate_prefix_keeping("e", keep_from_sequence=3) == 3
     strict = await audit.verify("e")
     assert isinstance(strict, ChainBroken)
@@ -260,7 +263,7 @@ async def test_a_compacted_log_verifies_only_when_declared_and_keeps_its_anchor(
     compacted = await audit.verify("e", allow_truncated_prefix=True)
     assert compacted == ChainIntact("e", 3, 3, 5, anchored_at_genesis=False, head_checked=False)
     # The anchor is the first kept event's prev: the hash of the dropped event 2.
-    assert _link((await audit.read("e"))[0])[0] == _link(before[2])[1]
+    assert _link((await audit.read_chained("e"))[0])[0] == _link(before[2])[1]
     await audit.append("e", [NewEvent("A", 6)], expected_sequence=6)
     assert (await audit.verify("e", allow_truncated_prefix=True)).ok
 
@@ -274,7 +277,7 @@ async def test_a_fully_compacted_log_restarts_its_chain_from_null(audit: AuditEv
     assert not (await audit.verify("e")).ok
     assert (await audit.verify("e", allow_truncated_prefix=True)).ok
     await audit.append("e", [NewEvent("A", 3)], expected_sequence=3)
-    (event,) = await audit.read("e")
+    (event,) = await audit.read_chained("e")
     assert _link(event)[0] is None
     assert (await audit.verify("e", allow_truncated_prefix=True)).ok
     stale = await audit.verify("e", head=old_head, allow_truncated_prefix=True)
@@ -292,7 +295,7 @@ async def test_a_deleted_log_fails_its_old_head_and_a_new_one_starts_at_genesis(
     assert isinstance(gone, ChainBroken)
     assert gone.reason == "head_truncated"
     await audit.append("e", [NewEvent("B")], expected_sequence=0)
-    (event,) = await audit.read("e")
+    (event,) = await audit.read_chained("e")
     assert _link(event)[0] == GENESIS
     assert (await audit.verify("e")).ok
 
@@ -309,9 +312,19 @@ async def test_copy_prefix_is_refused_and_the_rest_follows_the_inner_store() -> 
         bare.subscribe("a")
 
 
-async def test_subscribe_shows_the_links(audit: AuditEventStore) -> None:
-    await audit.append("e", [NewEvent("A")], expected_sequence=0)
+async def test_reads_and_subscriptions_show_the_callers_metadata_only(
+    audit: AuditEventStore,
+) -> None:
+    written = await audit.append("e", [NewEvent("A", 1, {"trace": "t"})], expected_sequence=0)
+    assert written[0].metadata == {"trace": "t"}
     stream = audit.subscribe("e")
-    event = await anext(stream)
-    assert _link(event)[0] == GENESIS
+    assert (await anext(stream)).metadata == {"trace": "t"}
+    await audit.append_many([AppendRequest("e", [NewEvent("B")], 1)])
+    assert (await anext(stream)).metadata == {}
     await stream.aclose()  # type: ignore[attr-defined]
+    (changed,) = await audit.append_if_unchanged("e", [NewEvent("C")], expected_sequence=2,
+                                                 observed_fence=0)
+    assert changed.metadata == {}
+    assert [read_link(e.metadata) is not None for e in await audit.read_chained("e")] == [
+        True, True, True
+    ]

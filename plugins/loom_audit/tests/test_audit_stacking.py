@@ -110,7 +110,7 @@ async def test_the_chain_verifies_without_keys_and_survives_shredding(documented
     verified = await keyless.verify("alice/1")
     assert verified.ok
     assert verified.last_sequence == 3  # two sealed events, ERASURE_PENDING, PAYLOAD_SHREDDED
-    kinds = [e.kind for e in await keyless.read("alice/1")]
+    kinds = [e.kind for e in await keyless.read_chained("alice/1")]
     assert kinds[-2:] == [EventKind.ERASURE_PENDING, EventKind.PAYLOAD_SHREDDED]
     head = await keyless.export_head("alice/1")
     assert (await find_audit_store(documented).verify("alice/1", head=head)).ok
