@@ -13,6 +13,7 @@ confirm a guessed payload after the erasure.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from loom_audit import AuditEventStore, ChainBroken, find_audit_store, link_hash, read_link
@@ -34,7 +35,7 @@ from loom_core import (
     open_storage,
 )
 
-BACKENDS = ["memory://"]
+BACKENDS = ["memory"]
 
 
 def _owner(execution_id: str, event: NewEvent) -> str:
@@ -42,9 +43,11 @@ def _owner(execution_id: str, event: NewEvent) -> str:
 
 
 @pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest) -> str:
-    value: str = request.param
-    return value
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    backend: str = request.param
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'loom.db'}"
+    return "memory://"
 
 
 @pytest.fixture
