@@ -29,7 +29,7 @@ async def test_open_storage_seals_with_the_given_options() -> None:
         ({}, "crypto needs key_store"),
         ({"key_store": MemoryKeyStore()}, "crypto needs key_store"),
         ({"key_store": object(), "subject_of": subject_is_execution}, "must implement"),
-        ({"key_store": MemoryKeyStore(), "subject_of": 3}, "must be callable"),
+        ({"key_store": MemoryKeyStore(), "subject_of": 3}, "subject_of must be a callable"),
         ({"key_store": MemoryKeyStore(), "subject_of": subject_is_execution, "kms": 1},
          "unknown crypto options"),
     ],
