@@ -140,7 +140,12 @@ class FileKeyStore:
             "state": "destroyed",
             "destroyed_at": datetime.now(UTC).isoformat(),
         }
-        self._publish(self._key_path(key_id), tombstone, exclusive=False)
+        path = self._key_path(key_id)
+        self._publish(path, tombstone, exclusive=False)
+        # A process killed between writing a temporary copy and linking it leaves that copy
+        # behind, key bytes included: it goes with the key.
+        for stray in path.parent.glob(f".{path.name}.*.tmp"):
+            self._remove(stray)
         return True
 
     def _was_destroyed(self, key_id: str) -> bool:

@@ -109,6 +109,17 @@ async def test_file_store_keeps_no_trace_of_a_destroyed_key(tmp_path: Path) -> N
     assert [p.name for p in (tmp_path / "keys").rglob("*.tmp")] == []
 
 
+async def test_destroy_also_removes_a_copy_left_by_a_killed_writer(tmp_path: Path) -> None:
+    store = FileKeyStore(tmp_path / "keys")
+    key = await store.create("alice")
+    record = tmp_path / "keys" / "keys" / f"{key.key_id}.json"
+    stray = record.with_name(f".{record.name}.0123456789abcdef.tmp")
+    stray.write_bytes(record.read_bytes())  # what a process killed before its link leaves
+    await store.destroy(key.key_id)
+    assert not stray.exists()
+    assert not any(form in _everything_under(tmp_path) for form in _forms(key.material))
+
+
 async def test_file_store_files_are_private(tmp_path: Path) -> None:
     store = FileKeyStore(tmp_path / "keys")
     await store.create("alice")
