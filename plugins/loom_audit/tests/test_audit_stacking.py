@@ -12,7 +12,9 @@ confirm a guessed payload after the erasure.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,25 +44,39 @@ def _owner(execution_id: str, event: NewEvent) -> str:
     return execution_id.split("/", 1)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class Backend:
+    url: str
+    options: dict[str, object]
+
+
 @pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    backend: str = request.param
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'loom.db'}"
-    return "memory://"
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    name: str = request.param
+    if name == "sqlite":
+        return Backend(f"sqlite:///{tmp_path / 'loom.db'}", {})
+    if name == "postgresql":
+        # Requested only here, so memory and SQLite runs never start a server.
+        database: str = request.getfixturevalue("stack_database")
+        return Backend(database, {"schema": f"stack_{uuid.uuid4().hex[:12]}"})
+    return Backend("memory://", {})
 
 
 @pytest.fixture
-async def documented(url: str) -> AsyncIterator[Storage]:
+async def documented(backend: Backend) -> AsyncIterator[Storage]:
     crypto = ("crypto", {"key_store": MemoryKeyStore(), "subject_of": _owner})
-    async with open_storage(url, decorators=["audit", crypto]) as storage:
+    async with open_storage(
+        backend.url, decorators=["audit", crypto], options=backend.options
+    ) as storage:
         yield storage
 
 
 @pytest.fixture
-async def reversed_order(url: str) -> AsyncIterator[Storage]:
+async def reversed_order(backend: Backend) -> AsyncIterator[Storage]:
     crypto = ("crypto", {"key_store": MemoryKeyStore(), "subject_of": _owner})
-    async with open_storage(url, decorators=[crypto, "audit"]) as storage:
+    async with open_storage(
+        backend.url, decorators=[crypto, "audit"], options=backend.options
+    ) as storage:
         yield storage
 
 
