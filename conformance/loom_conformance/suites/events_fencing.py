@@ -307,6 +307,34 @@ class EventStoreFencingContract:
         ) == FenceAcquired(1)
 
     @requires.acquire_fence_if
+    async def test_answering_append_racing_a_conditional_acquire_never_both_succeed(
+        self, loom_events: EventStore
+    ) -> None:
+        """ADR 0118 D1's race: either the resume lands and the acquire is stale, or the
+        acquire wins and the resume is StaleFenceError; never both, never neither."""
+        for round_ in range(16):
+            execution_id = f"exec-race-{round_:02d}"
+            park_seq = await park(loom_events, execution_id, fence=0)
+            resume = loom_events.append(
+                execution_id, [kernel(EventKind.EXECUTION_RESUMED)],
+                expected_sequence=park_seq + 1, fence=0,
+            )
+            acquire = loom_events.acquire_fence_if(execution_id, fence=0, park_seq=park_seq)
+            pair = (resume, acquire) if round_ % 2 else (acquire, resume)
+            first, second = await guard(asyncio.gather(*pair, return_exceptions=True))
+            appended, acquired = (first, second) if round_ % 2 else (second, first)
+            if isinstance(appended, tuple):
+                assert acquired == FenceStale(0), (round_, acquired)
+            else:
+                assert isinstance(appended, StaleFenceError), (round_, appended)
+                assert acquired == FenceAcquired(1), (round_, acquired)
+            resumes = [
+                e for e in await loom_events.read(execution_id)
+                if e.kind == EventKind.EXECUTION_RESUMED
+            ]
+            assert len(resumes) == (1 if isinstance(appended, tuple) else 0)
+
+    @requires.acquire_fence_if
     async def test_dead_acquirer_is_retried_with_the_returned_token(
         self, loom_events: EventStore
     ) -> None:
