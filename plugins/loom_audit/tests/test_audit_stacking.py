@@ -37,7 +37,7 @@ from loom_core import (
     open_storage,
 )
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "sqlite"]
 
 
 def _owner(execution_id: str, event: NewEvent) -> str:
