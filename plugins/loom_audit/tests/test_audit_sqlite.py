@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -106,3 +108,70 @@ async def test_a_cut_tail_with_its_head_counter_needs_the_exported_head(
     result = await audit.verify("e", head=head)
     assert isinstance(result, ChainBroken)
     assert (result.sequence, result.reason) == (9, "head_truncated")
+
+
+# One fixed statement per column: SQL text is never built from values.
+COLUMNS: dict[str, tuple[str, str]] = {
+    column: (
+        f"SELECT {column} FROM loom_events WHERE execution_id = ? AND sequence = ?",
+        f"UPDATE loom_events SET {column} = ? WHERE execution_id = ? AND sequence = ?",
+    )
+    for column in ("kind", "payload", "metadata")
+}
+
+
+def _flipped(rng: random.Random, text: str, column: str) -> str | None:
+    """``text`` with one bit of one byte flipped, if it is still a valid value of
+    ``column`` that means something else (what the walk, not the JSON parser, must catch)."""
+    raw = bytearray(text.encode("utf-8"))
+    raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+    try:
+        changed = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if column == "kind":
+        return changed if changed and changed.isprintable() else None
+    try:
+        same = json.loads(changed) == json.loads(text)
+    except ValueError:
+        return None
+    return None if same else changed
+
+
+async def test_random_byte_flips_in_the_sqlite_rows_are_all_caught(
+    storage: Storage, tmp_path: Path
+) -> None:
+    ids = [f"chain-{n}" for n in range(10)]
+    for eid in ids:
+        token = await storage.events.acquire_fence(eid)
+        await storage.events.append(
+            eid,
+            [NewEvent("STEP_COMPLETED", {"n": i, "text": f"step {i}", "amount": i / 4},
+                      {"node": "a"}) for i in range(30)],
+            expected_sequence=0,
+            fence=token,
+        )
+    audit = find_audit_store(storage)
+    rng = random.Random(7)
+    database = sqlite3.connect(tmp_path / "loom.db")
+    caught = tried = 0
+    try:
+        while tried < 300:
+            eid, sequence = rng.choice(ids), rng.randrange(30)
+            column = rng.choice(sorted(COLUMNS))
+            select, update = COLUMNS[column]
+            (text,) = database.execute(select, (eid, sequence)).fetchone()
+            changed = _flipped(rng, text, column)
+            if changed is None:
+                continue
+            database.execute(update, (changed, eid, sequence))
+            database.commit()
+            tried += 1
+            caught += not (await audit.verify(eid)).ok
+            database.execute(update, (text, eid, sequence))
+            database.commit()
+    finally:
+        database.close()
+    print(f"\nSQLite byte flips: {caught}/{tried} caught")
+    assert caught == tried
+    assert all([(await audit.verify(eid)).ok for eid in ids])
