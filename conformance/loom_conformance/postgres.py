@@ -20,9 +20,9 @@ Where the server comes from:
 * otherwise a new cluster is made with ``initdb`` in a temporary directory and started with
   ``pg_ctl`` on ``127.0.0.1`` and a free port, as an unprivileged user when this process
   runs as root (``initdb`` refuses root: the user is ``LOOM_TEST_POSTGRES_OS_USER``, else
-  ``nobody``), and stopped and deleted at the end. The binaries are looked up in
-  ``LOOM_TEST_POSTGRES_BIN``, then ``pg_config --bindir``, ``/usr/lib/postgresql/*/bin``
-  (newest first) and ``PATH``.
+  ``nobody``), and stopped and deleted at the end. The binaries are taken from
+  ``LOOM_TEST_POSTGRES_BIN`` when it is set (and only from there), else looked up with
+  ``pg_config --bindir``, in ``/usr/lib/postgresql/*/bin`` (newest first) and ``PATH``.
 
 Under ``CI=true`` a missing server or a failed start fails the run; it never skips. Outside
 CI a machine with no PostgreSQL at all skips the tests that need it, with a reason.
@@ -113,10 +113,12 @@ def in_ci() -> bool:
 
 def find_postgres_bindir() -> Path | None:
     """The directory holding ``initdb``/``pg_ctl``, or None when PostgreSQL is absent."""
-    candidates: list[Path] = []
     explicit = os.environ.get(BIN_ENV)
     if explicit:
-        candidates.append(Path(explicit))
+        # An explicit choice is the only one: a wrong path must not silently fall back.
+        path = Path(explicit)
+        return path if (path / "initdb").is_file() and (path / "pg_ctl").is_file() else None
+    candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
