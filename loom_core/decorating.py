@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Final, Generic, TypedDict, TypeVar, final
 
 from loom_core.errors import DecoratorDefinitionError, Unsupported
 from loom_core.events import Event, NewEvent
+from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import (
     DEFAULT_LIST_LIMIT,
     OPTIONAL_EVENT_STORE_METHODS,
@@ -111,10 +112,12 @@ class Decisions(TypedDict):
     subscribe: Decision
 
 
-class EventStoreDecorator:
+class EventStoreDecorator(RefusesUnoffered):
     """Wraps ``inner``; required methods forward unless overridden, optional ones follow
-    the subclass's :class:`Decisions`. Pass ``abstract=True`` in the class statement for an
-    intermediate base that leaves the decisions to its subclasses."""
+    the subclass's :class:`Decisions` (the refusing defaults inherited from
+    :class:`~loom_core.refusal.RefusesUnoffered` are replaced when the subclass is
+    defined). Pass ``abstract=True`` in the class statement for an intermediate base that
+    leaves the decisions to its subclasses."""
 
     decisions: ClassVar[Decisions]
     _offered_when: ClassVar[dict[OptionalMethod, frozenset[str] | None]] = {}

@@ -11,13 +11,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from loom_core.errors import StaleFenceError
+from loom_core.errors import LoomError, StaleFenceError
 from loom_core.events import Event, NewEvent
 from loom_core.kinds import EventKind
 from loom_core.plugins import open_storage
 from loom_core.spi import FenceAcquired, FenceStale
 
-__all__ = ["run_demo"]
+__all__ = ["DemoFailedError", "run_demo"]
+
+
+class DemoFailedError(LoomError):
+    """The store under the demo did not behave as the contract requires."""
+
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise DemoFailedError(f"contract violated: {what}")
 
 
 async def run_demo(url: str = "memory://", *, say: Callable[[str], None] = print) -> list[Event]:
@@ -53,12 +62,15 @@ async def run_demo(url: str = "memory://", *, say: Callable[[str], None] = print
         say(f"  supervisor X acquired fence {dead} and crashed before appending")
 
         result = await events.acquire_fence_if(execution, fence=park_fence, park_seq=park_seq)
-        assert isinstance(result, FenceStale)
+        _expect(isinstance(result, FenceStale), "the dead acquirer's token should make B stale")
         say(f"  resumer B: acquire_fence_if(fence={park_fence}) -> stale, current {result.fence}")
         parked = await events.read(execution, from_sequence=park_seq + 1)
-        assert not any(e.kind == EventKind.EXECUTION_RESUMED for e in parked)
+        _expect(
+            not any(e.kind == EventKind.EXECUTION_RESUMED for e in parked),
+            "the park should still be unanswered",
+        )
         result = await events.acquire_fence_if(execution, fence=result.fence, park_seq=park_seq)
-        assert isinstance(result, FenceAcquired)
+        _expect(isinstance(result, FenceAcquired), "B's retry should acquire")
         resumer = result.fence
         head = await events.head(execution)
         await events.append(
@@ -70,7 +82,7 @@ async def run_demo(url: str = "memory://", *, say: Callable[[str], None] = print
         say(f"  resumer B: park still unanswered, retried -> fence {resumer}, resumed")
 
         rival = await events.acquire_fence_if(execution, fence=resumer, park_seq=park_seq)
-        assert isinstance(rival, FenceStale)
+        _expect(isinstance(rival, FenceStale), "C should be stale: the park is answered")
         say(f"  rival C: acquire_fence_if(fence={resumer}) -> stale: the park is answered, "
             "so B's running body is not fenced out")
 
@@ -83,6 +95,8 @@ async def run_demo(url: str = "memory://", *, say: Callable[[str], None] = print
             )
         except StaleFenceError as exc:
             say(f"  zombie A refused: {exc}")
+        else:
+            _expect(False, "the zombie's append should have been refused")
 
         await events.append(
             execution,

@@ -1,9 +1,15 @@
+from __future__ import annotations
+
 import enum
+from typing import TYPE_CHECKING
 
 import pytest
 
 from loom_core import CLASSIFICATION, EventKind, NewEvent, UnclassifiedKindError, is_answering
 from loom_core.kinds import build_classification
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ANSWERING = {
     "EXECUTION_RESUMED",
@@ -56,3 +62,25 @@ def test_a_kind_classified_twice_fails_the_build() -> None:
 
     with pytest.raises(UnclassifiedKindError, match="twice"):
         build_classification(Kinds, ("A",), ("A",))
+
+
+def test_adding_an_unclassified_kernel_kind_fails_at_import(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path as _Path
+
+    import loom_core.kinds
+
+    source = _Path(loom_core.kinds.__file__).read_text()
+    anchor = '    ANNOTATION = "ANNOTATION"\n'
+    assert anchor in source
+    (tmp_path / "kinds_with_new_kind.py").write_text(
+        source.replace(anchor, anchor + '    EXECUTION_REWOUND = "EXECUTION_REWOUND"\n')
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "import kinds_with_new_kind"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 1
+    assert "UnclassifiedKindError" in result.stderr
+    assert "EXECUTION_REWOUND" in result.stderr

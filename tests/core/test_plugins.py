@@ -1,0 +1,199 @@
+"""Plugin discovery, registries and open_storage."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from loom_core import (
+    DuplicateRegistrationError,
+    InvalidOptionError,
+    InvalidURLError,
+    NewEvent,
+    PluginHost,
+    PluginLoadError,
+    Storage,
+    UnknownSchemeError,
+    hookimpl,
+    open_storage,
+)
+from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
+from loom_core.registry import BackendRegistry, DecoratorRegistry, InnerOpener
+
+
+async def _open_dummy(url: str, options: Mapping[str, object]) -> Storage:
+    return Storage(MemoryEventStore(), MemoryTimerStore(), MemoryLeaseStore(), url=url)
+
+
+def _backend_plugin(scheme: str) -> types.SimpleNamespace:
+    @hookimpl
+    def loom_register_backends(registry: BackendRegistry) -> None:
+        registry.add_backend(scheme, _open_dummy)
+
+    return types.SimpleNamespace(loom_register_backends=loom_register_backends)
+
+
+class Tagging:
+    """A decorator that records the order it was applied in."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self._name = name
+        self._log = log
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def decorate(self, storage: Storage, options: Mapping[str, object]) -> Storage:
+        self._log.append(f"{self._name}:{options.get('tag', '')}")
+        return storage
+
+    async def conformance_options(self, open_inner: InnerOpener) -> Mapping[str, object]:
+        return {}
+
+
+def _decorator_plugin(decorator: Tagging) -> types.SimpleNamespace:
+    @hookimpl
+    def loom_register_decorators(registry: DecoratorRegistry) -> None:
+        registry.add_decorator(decorator)
+
+    return types.SimpleNamespace(loom_register_decorators=loom_register_decorators)
+
+
+async def test_memory_is_built_in_and_opens_with_await_or_async_with() -> None:
+    host = PluginHost(entry_points=False)
+    storage = await open_storage("memory://", plugins=host)
+    await storage.events.append("e", [NewEvent("k")], expected_sequence=0)
+    await storage.close()
+    assert storage.closed
+    async with open_storage("memory://", plugins=host) as other:
+        assert await other.events.head("e") == 0  # a fresh store each time
+
+
+async def test_unknown_scheme_lists_installed_and_names_the_distribution() -> None:
+    host = PluginHost(entry_points=False)
+    with pytest.raises(UnknownSchemeError) as caught:
+        await open_storage("postgresql://localhost/loom", plugins=host)
+    assert caught.value.installed == ("memory",)
+    assert "pip install loom-postgres" in str(caught.value)
+    with pytest.raises(UnknownSchemeError, match=r"'nosuch'.*installed schemes: memory"):
+        await open_storage("nosuch://x", plugins=host)
+
+
+@pytest.mark.parametrize("url", ["", "memory", "/tmp/x.db", 42, None])
+async def test_a_url_without_a_scheme_is_refused(url: object) -> None:
+    with pytest.raises(InvalidURLError):
+        await open_storage(url, plugins=PluginHost(entry_points=False))  # type: ignore[arg-type]
+
+
+async def test_memory_url_with_a_path_or_unknown_option_is_refused() -> None:
+    host = PluginHost(entry_points=False)
+    with pytest.raises(InvalidURLError):
+        await open_storage("memory://somewhere", plugins=host)
+    with pytest.raises(InvalidOptionError, match="unknown memory:// options"):
+        await open_storage("memory://", options={"colour": "blue"}, plugins=host)
+    with pytest.raises(InvalidOptionError):
+        await open_storage("memory://", options=["offer"], plugins=host)  # type: ignore[arg-type]
+
+
+async def test_in_process_backend_plugin_serves_its_scheme() -> None:
+    host = PluginHost(entry_points=False)
+    host.register(_backend_plugin("dummy"), name="dummy", source="loom-dummy")
+    async with open_storage("dummy://anything", plugins=host) as storage:
+        assert storage.url == "dummy://anything"
+
+
+async def test_duplicate_scheme_names_both_sources_and_spares_the_others() -> None:
+    host = PluginHost(entry_points=False)
+    host.register(_backend_plugin("twin"), name="first", source="loom-first")
+    host.register(_backend_plugin("twin"), name="second", source="loom-second")
+    with pytest.raises(DuplicateRegistrationError) as caught:
+        await open_storage("twin://", plugins=host)
+    assert {caught.value.first, caught.value.second} == {"loom-first", "loom-second"}
+    assert "loom-first" in str(caught.value)
+    assert "loom-second" in str(caught.value)
+    async with open_storage("memory://", plugins=host):
+        pass
+
+
+async def test_a_plugin_that_raises_while_registering_is_reported_by_name() -> None:
+    @hookimpl
+    def loom_register_backends(registry: BackendRegistry) -> None:
+        raise RuntimeError("boom")
+
+    host = PluginHost(entry_points=False)
+    host.register(
+        types.SimpleNamespace(loom_register_backends=loom_register_backends),
+        name="broken", source="loom-broken",
+    )
+    host.register(_backend_plugin("fine"), name="fine", source="loom-fine")
+    async with open_storage("fine://", plugins=host):
+        pass
+    failures = [e for e in host.errors if isinstance(e, PluginLoadError)]
+    assert [e.plugin for e in failures] == ["broken"]
+    assert "loom-broken" in str(failures[0])
+    assert "boom" in str(failures[0])
+
+
+async def test_decorators_apply_innermost_first_with_their_options() -> None:
+    log: list[str] = []
+    host = PluginHost(entry_points=False)
+    host.register(_decorator_plugin(Tagging("audit", log)), name="a", source="loom-a")
+    host.register(_decorator_plugin(Tagging("crypto", log)), name="c", source="loom-c")
+    async with open_storage(
+        "memory://", decorators=["audit", ("crypto", {"tag": "k1"})], plugins=host
+    ):
+        pass
+    assert log == ["audit:", "crypto:k1"]
+
+
+async def test_unknown_decorator_names_the_distribution_to_install() -> None:
+    host = PluginHost(entry_points=False)
+    with pytest.raises(InvalidOptionError, match="pip install loom-tenant"):
+        await open_storage("memory://", decorators=["tenant"], plugins=host)
+    with pytest.raises(InvalidOptionError, match="list of names"):
+        await open_storage("memory://", decorators="tenant", plugins=host)
+    with pytest.raises(InvalidOptionError, match="name or a"):
+        await open_storage("memory://", decorators=[("tenant",)], plugins=host)  # type: ignore[list-item]
+
+
+@pytest.fixture
+def fake_distributions(tmp_path: Path) -> Iterator[Path]:
+    """Installs two distributions with `loom` entry points: one good, one broken."""
+    (tmp_path / "good_loom_plugin.py").write_text(
+        "from loom_core import hookimpl\n"
+        "from loom_core.memory.plugin import open_memory\n"
+        "@hookimpl\n"
+        "def loom_register_backends(registry):\n"
+        "    registry.add_backend('good', lambda url, opts: open_memory('memory://', opts))\n"
+    )
+    for dist, module in (("loom_good-1.0", "good_loom_plugin"), ("loom_broken-1.0", "no_such_mod")):
+        info = tmp_path / f"{dist}.dist-info"
+        info.mkdir()
+        name = dist.split("-")[0].replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        plugin = name.split("-")[1]
+        (info / "entry_points.txt").write_text(f"[loom]\n{plugin} = {module}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield tmp_path
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("good_loom_plugin", None)
+
+
+async def test_entry_points_are_discovered_and_a_broken_one_is_reported(
+    fake_distributions: Path,
+) -> None:
+    with pytest.warns(RuntimeWarning, match="'broken' \\(from loom-broken\\)"):
+        host = PluginHost()
+    async with open_storage("good://", plugins=host) as storage:
+        await storage.events.append("e", [NewEvent("k")], expected_sequence=0)
+    broken = [e for e in host.errors if isinstance(e, PluginLoadError) and e.plugin == "broken"]
+    assert len(broken) == 1
+    assert broken[0].distribution == "loom-broken"
+    assert isinstance(broken[0].cause, ModuleNotFoundError)
