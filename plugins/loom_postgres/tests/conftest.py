@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -60,3 +60,10 @@ def loom_storage_factory(open_pg: Opener) -> Callable[[], Awaitable[Storage]]:
         return await open_pg()
 
     return factory
+
+
+@pytest.fixture
+def loom_explorer_isolation() -> Literal["store", "execution"]:
+    """The kit's schedule explorer runs its 2,047 schedules on their own execution ids in
+    one storage: opening a pool and a schema per schedule would take minutes."""
+    return "execution"
