@@ -22,6 +22,7 @@ written twice. An acquire whose outcome cannot be known raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -309,7 +310,9 @@ class PostgresEventStore(RefusesUnoffered):
         ordered = sorted(batch, key=lambda item: item.op.execution_id)
         await self._execute(ordered, time.monotonic() + self._db.options.reconnect_timeout)
 
-    def _batch_params(self, ordered: list[Pending[_Write, object]], writer: int) -> tuple[object, ...]:
+    def _batch_params(
+        self, ordered: list[Pending[_Write, object]], writer: int
+    ) -> tuple[object, ...]:
         ops: list[str] = []
         ids: list[str] = []
         seqs: list[int] = []
@@ -480,7 +483,9 @@ class PostgresEventStore(RefusesUnoffered):
             # transaction's row locks if it were still alive. Re-running is exact.
             await self._execute(rerun, deadline)
 
-    def _settle(self, ordered: list[Pending[_Write, object]], rows: list[tuple[object, ...]]) -> None:
+    def _settle(
+        self, ordered: list[Pending[_Write, object]], rows: list[tuple[object, ...]]
+    ) -> None:
         if len(rows) != len(ordered):  # cannot happen unless the function is not ours
             error = StorageError(
                 f"loom_batch returned {len(rows)} rows for {len(ordered)} writes; the schema "
@@ -496,7 +501,9 @@ class PostgresEventStore(RefusesUnoffered):
                 item.resolve(int(cast(int, token)))
             elif w.op == "c":
                 token_value = int(cast(int, token))
-                item.resolve(FenceAcquired(token_value) if status == _OK else FenceStale(token_value))
+                item.resolve(
+                    FenceAcquired(token_value) if status == _OK else FenceStale(token_value)
+                )
             elif status == _OK:
                 self._succeeded(item, cast(datetime, at), notified=bool(notified))
             elif status == _SEQUENCE:
@@ -828,9 +835,7 @@ class PostgresEventStore(RefusesUnoffered):
                     continue
                 if self._closed:
                     break
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watch.signal.wait(), options.subscribe_poll_interval)
-                except TimeoutError:
-                    pass
         finally:
             watch.release()

@@ -24,6 +24,7 @@ import psycopg
 from psycopg import sql
 
 from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS, EventKind
+from loom_postgres.database import Connection
 from loom_postgres.errors import SchemaMigrationError
 
 __all__ = [
@@ -474,7 +475,7 @@ class MigrationReport:
     or turned off)."""
 
 
-async def schema_state(conn: psycopg.AsyncConnection[object]) -> tuple[int, bool]:
+async def schema_state(conn: Connection) -> tuple[int, bool]:
     """(schema version, backfill done) of the connection's schema; (0, False) if none."""
     try:
         async with conn.transaction():
@@ -488,7 +489,7 @@ async def schema_state(conn: psycopg.AsyncConnection[object]) -> tuple[int, bool
 
 
 async def migrate_connection(
-    conn: psycopg.AsyncConnection[object],
+    conn: Connection,
     *,
     schema: str | None,
     backfill_park_fences: bool,

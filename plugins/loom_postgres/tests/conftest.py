@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import pytest
-
 from loom_conformance.postgres import PostgresServer, loom_postgres_server
+
 from loom_core import Storage, open_storage
 
 __all__ = ["loom_postgres_server"]

@@ -13,22 +13,23 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from psycopg import sql
-
-from loom_core import NewEvent, Redrive, Storage, TimerRecord, open_storage
 from loom_postgres import (
     SCHEMA_VERSION,
     SchemaMigrationError,
     backfill_park_fences,
     migrate,
 )
+from psycopg import sql
+
+from loom_core import NewEvent, Redrive, Storage, TimerRecord, open_storage
 
 Opener = Callable[..., Awaitable[Storage]]
+Conn = psycopg.AsyncConnection[tuple[object, ...]]
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-async def admin(pg_url: str, schema: str) -> AsyncIterator[psycopg.AsyncConnection[tuple[object, ...]]]:
+async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
     """A plain connection whose search_path is the test's schema (created empty)."""
     conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
     await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
@@ -37,10 +38,11 @@ async def admin(pg_url: str, schema: str) -> AsyncIterator[psycopg.AsyncConnecti
     await conn.close()
 
 
-async def _fetch(conn: psycopg.AsyncConnection[tuple[object, ...]], query: str,
-                 params: object = None) -> list[tuple[object, ...]]:
-    cur = await conn.execute(query, params)  # type: ignore[arg-type]
-    return await cur.fetchall()
+async def _fetch(
+    conn: Conn, query: str, params: tuple[object, ...] | None = None
+) -> list[tuple[object, ...]]:
+    cur = await conn.execute(query, params)
+    return list(await cur.fetchall())
 
 
 BOOT = textwrap.dedent(
@@ -94,7 +96,7 @@ async def test_boot_records_the_schema_version_and_a_second_boot_changes_nothing
 async def test_migrate_as_a_deploy_step_lets_nodes_boot_without_migrating(
     pg_url: str, schema: str
 ) -> None:
-    with pytest.raises(SchemaMigrationError, match="run loom_postgres.migrate"):
+    with pytest.raises(SchemaMigrationError, match=r"run loom_postgres\.migrate"):
         await open_storage(pg_url, options={"schema": schema, "migrate": False})
     report = await migrate(pg_url, schema=schema)
     assert (report.version_before, report.version_after) == (0, SCHEMA_VERSION)

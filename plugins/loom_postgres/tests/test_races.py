@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 import psycopg
 import pytest
-
-from loom_core import AppendRequest, NewEvent, Storage
-from loom_core.errors import StaleFenceError
 from loom_postgres.events import MANY_LOCKING, MANY_PLAIN
 from loom_postgres.schema import ANSWERING, KERNEL
 from loom_postgres.testing import disable_answering_lock
+
+from loom_core import AppendRequest, NewEvent, Storage
+from loom_core.errors import StaleFenceError
 
 Opener = Callable[..., Awaitable[Storage]]
 Path = Literal["append", "append_many"]
@@ -43,8 +43,8 @@ async def _race(appender: Storage, acquirer: Storage, path: Path, runs: int) -> 
         eid = f"race-{path}-{i}-{uuid.uuid4().hex[:6]}"
         await appender.events.append(eid, PARK, expected_sequence=0)
 
-        async def answer(eid: str = eid) -> bool:
-            resume = [NewEvent("EXECUTION_RESUMED", {"run": i})]
+        async def answer(eid: str = eid, run: int = i) -> bool:
+            resume = [NewEvent("EXECUTION_RESUMED", {"run": run})]
             try:
                 if path == "append":
                     await appender.events.append(eid, resume, expected_sequence=2, fence=0)
