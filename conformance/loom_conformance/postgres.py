@@ -430,11 +430,14 @@ def loom_postgres_server() -> Iterator[PostgresServer]:
             f"no PostgreSQL: install the server binaries or set {URL_ENV} "
             "(under CI=true this fails instead)"
         )
+    context = postgres_server()
+    failure: PostgresUnavailableError | None = None
     try:
-        context = postgres_server()
         server = context.__enter__()
     except PostgresUnavailableError as exc:
-        pytest.fail(f"PostgreSQL test server unavailable: {exc}", pytrace=False)
+        failure = exc
+    if failure is not None:
+        pytest.fail(f"PostgreSQL test server unavailable: {failure}", pytrace=False)
     try:
         yield server
     finally:
