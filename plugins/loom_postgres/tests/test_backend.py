@@ -16,7 +16,7 @@ import pytest
 from loom_conformance.postgres import PostgresServer
 from loom_postgres import PostgresEventStore
 
-from loom_core import NewEvent, PluginHost, Storage, open_storage
+from loom_core import Event, NewEvent, PluginHost, Storage, open_storage
 from loom_core.errors import (
     InvalidOptionError,
     InvalidURLError,
@@ -219,7 +219,10 @@ async def test_a_subscriber_that_stops_reading_does_not_block_commits(
 ) -> None:
     storage = await open_pg(schema=schema)
     iterator = storage.events.subscribe("busy")
-    first = asyncio.create_task(iterator.__anext__())
+    async def next_event() -> Event:
+        return await anext(iterator)
+
+    first = asyncio.create_task(next_event())
     await storage.events.append("busy", [NewEvent("X")], expected_sequence=0)
     assert (await asyncio.wait_for(first, 5)).sequence == 0
     # The subscriber stops reading; a thousand appends still commit promptly.
@@ -227,7 +230,7 @@ async def test_a_subscriber_that_stops_reading_does_not_block_commits(
         await storage.events.append("busy", [NewEvent("X")], expected_sequence=seq)
     assert await storage.events.head("busy") == 1001
     # When it resumes it gets every event, in order, from where it stopped.
-    seen = [(await iterator.__anext__()).sequence for _ in range(1000)]
+    seen = [(await anext(iterator)).sequence for _ in range(1000)]
     assert seen == list(range(1, 1001))
     await iterator.aclose()  # type: ignore[attr-defined]
 
