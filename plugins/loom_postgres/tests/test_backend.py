@@ -16,7 +16,14 @@ import pytest
 from loom_conformance.postgres import PostgresServer
 from loom_postgres import PostgresEventStore
 
-from loom_core import Event, NewEvent, PluginHost, Storage, open_storage
+from loom_core import (
+    OPTIONAL_EVENT_STORE_METHODS,
+    Event,
+    NewEvent,
+    PluginHost,
+    Storage,
+    open_storage,
+)
 from loom_core.errors import (
     InvalidOptionError,
     InvalidURLError,
@@ -36,6 +43,12 @@ def test_the_entry_point_registers_both_url_schemes() -> None:
     host = PluginHost()
     assert {"postgresql", "postgres"} <= set(host.backends.factories)
     assert host.backends.source_of("postgresql") == "loom-postgres"
+
+
+async def test_every_optional_method_is_offered(open_pg: Opener) -> None:
+    # So the kit runs every optional-method case against this store and skips none.
+    storage = await open_pg()
+    assert storage.events.capabilities == frozenset(OPTIONAL_EVENT_STORE_METHODS)
 
 
 async def test_postgres_scheme_opens_the_same_backend(pg_url: str, schema: str) -> None:
