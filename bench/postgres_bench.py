@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
-
 from loom_conformance.postgres import DURABLE_SETTINGS, ThrowawayCluster, find_postgres_bindir
-from loom_core import NewEvent, Storage, open_storage
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING, KERNEL
+from psycopg_pool import AsyncConnectionPool
 
+from loom_core import NewEvent, Storage, open_storage
+
+RawPool = AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]]
 LEVELS = (1, 8, 64)
 WORKLOADS = ("unfenced", "fenced", "park/acquire_fence", "park/acquire_fence_if")
 FENCED_ROWS = 300_000
@@ -111,14 +112,16 @@ def raw_params(op: str, eid: str, seq: int, fence: int | None, kind: str, payloa
             int.from_bytes(os.urandom(7), "big"), ANSWERING, KERNEL, 0.5)
 
 
-async def raw_execution(pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]],
-                        workload: str, eid: str, channel: Callable[[str], str | None]) -> None:
+async def raw_execution(
+    pool: RawPool, workload: str, eid: str, channel: Callable[[str], str | None]
+) -> None:
     ch = channel(eid)
     async with pool.connection() as conn:
         async def run(params: tuple[object, ...]) -> tuple[object, ...]:
             cur = await conn.execute(BATCH, params, prepare=True)
             row = await cur.fetchone()
-            assert row is not None and row[0] == 0, row
+            assert row is not None, params
+            assert row[0] == 0, row
             return row
 
         if workload in ("unfenced", "fenced"):
@@ -250,14 +253,13 @@ async def main(args: argparse.Namespace, url: str, bindir: Path | None) -> list[
 
             n, secs = await drive(level, args.seconds, loom_one, ids["loom"])
             results.append(Result(workload, "loom", level, n, secs))
-            pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] = (
-                AsyncConnectionPool(url, min_size=level, max_size=level, open=False,
-                                    kwargs={"autocommit": True}, configure=configure)
+            pool: RawPool = AsyncConnectionPool(
+                url, min_size=level, max_size=level, open=False,
+                kwargs={"autocommit": True}, configure=configure,
             )
             await pool.open(wait=True)
 
-            async def raw_one(eid: str, workload: str = workload,
-                              pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] = pool) -> None:
+            async def raw_one(eid: str, workload: str = workload, pool: RawPool = pool) -> None:
                 await raw_execution(pool, workload, eid, channel)
 
             n, secs = await drive(level, args.seconds, raw_one, ids["raw"])

@@ -7,7 +7,7 @@ is created on first connect; :func:`migrate` runs the same step explicitly.
 
 from loom_postgres.backfill import backfill_park_fences, migrate
 from loom_postgres.errors import LockTimeoutError, SchemaMigrationError, WriteOutcomeUnknownError
-from loom_postgres.events import PostgresEventStore
+from loom_postgres.events import LostConnectionStats, PostgresEventStore
 from loom_postgres.leases import PostgresLeaseStore
 from loom_postgres.options import PostgresOptions
 from loom_postgres.schema import SCHEMA_VERSION, MigrationReport
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SCHEMA_VERSION",
     "LockTimeoutError",
+    "LostConnectionStats",
     "MigrationReport",
     "PostgresEventStore",
     "PostgresLeaseStore",

@@ -70,7 +70,7 @@ from loom_postgres.failures import Failure, classify, describe
 from loom_postgres.notify import Listener
 from loom_postgres.schema import ANSWERING, KERNEL, PARK_KIND
 
-__all__ = ["PostgresEventStore"]
+__all__ = ["LostConnectionStats", "PostgresEventStore"]
 
 _MAX_BIGINT: Final = 2**63 - 1
 _OK, _SEQUENCE, _EXISTS, _STALE, _NOT_FOUND, _PAST_HEAD = 0, 1, 2, 3, 4, 5
@@ -219,6 +219,17 @@ MANY_PLAIN: Final = _MANY_TEMPLATE.replace("{lock}", "")
 
 
 @dataclass(slots=True)
+class LostConnectionStats:
+    """What the store found after connections broke with writes in flight: appends that
+    had ``landed`` (returned as successes), appends re-run because they had not, and
+    writes reported as ``unknown`` (WriteOutcomeUnknownError)."""
+
+    landed: int = 0
+    rerun: int = 0
+    unknown: int = 0
+
+
+@dataclass(slots=True)
 class _Write:
     """One write as group commit carries it."""
 
@@ -258,6 +269,7 @@ class PostgresEventStore(RefusesUnoffered):
         )
         self._closed = False
         self._answering_lock = True  # switched off only by loom_postgres.testing
+        self.lost_connections = LostConnectionStats()
 
     @property
     def group_commit(self) -> GroupCommitter[_Write, object]:
@@ -440,8 +452,10 @@ class PostgresEventStore(RefusesUnoffered):
     ) -> None:
         """The connection broke after the batch was sent: find out what landed."""
         appends = [item for item in ordered if item.op.op in ("a", "u")]
+        stats = self.lost_connections
         for item in ordered:
             if item.op.op not in ("a", "u"):
+                stats.unknown += 1
                 item.reject(
                     WriteOutcomeUnknownError(self._what(item.op), item.op.execution_id,
                                              describe(exc))
@@ -455,6 +469,7 @@ class PostgresEventStore(RefusesUnoffered):
                 what="checking appends after a lost connection",
             )
         except StorageError as lookup:
+            stats.unknown += len(appends)
             for item in appends:
                 item.reject(
                     WriteOutcomeUnknownError(
@@ -468,11 +483,13 @@ class PostgresEventStore(RefusesUnoffered):
         for item in appends:
             at = landed.get((item.op.execution_id, item.op.seq))
             if at is not None:
+                stats.landed += 1
                 self._succeeded(item, at, notified=True)
             else:
                 rerun.append(item)
         if rerun:
             if time.monotonic() >= deadline:
+                stats.unknown += len(rerun)
                 for item in rerun:
                     item.reject(
                         WriteOutcomeUnknownError(self._what(item.op), item.op.execution_id,
@@ -481,6 +498,7 @@ class PostgresEventStore(RefusesUnoffered):
                 return
             # Not there, and it cannot appear later: a re-run would wait for the lost
             # transaction's row locks if it were still alive. Re-running is exact.
+            stats.rerun += len(rerun)
             await self._execute(rerun, deadline)
 
     def _settle(

@@ -204,6 +204,9 @@ async def test_server_crash_and_restart_loses_no_acknowledged_event_and_duplicat
         stop.set()
         await asyncio.gather(*tasks)
         assert sum(len(v) for v in acknowledged.values()) > 0
+        # The crash cut writes in flight, and the store found out what became of them.
+        stats = storage.events.lost_connections  # type: ignore[attr-defined]
+        assert stats.landed + stats.rerun + stats.unknown > 0
         for eid, mine in acknowledged.items():
             log = await storage.events.read(eid)
             assert [e.sequence for e in log] == list(range(len(log)))  # gapless
