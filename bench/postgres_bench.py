@@ -184,14 +184,14 @@ def pgbench_script(buckets: int, namespace: str) -> str:
         (1, "STEP_COMPLETED", '{"result":2,"step":"a"}', "false"),
         (2, "EXECUTION_COMPLETED", '{"output":3}', "true"),
     ]
-    channel = f"concat('loom.{namespace}.', :b)" if buckets else "NULL"
+    channel = f"concat('loom.{namespace}.', :b::integer)" if buckets else "NULL"
     for seq, kind, payload, lock in steps:
         lines.append(
             "SELECT o_status FROM loom_batch(ARRAY['a']::\"char\"[], "
-            "ARRAY[concat('pgb-', :r)], "
+            "ARRAY[concat('pgb-', :r::bigint)], "
             f"ARRAY[{seq}]::bigint[], ARRAY[NULL]::bigint[], ARRAY[{lock}], ARRAY[false], "
             f"ARRAY[1], ARRAY['{kind}'], ARRAY['{payload}'], ARRAY['{{}}'], "
-            f"ARRAY[{channel}]::text[], :r, {answering}, {kernel}, 0.5);"
+            f"ARRAY[{channel}]::text[], :r::bigint, {answering}, {kernel}, 0.5);"
         )
     return "\n".join(lines) + "\n"
 
@@ -222,6 +222,10 @@ def run_pgbench(bindir: Path, url: str, schema: str, concurrency: int, seconds: 
 # -- main ---------------------------------------------------------------------------------
 
 
+def ids_of(prefix: str) -> Iterator[str]:
+    return (f"{prefix}{n}" for n in itertools.count(1))
+
+
 async def main(args: argparse.Namespace, url: str, bindir: Path | None) -> list[Result]:
     schema = "bench"
     results: list[Result] = []
@@ -237,9 +241,9 @@ async def main(args: argparse.Namespace, url: str, bindir: Path | None) -> list[
             "ON CONFLICT DO NOTHING", (FENCED_ROWS,)
         )
         await conn.execute("CHECKPOINT")
-    fenced_ids = {c: (f"{c}-fenced-{n}" for n in itertools.count(1)) for c in ("loom", "raw")}
     run_id = os.urandom(3).hex()
-    other_ids = {c: (f"{c}-{run_id}-{n}" for n in itertools.count(1)) for c in ("loom", "raw")}
+    fenced_ids = {c: ids_of(f"{c}-fenced-") for c in ("loom", "raw")}
+    other_ids = {c: ids_of(f"{c}-{run_id}-") for c in ("loom", "raw")}
 
     async def configure(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
         await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))

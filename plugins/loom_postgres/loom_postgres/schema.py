@@ -115,32 +115,35 @@ BEGIN
             HINT = 'each of its statements needs a fresh snapshot; call it in a READ '
                    'COMMITTED transaction (or autocommit)';
     END IF;
-    IF p_fence = 0 THEN
+    -- Waits for in-flight answering appends (they hold FOR SHARE) and blocks new ones.
+    SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
+    IF NOT FOUND AND p_fence = 0 THEN
         -- A park written before parks created their token-0 row has no row to lock.
         INSERT INTO loom_fences (execution_id, token) VALUES (p_id, 0)
         ON CONFLICT DO NOTHING;
+        SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
     END IF;
-    -- Waits for in-flight answering appends (they hold FOR SHARE) and blocks new ones.
-    SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
     cur := coalesce(cur, 0);
     IF cur <> p_fence THEN
         RETURN QUERY SELECT false, cur;
         RETURN;
     END IF;
-    -- A new statement, so a new snapshot taken after the lock was granted.
-    IF EXISTS (
-        SELECT 1 FROM loom_events e
-        WHERE e.execution_id = p_id
-          AND e.sequence > p_park_seq
-          AND (e.kind = ANY (p_answering)
-               OR (e.kind <> ALL (p_kernel)
-                   AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb))
-    ) THEN
+    -- A new statement, so a new snapshot taken after the lock was granted: its scan sees
+    -- every answering append that committed while we waited.
+    UPDATE loom_fences f SET token = cur + 1
+    WHERE f.execution_id = p_id
+      AND NOT EXISTS (
+          SELECT 1 FROM loom_events e
+          WHERE e.execution_id = p_id
+            AND e.sequence > p_park_seq
+            AND (e.kind = ANY (p_answering)
+                 OR (e.kind <> ALL (p_kernel)
+                     AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)));
+    IF FOUND THEN
+        RETURN QUERY SELECT true, cur + 1;
+    ELSE
         RETURN QUERY SELECT false, cur;
-        RETURN;
     END IF;
-    UPDATE loom_fences f SET token = cur + 1 WHERE f.execution_id = p_id;
-    RETURN QUERY SELECT true, cur + 1;
 END
 $loom$
 """
