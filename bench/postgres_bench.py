@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,43 +249,51 @@ async def main(args: argparse.Namespace, url: str, bindir: Path | None) -> list[
     async def configure(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
         await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
 
-    for workload in args.workloads:
-        for level in args.levels:
-            ids = fenced_ids if workload == "fenced" else other_ids
+    for repeat in range(args.repeat):
+        for workload in args.workloads:
+            for level in args.levels:
+                ids = fenced_ids if workload == "fenced" else other_ids
 
-            async def loom_one(eid: str, workload: str = workload) -> None:
-                await loom_execution(storage, workload, eid)
+                async def loom_one(eid: str, workload: str = workload) -> None:
+                    await loom_execution(storage, workload, eid)
 
-            n, secs = await drive(level, args.seconds, loom_one, ids["loom"])
-            results.append(Result(workload, "loom", level, n, secs))
-            pool: RawPool = AsyncConnectionPool(
-                url, min_size=level, max_size=level, open=False,
-                kwargs={"autocommit": True}, configure=configure,
-            )
-            await pool.open(wait=True)
-
-            async def raw_one(eid: str, workload: str = workload, pool: RawPool = pool) -> None:
-                await raw_execution(pool, workload, eid, channel)
-
-            n, secs = await drive(level, args.seconds, raw_one, ids["raw"])
-            results.append(Result(workload, "raw", level, n, secs))
-            await pool.close()
-            if workload == "unfenced" and bindir is not None and not args.no_pgbench:
-                n, secs = await asyncio.to_thread(
-                    run_pgbench, bindir, url, schema, level, args.seconds,
-                    events._db.options.notify_buckets,  # type: ignore[attr-defined]
+                pool: RawPool = AsyncConnectionPool(
+                    url, min_size=level, max_size=level, open=False,
+                    kwargs={"autocommit": True}, configure=configure,
                 )
-                results.append(Result(workload, "pgbench", level, n, secs))
-            print_row(results, workload, level, file=sys.stderr)
+                await pool.open(wait=True)
+
+                async def raw_one(eid: str, workload: str = workload, pool: RawPool = pool) -> None:
+                    await raw_execution(pool, workload, eid, channel)
+
+                # Alternate who goes first, so neither always meets the warmer server.
+                order = ["loom", "raw"] if repeat % 2 == 0 else ["raw", "loom"]
+                for client in order:
+                    one = loom_one if client == "loom" else raw_one
+                    n, secs = await drive(level, args.seconds, one, ids[client])
+                    results.append(Result(workload, client, level, n, secs))
+                await pool.close()
+                if workload == "unfenced" and bindir is not None and not args.no_pgbench:
+                    n, secs = await asyncio.to_thread(
+                        run_pgbench, bindir, url, schema, level, args.seconds,
+                        events._db.options.notify_buckets,  # type: ignore[attr-defined]
+                    )
+                    results.append(Result(workload, "pgbench", level, n, secs))
+                print(f"[{repeat + 1}/{args.repeat}] ", end="", file=sys.stderr)
+                print_row(results, workload, level, file=sys.stderr)
     await storage.close()
     return results
 
 
+def rates_of(results: list[Result], workload: str, client: str, level: int) -> list[float]:
+    key = (workload, client, level)
+    return sorted(r.rate for r in results if (r.workload, r.client, r.concurrency) == key)
+
+
 def rate_of(results: list[Result], workload: str, client: str, level: int) -> float | None:
-    for r in results:
-        if (r.workload, r.client, r.concurrency) == (workload, client, level):
-            return r.rate
-    return None
+    """The median over the repeats."""
+    rates = rates_of(results, workload, client, level)
+    return statistics.median(rates) if rates else None
 
 
 def print_row(results: list[Result], workload: str, level: int, file: object = None) -> None:
@@ -303,7 +312,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     lines = [
         f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.machine()} "
         f"{os.cpu_count()} cpus  python {platform.python_version()}  "
-        f"psycopg {psycopg.__version__}  {args.seconds}s per cell",
+        f"psycopg {psycopg.__version__}  {args.seconds}s per cell, median of "
+        f"{args.repeat} interleaved runs",
         "",
         "| workload | concurrent | loom exec/s | raw psycopg exec/s | loom/raw | pgbench exec/s "
         "| loom/pgbench |",
@@ -321,6 +331,15 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
                 f"{'' if pgb is None else f'{pgb:.0f}'} | "
                 f"{'' if not pgb else f'{loom / pgb:.2f}x'} |"
             )
+    lines.append("")
+    lines.append("Spread (min-max over the repeats, exec/s):")
+    for workload in args.workloads:
+        for level in args.levels:
+            for client in ("loom", "raw", "pgbench"):
+                rates = rates_of(results, workload, client, level)
+                if len(rates) > 1:
+                    lines.append(f"- {workload} c={level} {client}: "
+                                 f"{rates[0]:.0f}-{rates[-1]:.0f}")
     lines.append("")
     for level in args.levels:
         unf = rate_of(results, "unfenced", "loom", level)
@@ -347,6 +366,8 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per cell")
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="run every cell this many times, interleaved; report medians")
     parser.add_argument("--no-pgbench", action="store_true")
     args = parser.parse_args()
     bindir = find_postgres_bindir()
