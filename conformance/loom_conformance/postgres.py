@@ -34,8 +34,10 @@ only an operating-system crash could), ``synchronous_commit=on`` so a commit mea
 means in production. Pass ``settings=`` to :class:`ThrowawayCluster` to change that, e.g.
 ``DURABLE_SETTINGS`` for a benchmark.
 
-Note for the kit: this module is self-contained (it needs ``psycopg`` only when a fresh
-database or schema is made) and may be re-exported from the kit's pytest plugin.
+Note for the kit: this module is self-contained and imports ``psycopg`` only inside the
+functions that talk to the server (``fresh_database``, the readiness check), so the kit
+does not depend on it; a ``loom-conformance[postgres]`` extra could name it. The fixture
+may be re-exported from the kit's pytest plugin.
 """
 
 from __future__ import annotations
@@ -340,8 +342,8 @@ class PostgresServer:
     def fresh_database(self, prefix: str = "loom_test") -> str:
         """Create an empty database with a unique name; returns its URL. Dropped by
         :meth:`drop_fresh` (the whole cluster goes at the end anyway)."""
-        import psycopg
-        from psycopg import sql
+        import psycopg  # type: ignore[import-not-found, unused-ignore]
+        from psycopg import sql  # type: ignore[import-not-found, unused-ignore]
 
         name = f"{prefix}_{uuid.uuid4().hex[:16]}"
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -352,8 +354,8 @@ class PostgresServer:
 
     def drop_fresh(self) -> None:
         """Drop every database :meth:`fresh_database` made (best effort)."""
-        import psycopg
-        from psycopg import sql
+        import psycopg  # type: ignore[import-not-found, unused-ignore]
+        from psycopg import sql  # type: ignore[import-not-found, unused-ignore]
 
         with self._lock:
             names, self._made = self._made, []
@@ -372,7 +374,7 @@ class PostgresServer:
 
 
 def _wait_ready(url: str, timeout: float = 30.0) -> None:
-    import psycopg
+    import psycopg  # type: ignore[import-not-found, unused-ignore]
 
     deadline = time.monotonic() + timeout
     while True:
