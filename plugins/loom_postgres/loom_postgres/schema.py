@@ -93,57 +93,19 @@ END
 $loom$
 """
 
-# acquire_fence_if (ADR 0118 D1) in one round-trip with bind parameters. It must be a
-# VOLATILE function under READ COMMITTED: only then does each statement inside take a new
-# snapshot, so the scan for an answering event, which runs after FOR UPDATE was granted,
-# sees every append that committed while we waited. A single data-modifying statement
-# shares one snapshot and would miss it; REPEATABLE READ would freeze it; so it refuses.
+# acquire_fence_if (ADR 0118 D1) for direct SQL use: one 'c' write of loom_batch, where
+# the logic lives (below), so the store's path and this function cannot drift apart.
 _ACQUIRE_FENCE_IF: Final = """
 CREATE OR REPLACE FUNCTION loom_acquire_fence_if(
     p_id text, p_fence bigint, p_park_seq bigint, p_answering text[], p_kernel text[]
 ) RETURNS TABLE (o_acquired boolean, o_token bigint)
 LANGUAGE plpgsql VOLATILE AS $loom$
-DECLARE
-    cur bigint;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'LM001',
-            MESSAGE = format(
-                'loom_acquire_fence_if runs only under READ COMMITTED, not %s',
-                current_setting('transaction_isolation')),
-            HINT = 'each of its statements needs a fresh snapshot; call it in a READ '
-                   'COMMITTED transaction (or autocommit)';
-    END IF;
-    -- Waits for in-flight answering appends (they hold FOR SHARE) and blocks new ones.
-    SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
-    IF NOT FOUND AND p_fence = 0 THEN
-        -- A park written before parks created their token-0 row has no row to lock.
-        INSERT INTO loom_fences (execution_id, token) VALUES (p_id, 0)
-        ON CONFLICT DO NOTHING;
-        SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
-    END IF;
-    cur := coalesce(cur, 0);
-    IF cur <> p_fence THEN
-        RETURN QUERY SELECT false, cur;
-        RETURN;
-    END IF;
-    -- A new statement, so a new snapshot taken after the lock was granted: its scan sees
-    -- every answering append that committed while we waited.
-    UPDATE loom_fences f SET token = cur + 1
-    WHERE f.execution_id = p_id
-      AND NOT EXISTS (
-          SELECT 1 FROM loom_events e
-          WHERE e.execution_id = p_id
-            AND e.sequence > p_park_seq
-            AND (e.kind = ANY (p_answering)
-                 OR (e.kind <> ALL (p_kernel)
-                     AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)));
-    IF FOUND THEN
-        RETURN QUERY SELECT true, cur + 1;
-    ELSE
-        RETURN QUERY SELECT false, cur;
-    END IF;
+    RETURN QUERY
+    SELECT b.o_status = 0, b.o_token
+    FROM loom_batch(ARRAY['c']::"char"[], ARRAY[p_id], ARRAY[p_park_seq], ARRAY[p_fence],
+                    ARRAY[false], ARRAY[false], ARRAY[0], '{}'::text[], '{}'::text[],
+                    '{}'::text[], ARRAY[NULL]::text[], 0, p_answering, p_kernel, 0) b;
 END
 $loom$
 """
@@ -175,7 +137,8 @@ DECLARE
     ev integer := 1;
     cur bigint;
     hd bigint;
-    ok boolean;
+    loc tid;
+    checked boolean := false;
     room boolean;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_op), 0) LOOP
@@ -190,9 +153,52 @@ BEGIN
             CONTINUE;
         END IF;
         IF p_op[i] = 'c' THEN
-            SELECT r.o_acquired, r.o_token INTO ok, o_token
-            FROM loom_acquire_fence_if(p_id[i], p_fence[i], p_seq[i], p_answering, p_kernel) r;
-            o_status := CASE WHEN ok THEN 0 ELSE 3 END;
+            -- acquire_fence_if (ADR 0118 D1). Only under READ COMMITTED does each
+            -- statement below take a new snapshot; REPEATABLE READ would freeze one.
+            IF NOT checked THEN
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE EXCEPTION USING
+                        ERRCODE = 'LM001',
+                        MESSAGE = format(
+                            'acquire_fence_if (loom_batch, loom_acquire_fence_if) runs only '
+                            'under READ COMMITTED, not %s',
+                            current_setting('transaction_isolation')),
+                        HINT = 'each of its statements needs a fresh snapshot; call it in a '
+                               'READ COMMITTED transaction (or autocommit)';
+                END IF;
+                checked := true;
+            END IF;
+            -- Waits for in-flight answering appends (they hold FOR SHARE), blocks new ones.
+            SELECT f.ctid, f.token INTO loc, cur
+            FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
+            IF NOT FOUND AND p_fence[i] = 0 THEN
+                -- A park written before parks created their token-0 row has none to lock.
+                INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
+                ON CONFLICT DO NOTHING;
+                SELECT f.ctid, f.token INTO loc, cur
+                FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
+            END IF;
+            cur := coalesce(cur, 0);
+            o_token := cur;
+            o_status := 3;
+            IF cur = p_fence[i] THEN
+                -- A new statement, so a new snapshot taken after the lock was granted:
+                -- its scan sees every answering append that committed while we waited.
+                -- (The row is locked, so its ctid cannot move.)
+                UPDATE loom_fences f SET token = cur + 1
+                WHERE f.ctid = loc
+                  AND NOT EXISTS (
+                      SELECT 1 FROM loom_events e
+                      WHERE e.execution_id = p_id[i]
+                        AND e.sequence > p_seq[i]
+                        AND (e.kind = ANY (p_answering)
+                             OR (e.kind <> ALL (p_kernel)
+                                 AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)));
+                IF FOUND THEN
+                    o_status := 0;
+                    o_token := cur + 1;
+                END IF;
+            END IF;
             RETURN NEXT;
             CONTINUE;
         END IF;
@@ -430,8 +436,8 @@ _STEP_1: Final = (
     """,
     _TIMERS,
     _RETRY_UNLESS,
-    _ACQUIRE_FENCE_IF,
     _BATCH,
+    _ACQUIRE_FENCE_IF,
     _DELETE,
     _COPY,
     _TRUNCATE,
