@@ -45,7 +45,7 @@ from pathlib import Path
 import psycopg
 from loom_conformance.postgres import DURABLE_SETTINGS, ThrowawayCluster, find_postgres_bindir
 from loom_postgres.events import BATCH
-from loom_postgres.schema import ANSWERING, KERNEL
+from loom_postgres.schema import ANSWERING, ANSWERING_LITERAL, KERNEL, KERNEL_LITERAL
 from psycopg_pool import AsyncConnectionPool
 
 from loom_core import NewEvent, Storage, open_storage
@@ -107,11 +107,11 @@ def raw_params(op: str, eid: str, seq: int, fence: int | None, kind: str, payloa
                channel: str | None = None) -> tuple[object, ...]:
     if op in ("f", "c"):
         return ([op], [eid], [seq], [fence], [False], [False], [0], [], [], [], [None], 0,
-                ANSWERING, KERNEL, 0.5)
+                ANSWERING_LITERAL, KERNEL_LITERAL, 0.5)
     return ([op], [eid], [seq], [fence], [lock], [park], [1], [kind],
             [json.dumps(payload, separators=(",", ":"), sort_keys=True)],
             [json.dumps(metadata, separators=(",", ":"), sort_keys=True)], [channel],
-            int.from_bytes(os.urandom(7), "big"), ANSWERING, KERNEL, 0.5)
+            int.from_bytes(os.urandom(7), "big"), ANSWERING_LITERAL, KERNEL_LITERAL, 0.5)
 
 
 async def raw_execution(

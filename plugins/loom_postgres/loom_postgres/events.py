@@ -68,7 +68,7 @@ from loom_postgres.database import Database
 from loom_postgres.errors import WriteOutcomeUnknownError
 from loom_postgres.failures import Failure, classify, describe
 from loom_postgres.notify import Listener
-from loom_postgres.schema import ANSWERING, KERNEL, PARK_KIND
+from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL, PARK_KIND
 
 __all__ = ["LostConnectionStats", "PostgresEventStore"]
 
@@ -352,7 +352,7 @@ class PostgresEventStore(RefusesUnoffered):
             metadata.extend(w.metadata)
         return (
             ops, ids, seqs, fences, locks, parks, counts, kinds, payloads, metadata, channels,
-            writer, ANSWERING, KERNEL, self._db.options.notify_queue_limit,
+            writer, ANSWERING_LITERAL, KERNEL_LITERAL, self._db.options.notify_queue_limit,
         )
 
     async def _execute(self, ordered: list[Pending[_Write, object]], deadline: float) -> None:
