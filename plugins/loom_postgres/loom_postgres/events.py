@@ -61,6 +61,7 @@ from loom_core.validation import (
     check_execution_id,
     check_fence,
     check_limit,
+    check_read,
     check_sequence,
 )
 from loom_postgres.batching import GroupCommitter, Pending
@@ -592,12 +593,9 @@ class PostgresEventStore(RefusesUnoffered):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        from_sequence = check_sequence(from_sequence, "from_sequence")
-        if to_sequence is not None:
-            to_sequence = check_sequence(to_sequence, "to_sequence")
-        if limit is not None:
-            limit = check_limit(limit)
+        execution_id, from_sequence, to_sequence, limit = check_read(
+            execution_id, from_sequence, to_sequence, limit
+        )
         self._check_open()
         if from_sequence > _MAX_BIGINT:
             return ()
