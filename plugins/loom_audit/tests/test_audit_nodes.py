@@ -20,7 +20,7 @@ WRITERS = 6
 EVENTS_PER_WRITER = 8
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def node_opener(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, object]]:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'loom.db'}", {}

@@ -37,7 +37,7 @@ from loom_core import (
     open_storage,
 )
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
 def _owner(execution_id: str, event: NewEvent) -> str:
