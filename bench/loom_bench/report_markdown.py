@@ -209,7 +209,12 @@ def render_markdown(result: BenchResult) -> str:
         f"Machine: {m.get('cpu_model')}, {m.get('nproc')} CPUs, {m.get('python')}, "
         f"{m.get('platform')}; load average (1/5/15 min) {load}.",
         "",
-        f"Each figure: median of {p.runs} runs (min{_TO}max) of {_number(p.executions)} "
+        (
+            f"Each figure: median of {p.runs} runs (min{_TO}max) of "
+            if p.runs > 1
+            else "Each figure: one run of "
+        )
+        + f"{_number(p.executions)} "
         f"executions at {concurrency} concurrent, after {p.warmup} untimed warm-up "
         "executions. Ratios are taken per repetition between runs made back to back, then "
         "summarised the same way. The machine is shared and noisy: the ratios are the "

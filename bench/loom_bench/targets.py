@@ -100,6 +100,8 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
         )
         for cheap_key, dear_key, description in pairs:
             cheap, dear = pg(cheap_key), pg(dear_key)
+            if cheap is None or dear is None:
+                continue  # not asked for (--scenarios): nothing to report
             measured = _overhead(cheap, dear)
             checks.append(
                 TargetCheck(
@@ -108,13 +110,13 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
                     None if measured else _why_missing(cheap, dear),
                 )
             )
-        if concurrency == PGBENCH_CONCURRENCY:
-            short = pg("short")
-            measured = short.vs_ceiling if short is not None else None
+        short = pg("short")
+        if concurrency == PGBENCH_CONCURRENCY and short is not None:
+            measured = short.vs_ceiling
             note = None
             if measured is None:
                 note = _why_missing(short)
-                if short is not None and short.ceiling is None:
+                if short.status == "ok" and short.ceiling is None:
                     note = "pgbench not run (not found, or --no-pgbench)"
             checks.append(
                 TargetCheck(
