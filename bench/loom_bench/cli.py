@@ -7,6 +7,9 @@ or ``loom-bench``.
         --executions 3000 --runs 5 --stacks tenant,crypto,audit,sharded \\
         --json bench.json --markdown bench.md
 
+``--compare BEFORE.json AFTER.json`` prints a row-by-row comparison of two reports instead
+of running anything.
+
 Prints the Markdown table on stdout (and writes it to ``--markdown``), writes the JSON to
 ``--json``, and draws one progress line on stderr while it runs. Exits 1 when a run
 failed (a bug to look at), 2 on bad arguments; rows that are not installed, unavailable
@@ -24,6 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from loom_bench.backends import BACKEND_NAMES
+from loom_bench.compare import CompareError, load_report, render_comparison
 from loom_bench.report_json import render_json
 from loom_bench.report_markdown import render_markdown
 from loom_bench.runner import BenchConfig, run_benchmark
@@ -112,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir", type=Path, help="where SQLite files go (default: a temporary directory)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+        help="compare two --json reports row by row instead of running",
+    )
     return parser
 
 
@@ -160,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(arguments)
+    if args.compare:
+        try:
+            before, after = (load_report(path) for path in args.compare)
+        except CompareError as exc:
+            parser.error(str(exc))
+        sys.stdout.write(render_comparison(before, after))
+        return 0
     try:
         config = config_from(args)
     except ValueError as exc:

@@ -139,3 +139,29 @@ def test_the_command_prints_markdown_and_writes_both_reports(
 def test_a_password_in_a_url_never_reaches_the_report() -> None:
     assert redact("postgresql://bench:s3cret@db:5432/loom") == "postgresql://bench:***@db:5432/loom"
     assert redact("postgresql://bench@db/loom") == "postgresql://bench@db/loom"
+
+
+def test_two_reports_are_compared_row_by_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = []
+    for name in ("before", "after"):
+        path = tmp_path / f"{name}.json"
+        assert main([
+            "--backends", "memory", "--executions", "3", "--runs", "1", "--concurrency", "1",
+            "--scenarios", "short", "--no-progress", "--json", str(path),
+        ]) == 0
+        reports.append(str(path))
+    capsys.readouterr()
+    assert main(["--compare", *reports]) == 0
+    table = capsys.readouterr().out
+    assert "| memory/short@1 |" in table
+    assert "executions/s before" in table
+
+
+def test_comparing_a_file_that_is_not_a_report_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"schema": "something-else"}')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--compare", str(other), str(other)])
+    assert exit_info.value.code == 2
