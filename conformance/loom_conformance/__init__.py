@@ -1,0 +1,29 @@
+"""Loom's conformance kit: contract suites any store (or decorator) runs unchanged.
+
+A store author overrides one fixture, ``loom_storage_factory``, and imports the suites;
+see ``docs/plugin-authors.md``. The public API:
+
+- :data:`StorageFactory`, :func:`memory_factory`: what the suites open stores with;
+- :mod:`loom_conformance.suites`: ``TestEventStoreContract``, ``TestTimerStoreContract``,
+  ``TestLeaseStoreContract``;
+- :mod:`loom_conformance.requirements`: the switch per optional method (``requires``);
+- :mod:`loom_conformance.decorating`: running the contract through registered decorators;
+- :mod:`loom_conformance.explorer`: the ADR 0118 schedule explorer.
+"""
+
+from loom_conformance.explorer import ExplorationReport, Violation, explore
+from loom_conformance.factory import StorageFactory, memory_factory
+from loom_conformance.requirements import Requirements, requires
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ExplorationReport",
+    "Requirements",
+    "StorageFactory",
+    "Violation",
+    "__version__",
+    "explore",
+    "memory_factory",
+    "requires",
+]

@@ -1,0 +1,24 @@
+"""The contract suites. Import the classes into a test module and pytest collects them::
+
+    from loom_conformance.suites import (
+        TestEventStoreContract,
+        TestLeaseStoreContract,
+        TestTimerStoreContract,
+    )
+
+They run against whatever the ``loom_storage_factory`` fixture opens (``memory://`` unless
+a ``conftest.py`` overrides it). ``TestDecoratorContract`` checks every registered
+decorator's decisions (see :mod:`loom_conformance.decorating`).
+"""
+
+from loom_conformance.suites.decorators import TestDecoratorContract
+from loom_conformance.suites.events import TestEventStoreContract
+from loom_conformance.suites.leases import TestLeaseStoreContract
+from loom_conformance.suites.timers import TestTimerStoreContract
+
+__all__ = [
+    "TestDecoratorContract",
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestTimerStoreContract",
+]

@@ -1,0 +1,351 @@
+"""The optional methods other than fencing: ``append_many``, ``delete_execution``,
+``copy_prefix``, ``truncate_prefix_keeping`` and ``subscribe``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from loom_conformance.requirements import requires
+from loom_conformance.suites._support import (
+    app,
+    bump_token,
+    close_iterator,
+    guard,
+    kernel,
+    snapshot,
+)
+from loom_core import (
+    AppendRequest,
+    Event,
+    EventKind,
+    EventStore,
+    ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
+    InvalidEventError,
+    InvalidExecutionIdError,
+    InvalidInputError,
+    InvalidSequenceError,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+)
+
+__all__ = ["EventStoreOptionalContract"]
+
+
+class EventStoreOptionalContract:
+    """Batch writes, deletion, branching, compaction and live reads."""
+
+    # -- append_many --------------------------------------------------------------------
+
+    @requires.append_many
+    async def test_append_many_writes_every_request_and_returns_them_in_order(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        results = await loom_events.append_many(
+            [
+                AppendRequest("exec-a", [app(payload=1), app(payload=2)], 0),
+                AppendRequest("exec-b", [kernel(EventKind.STEP_COMPLETED)], 1, fence=0),
+            ]
+        )
+        assert [[(e.execution_id, e.sequence) for e in r] for r in results] == [
+            [("exec-a", 0), ("exec-a", 1)],
+            [("exec-b", 1)],
+        ]
+        assert results[1][0].metadata == {"fence": 0}
+        assert "fence" not in results[0][0].metadata
+        assert await loom_events.read("exec-a") == results[0]
+        assert (await loom_events.read("exec-b"))[1:] == results[1]
+
+    @requires.append_many
+    async def test_append_many_with_one_conflicting_request_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app(), app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-a", "exec-c")
+        with pytest.raises(SequenceConflictError) as caught:
+            await loom_events.append_many(
+                [
+                    AppendRequest("exec-a", [app()], 0),
+                    AppendRequest("exec-b", [app()], 1),
+                    AppendRequest("exec-c", [app()], 0),
+                ]
+            )
+        assert caught.value.execution_id == "exec-b"
+        assert caught.value.actual_head == 2
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await loom_events.append_many(
+                [AppendRequest("exec-a", [app()], 0), AppendRequest("exec-b", [app()], 0)]
+            )
+        assert await snapshot(loom_events, "exec-a", "exec-c") == before
+
+    @requires.append_many
+    @requires.fencing
+    async def test_append_many_with_one_stale_fence_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        token = await bump_token(loom_events, "exec-b")
+        before = await snapshot(loom_events, "exec-a")
+        with pytest.raises(StaleFenceError) as caught:
+            await loom_events.append_many(
+                [
+                    AppendRequest("exec-a", [app()], 0, fence=0),
+                    AppendRequest("exec-b", [app()], 1, fence=token - 1),
+                ]
+            )
+        assert caught.value.current_fence == token
+        assert await snapshot(loom_events, "exec-a") == before
+
+    @requires.append_many
+    async def test_append_many_with_one_bad_request_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-a")
+        good = AppendRequest("exec-a", [app()], 0)
+        bad_batches: list[tuple[type[Exception], list[Any]]] = [
+            (InvalidEventError, [good, AppendRequest("exec-b", [NewEvent("k", {1, 2})], 1)]),  # type: ignore[arg-type]
+            (
+                InvalidEventError,
+                [good, AppendRequest("exec-b", [NewEvent("k", None, {"fence": 3})], 1)],
+            ),
+            (InvalidEventError, [good, AppendRequest("exec-b", [], 1)]),
+            (InvalidExecutionIdError, [good, AppendRequest("bad\x00id", [app()], 0)]),
+            (InvalidSequenceError, [good, AppendRequest("exec-b", [app()], -1)]),
+            (InvalidSequenceError, [good, AppendRequest("exec-b", [app()], 1, fence=-1)]),
+            (InvalidInputError, [good, AppendRequest("exec-a", [app()], 1)]),
+            (InvalidInputError, [good, "not a request"]),
+            (InvalidInputError, []),
+        ]
+        for error, batch in bad_batches:
+            with pytest.raises(error):
+                await loom_events.append_many(batch)
+        not_a_sequence: Any = good
+        with pytest.raises(InvalidInputError):
+            await loom_events.append_many(not_a_sequence)
+        assert await snapshot(loom_events, "exec-a") == before
+
+    @requires.append_many
+    async def test_concurrent_append_many_over_one_execution_has_one_winner(
+        self, loom_events: EventStore
+    ) -> None:
+        results = await guard(
+            asyncio.gather(
+                *(
+                    loom_events.append_many(
+                        [AppendRequest("exec-shared", [app()], 0),
+                         AppendRequest(f"exec-own-{i}", [app()], 0)]
+                    )
+                    for i in range(6)
+                ),
+                return_exceptions=True,
+            )
+        )
+        assert sum(isinstance(r, tuple) for r in results) == 1, results
+        winner = next(i for i, r in enumerate(results) if isinstance(r, tuple))
+        assert await loom_events.list_executions() == (f"exec-own-{winner}", "exec-shared")
+
+    # -- delete_execution ---------------------------------------------------------------
+
+    @requires.delete_execution
+    async def test_delete_execution_removes_the_log(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-d", [app(), app()], expected_sequence=0)
+        await loom_events.append("exec-keep", [app()], expected_sequence=0)
+
+        assert await loom_events.delete_execution("exec-d") is True
+        assert await loom_events.read("exec-d") == ()
+        assert await loom_events.head("exec-d") == 0
+        assert await loom_events.list_executions() == ("exec-keep",)
+        assert await loom_events.delete_execution("exec-d") is False
+        assert await loom_events.delete_execution("never-existed") is False
+        assert len(await loom_events.read("exec-keep")) == 1
+
+        recreated = await loom_events.append("exec-d", [app("again")], expected_sequence=0)
+        assert recreated[0].sequence == 0
+
+    @requires.delete_execution
+    @requires.fencing
+    async def test_delete_keeps_a_real_token_so_a_zombie_of_a_recreated_id_stays_fenced_out(
+        self, loom_events: EventStore
+    ) -> None:
+        # The zombie wrote under token 0, then a new owner fenced it out.
+        await loom_events.append("exec-z", [app()], expected_sequence=0, fence=0)
+        token = await bump_token(loom_events, "exec-z")
+        assert await loom_events.delete_execution("exec-z") is True
+        await loom_events.append("exec-z", [app("recreated")], expected_sequence=0)
+        before = await snapshot(loom_events)
+
+        with pytest.raises(StaleFenceError) as caught:
+            await loom_events.append("exec-z", [app("zombie")], expected_sequence=1, fence=0)
+        assert caught.value.current_fence == token
+        assert await snapshot(loom_events) == before
+        assert await bump_token(loom_events, "exec-z") == token + 1, "the token went on"
+
+    # -- copy_prefix --------------------------------------------------------------------
+
+    @requires.copy_prefix
+    async def test_copy_prefix_branches_a_new_execution(self, loom_events: EventStore) -> None:
+        source = await loom_events.append(
+            "exec-src", [app(payload=i, trace=str(i)) for i in range(3)], expected_sequence=0
+        )
+        source += await loom_events.append("exec-src", [app(payload=3)], expected_sequence=3,
+                                            fence=0)
+
+        assert await loom_events.copy_prefix("exec-src", "exec-branch", through_sequence=3) == 4
+        copied = await loom_events.read("exec-branch")
+        assert [(e.execution_id, e.sequence, e.kind, e.payload, e.metadata) for e in copied] == [
+            ("exec-branch", e.sequence, e.kind, e.payload, e.metadata) for e in source
+        ]
+        assert copied[3].metadata["fence"] == 0
+
+        assert await loom_events.copy_prefix("exec-src", "exec-short", through_sequence=1) == 2
+        assert [e.payload for e in await loom_events.read("exec-short")] == [0, 1]
+        assert await loom_events.head("exec-short") == 2
+        await loom_events.append("exec-short", [app("continued")], expected_sequence=2)
+        assert await loom_events.read("exec-src") == source, "the source is untouched"
+        assert await loom_events.list_executions() == ("exec-branch", "exec-short", "exec-src")
+
+    @requires.copy_prefix
+    async def test_copy_prefix_refusals_change_nothing(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+        await loom_events.append("exec-taken", [app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-new")
+
+        with pytest.raises(ExecutionAlreadyExistsError) as exists:
+            await loom_events.copy_prefix("exec-src", "exec-taken", through_sequence=0)
+        assert exists.value.execution_id == "exec-taken"
+        with pytest.raises(InvalidSequenceError):
+            await loom_events.copy_prefix("exec-src", "exec-new", through_sequence=2)
+        with pytest.raises(ExecutionNotFoundError) as missing:
+            await loom_events.copy_prefix("exec-none", "exec-new", through_sequence=0)
+        assert missing.value.execution_id == "exec-none"
+        with pytest.raises(InvalidInputError):
+            await loom_events.copy_prefix("exec-src", "exec-src", through_sequence=0)
+        with pytest.raises(InvalidExecutionIdError):
+            await loom_events.copy_prefix("exec-src", "bad\x00target", through_sequence=0)
+        for through in (-1, True):
+            t: Any = through
+            with pytest.raises(InvalidSequenceError):
+                await loom_events.copy_prefix("exec-src", "exec-new", through_sequence=t)
+        assert await snapshot(loom_events, "exec-new") == before
+
+    # -- truncate_prefix_keeping --------------------------------------------------------
+
+    @requires.truncate_prefix_keeping
+    async def test_truncate_prefix_keeps_the_tail_and_the_head(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append(
+            "exec-t", [app(payload=i) for i in range(5)], expected_sequence=0
+        )
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=3) == 3
+        assert await loom_events.read("exec-t") == written[3:]
+        assert await loom_events.read("exec-t", from_sequence=0, limit=1) == written[3:4]
+        assert await loom_events.head("exec-t") == 5
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=3) == 0
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=1) == 0
+
+        more = await loom_events.append("exec-t", [app("after")], expected_sequence=5)
+        assert more[0].sequence == 5
+        with pytest.raises(SequenceConflictError) as caught:
+            await loom_events.append("exec-t", [app()], expected_sequence=3)
+        assert caught.value.actual_head == 6
+        assert await loom_events.list_executions() == ("exec-t",)
+
+    @requires.truncate_prefix_keeping
+    async def test_truncate_everything_still_keeps_the_head(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-t", [app(), app()], expected_sequence=0)
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=2) == 2
+        assert await loom_events.read("exec-t") == ()
+        assert await loom_events.head("exec-t") == 2
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await loom_events.append("exec-t", [app()], expected_sequence=0)
+        assert (await loom_events.append("exec-t", [app()], expected_sequence=2))[0].sequence == 2
+
+    @requires.truncate_prefix_keeping
+    async def test_truncate_refusals_change_nothing(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-t", [app(), app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-none")
+        with pytest.raises(InvalidSequenceError):
+            await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=3)
+        with pytest.raises(ExecutionNotFoundError):
+            await loom_events.truncate_prefix_keeping("exec-none", keep_from_sequence=0)
+        for keep in (-1, True, "1"):
+            k: Any = keep
+            with pytest.raises(InvalidSequenceError):
+                await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=k)
+        assert await snapshot(loom_events, "exec-none") == before
+
+    # -- subscribe ----------------------------------------------------------------------
+
+    @requires.subscribe
+    async def test_subscribe_yields_existing_then_live_events(
+        self, loom_events: EventStore
+    ) -> None:
+        existing = await loom_events.append(
+            "exec-s", [app(payload=0), app(payload=1)], expected_sequence=0
+        )
+        iterator = loom_events.subscribe("exec-s", from_sequence=0)
+        try:
+            seen = [await guard(anext(iterator)), await guard(anext(iterator))]
+            assert seen == list(existing)
+
+            async def later() -> tuple[Event, ...]:
+                await asyncio.sleep(0)
+                return await loom_events.append(
+                    "exec-s", [app(payload=2), app(payload=3)], expected_sequence=2
+                )
+
+            writer = asyncio.ensure_future(later())
+            live = [await guard(anext(iterator)), await guard(anext(iterator))]
+            assert live == list(await writer)
+        finally:
+            await close_iterator(iterator)
+
+    @requires.subscribe
+    async def test_subscribe_from_a_sequence_skips_earlier_events(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append(
+            "exec-s", [app(payload=i) for i in range(4)], expected_sequence=0
+        )
+        iterator = loom_events.subscribe("exec-s", from_sequence=2)
+        try:
+            assert [await guard(anext(iterator)) for _ in range(2)] == list(written[2:])
+        finally:
+            await close_iterator(iterator)
+
+    @requires.subscribe
+    async def test_subscribe_to_an_execution_that_does_not_exist_yet(
+        self, loom_events: EventStore
+    ) -> None:
+        iterator = loom_events.subscribe("exec-later", from_sequence=0)
+        first = asyncio.ensure_future(anext(iterator))
+        try:
+            await asyncio.sleep(0)
+            written = await loom_events.append("exec-later", [app("born")], expected_sequence=0)
+            assert await guard(asyncio.shield(first)) == written[0]
+        finally:
+            if not first.done():
+                first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await close_iterator(iterator)
+
+    @requires.subscribe
+    async def test_subscribe_refuses_bad_arguments_when_called(
+        self, loom_events: EventStore
+    ) -> None:
+        """Validation is eager: the error comes from the call, not the first iteration."""
+        with pytest.raises(InvalidExecutionIdError):
+            loom_events.subscribe("bad\x00id", from_sequence=0)
+        for start in (-1, True, "0"):
+            s: Any = start
+            with pytest.raises(InvalidSequenceError):
+                loom_events.subscribe("exec-s", from_sequence=s)

@@ -1,0 +1,523 @@
+"""The required half of the event-store contract: append, read, head, list_executions,
+close, capabilities, and every refusal of bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from datetime import timedelta
+from typing import Any, Final
+
+import pytest
+
+from loom_conformance.factory import StorageFactory
+from loom_conformance.requirements import COVERAGE_PROPERTY
+from loom_conformance.suites._support import (
+    app,
+    close_iterator,
+    guard,
+    kernel,
+    snapshot,
+)
+from loom_core import (
+    OPTIONAL_EVENT_STORE_METHODS,
+    AppendRequest,
+    ConflictError,
+    EventKind,
+    EventStore,
+    ExecutionAlreadyExistsError,
+    InvalidEventError,
+    InvalidExecutionIdError,
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidSequenceError,
+    NewEvent,
+    OptionalMethod,
+    SequenceConflictError,
+    Unsupported,
+)
+
+__all__ = ["BAD_EXECUTION_IDS", "BAD_PAYLOADS", "EventStoreRequiredContract"]
+
+BAD_EXECUTION_IDS: Final[tuple[object, ...]] = (
+    "",
+    "nul\x00inside",
+    "tab\tinside",
+    "del\x7finside",
+    "x" * 513,
+    "lone\ud800surrogate",
+    42,
+    None,
+    b"bytes-id",
+)
+"""Execution ids every store refuses with InvalidExecutionIdError."""
+
+BAD_PAYLOADS: Final[tuple[object, ...]] = (
+    {1, 2},
+    object(),
+    float("nan"),
+    float("inf"),
+    b"raw bytes",
+    {1: "non-string key"},
+    "nul \x00 in text",
+    {"nested": [{"deeper": float("-inf")}]},
+)
+"""Payloads that are not JSON values (or that a JSON store cannot hold)."""
+
+BAD_SEQUENCES: Final[tuple[object, ...]] = (-1, True, False, 1.0, "0", None)
+BAD_LIMITS: Final[tuple[object, ...]] = (0, -3, True, 1.5, "10")
+
+_VALID_BATCH: Final = (app("order.placed", {"n": 1}),)
+
+
+def _ids(values: tuple[object, ...]) -> list[str]:
+    """Stable, readable test ids (a bare ``object()`` would put its address in the id)."""
+    return [
+        type(v).__name__ if type(v) is object else repr(v)[:24].replace("\\", "/")
+        for v in values
+    ]
+
+
+async def _call_optional(
+    store: EventStore, method: OptionalMethod, execution_id: object
+) -> object:
+    """Call ``method`` with otherwise valid arguments (no write happens with a bad id)."""
+    eid: Any = execution_id
+    events = [app()]
+    if method == "acquire_fence":
+        return await store.acquire_fence(eid)
+    if method == "acquire_fence_if":
+        return await store.acquire_fence_if(eid, fence=0, park_seq=0)
+    if method == "append_if_unchanged":
+        return await store.append_if_unchanged(
+            eid, events, expected_sequence=0, observed_fence=0
+        )
+    if method == "append_many":
+        return await store.append_many([AppendRequest(eid, events, 0)])
+    if method == "delete_execution":
+        return await store.delete_execution(eid)
+    if method == "copy_prefix":
+        return await store.copy_prefix(eid, "copy-target", through_sequence=0)
+    if method == "truncate_prefix_keeping":
+        return await store.truncate_prefix_keeping(eid, keep_from_sequence=0)
+    iterator = store.subscribe(eid, from_sequence=0)
+    await close_iterator(iterator)
+    return iterator
+
+
+class EventStoreRequiredContract:
+    """Required methods, capabilities and input refusals."""
+
+    # -- append and read ----------------------------------------------------------------
+
+    async def test_append_returns_recorded_events_with_gapless_sequences(
+        self, loom_events: EventStore
+    ) -> None:
+        first = await loom_events.append(
+            "exec-1",
+            [kernel(EventKind.EXECUTION_STARTED, {"flow": "f"}), app("a.b", [1, 2])],
+            expected_sequence=0,
+        )
+        second = await loom_events.append("exec-1", [app("c", "x")], expected_sequence=2)
+
+        assert [e.sequence for e in (*first, *second)] == [0, 1, 2]
+        assert [e.kind for e in (*first, *second)] == ["EXECUTION_STARTED", "a.b", "c"]
+        assert all(e.execution_id == "exec-1" for e in (*first, *second))
+        assert first[0].payload == {"flow": "f"}
+        assert first[1].payload == [1, 2]
+        for event in (*first, *second):
+            assert event.recorded_at.utcoffset() == timedelta(0), "recorded_at must be UTC"
+        assert await loom_events.read("exec-1") == (*first, *second)
+
+    async def test_head_is_the_next_sequence(self, loom_events: EventStore) -> None:
+        assert await loom_events.head("never-written") == 0
+        await loom_events.append("exec-h", [app(), app()], expected_sequence=0)
+        assert await loom_events.head("exec-h") == 2
+        await loom_events.append("exec-h", [app()], expected_sequence=2)
+        assert await loom_events.head("exec-h") == 3
+
+    async def test_json_payload_and_metadata_round_trip(self, loom_events: EventStore) -> None:
+        payloads: list[Any] = [
+            None,
+            True,
+            0,
+            -17,
+            2**53,
+            3.25,
+            "text with ünïcödé ∑ and \"quotes\" and \\ backslash",
+            [],
+            {},
+            {"nested": {"list": [1, "two", None, False, {"x": 1.5}]}, "": "empty key"},
+        ]
+        events = [
+            NewEvent("kind.payload", payload, {"trace": f"t{i}", "n": i, "tags": ["a"]})
+            for i, payload in enumerate(payloads)
+        ]
+        await loom_events.append("exec-json", events, expected_sequence=0)
+
+        read = await loom_events.read("exec-json")
+        assert [e.payload for e in read] == payloads
+        assert [e.metadata for e in read] == [
+            {"trace": f"t{i}", "n": i, "tags": ["a"]} for i in range(len(payloads))
+        ]
+
+    async def test_a_tuple_payload_reads_back_as_a_list(self, loom_events: EventStore) -> None:
+        await loom_events.append(
+            "exec-t", [NewEvent("k", (1, (2, 3)))], expected_sequence=0  # type: ignore[arg-type]
+        )
+        assert (await loom_events.read("exec-t"))[0].payload == [1, [2, 3]]
+
+    async def test_read_results_are_copies_the_caller_cannot_corrupt(
+        self, loom_events: EventStore
+    ) -> None:
+        payload: dict[str, Any] = {"items": [1, 2]}
+        await loom_events.append("exec-c", [NewEvent("k", payload, {"m": 1})], expected_sequence=0)
+        payload["items"].append("mutated after append")
+        event = (await loom_events.read("exec-c"))[0]
+        assert isinstance(event.payload, dict)
+        items = event.payload["items"]
+        assert isinstance(items, list)
+        items.append("mutated after read")
+        event.metadata["m"] = 2
+
+        again = (await loom_events.read("exec-c"))[0]
+        assert again.payload == {"items": [1, 2]}
+        assert again.metadata == {"m": 1}
+
+    async def test_unfenced_append_stamps_no_fence(self, loom_events: EventStore) -> None:
+        written = await loom_events.append("exec-u", [app(trace="t")], expected_sequence=0)
+        assert written[0].metadata == {"trace": "t"}
+        assert written[0].fence == 0
+        assert (await loom_events.read("exec-u"))[0].metadata == {"trace": "t"}
+
+    async def test_fenced_append_stamps_the_fence_on_every_event(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append(
+            "exec-f", [app(trace="t"), app()], expected_sequence=0, fence=0
+        )
+        assert [e.metadata for e in written] == [{"trace": "t", "fence": 0}, {"fence": 0}]
+        assert [e.metadata for e in await loom_events.read("exec-f")] == [
+            {"trace": "t", "fence": 0},
+            {"fence": 0},
+        ]
+
+    async def test_read_ranges_are_inclusive_and_limited(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-r", [app(payload=i) for i in range(6)], expected_sequence=0)
+
+        async def seqs(**kwargs: Any) -> list[int]:
+            return [e.sequence for e in await loom_events.read("exec-r", **kwargs)]
+
+        assert await seqs() == [0, 1, 2, 3, 4, 5]
+        assert await seqs(from_sequence=2) == [2, 3, 4, 5]
+        assert await seqs(to_sequence=3) == [0, 1, 2, 3]
+        assert await seqs(from_sequence=1, to_sequence=4) == [1, 2, 3, 4]
+        assert await seqs(from_sequence=3, to_sequence=3) == [3]
+        assert await seqs(from_sequence=1, limit=2) == [1, 2]
+        assert await seqs(from_sequence=1, to_sequence=2, limit=10) == [1, 2]
+        assert await seqs(from_sequence=4, to_sequence=1) == []
+        assert await seqs(from_sequence=6) == []
+        assert await seqs(from_sequence=600) == []
+        assert await seqs(to_sequence=600) == [0, 1, 2, 3, 4, 5]
+
+    async def test_reading_an_unknown_execution_is_empty(self, loom_events: EventStore) -> None:
+        assert await loom_events.read("no-such-execution") == ()
+        assert await loom_events.list_executions() == ()
+
+    # -- conflicts ----------------------------------------------------------------------
+
+    async def test_append_behind_the_head_is_a_sequence_conflict_with_the_actual_head(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-s", [app(), app(), app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+
+        for expected in (1, 2, 4, 100):
+            with pytest.raises(SequenceConflictError) as caught:
+                await loom_events.append("exec-s", [app()], expected_sequence=expected)
+            assert caught.value.actual_head == 3
+            assert caught.value.expected_sequence == expected
+            assert caught.value.execution_id == "exec-s"
+            assert isinstance(caught.value, ConflictError)
+        assert await snapshot(loom_events) == before
+
+    async def test_append_past_zero_to_a_missing_execution_is_a_sequence_conflict(
+        self, loom_events: EventStore
+    ) -> None:
+        with pytest.raises(SequenceConflictError) as caught:
+            await loom_events.append("exec-missing", [app()], expected_sequence=1)
+        assert caught.value.actual_head == 0
+        assert await loom_events.list_executions() == ()
+        assert await loom_events.head("exec-missing") == 0
+
+    async def test_creating_an_existing_execution_is_refused_with_its_head(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-e", [app(), app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+        with pytest.raises(ExecutionAlreadyExistsError) as caught:
+            await loom_events.append("exec-e", [app("dup")], expected_sequence=0)
+        assert caught.value.execution_id == "exec-e"
+        assert caught.value.actual_head == 2
+        assert isinstance(caught.value, ConflictError)
+        assert await snapshot(loom_events) == before
+
+    async def test_concurrent_appends_at_one_sequence_have_exactly_one_winner(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-race", [app()], expected_sequence=0)
+        results = await guard(
+            asyncio.gather(
+                *(
+                    loom_events.append("exec-race", [app(payload=i)], expected_sequence=1)
+                    for i in range(8)
+                ),
+                return_exceptions=True,
+            )
+        )
+        winners = [r for r in results if isinstance(r, tuple)]
+        losers = [r for r in results if not isinstance(r, tuple)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, SequenceConflictError) for r in losers), losers
+        assert all(r.actual_head == 2 for r in losers if isinstance(r, SequenceConflictError))
+        log = await loom_events.read("exec-race")
+        assert [e.sequence for e in log] == [0, 1]
+        assert log[1] == winners[0][0]
+
+    async def test_concurrent_creates_have_exactly_one_winner(
+        self, loom_events: EventStore
+    ) -> None:
+        results = await guard(
+            asyncio.gather(
+                *(
+                    loom_events.append("exec-new", [app(payload=i)], expected_sequence=0)
+                    for i in range(8)
+                ),
+                return_exceptions=True,
+            )
+        )
+        assert sum(isinstance(r, tuple) for r in results) == 1, results
+        assert all(
+            isinstance(r, ExecutionAlreadyExistsError) for r in results if not isinstance(r, tuple)
+        )
+        assert await loom_events.head("exec-new") == 1
+
+    async def test_concurrent_writers_that_retry_keep_the_log_gapless(
+        self, loom_events: EventStore
+    ) -> None:
+        async def writer(n: int) -> None:
+            for i in range(3):
+                while True:
+                    head = await loom_events.head("exec-g")
+                    try:
+                        await loom_events.append(
+                            "exec-g", [app(payload=[n, i])], expected_sequence=head
+                        )
+                        break
+                    except ConflictError:
+                        await asyncio.sleep(0)
+
+        await guard(asyncio.gather(*(writer(n) for n in range(4))))
+        log = await loom_events.read("exec-g")
+        assert [e.sequence for e in log] == list(range(12))
+        assert sorted(str(e.payload) for e in log) == sorted(
+            str([n, i]) for n in range(4) for i in range(3)
+        )
+
+    # -- list_executions ----------------------------------------------------------------
+
+    async def test_list_executions_is_in_ascending_code_point_order(
+        self, loom_events: EventStore
+    ) -> None:
+        ids = ["b", "B", "a", "a-2", "a:1", "é", "Z", "é-2", "0", "~"]
+        for execution_id in ids:
+            await loom_events.append(execution_id, [app()], expected_sequence=0)
+        assert await loom_events.list_executions() == tuple(sorted(ids))
+
+    async def test_list_executions_pages_cover_every_id_once_in_stable_order(
+        self, loom_events: EventStore
+    ) -> None:
+        ids = sorted(f"page-{i:03d}" for i in range(23))
+        for execution_id in reversed(ids):
+            await loom_events.append(execution_id, [app()], expected_sequence=0)
+
+        pages: list[tuple[str, ...]] = []
+        after: str | None = None
+        while True:
+            page = await loom_events.list_executions(after=after, limit=5)
+            if not page:
+                break
+            assert len(page) <= 5
+            pages.append(page)
+            after = page[-1]
+        assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
+        assert [i for p in pages for i in p] == ids
+        assert await loom_events.list_executions(after="page-010", limit=2) == (
+            "page-011",
+            "page-012",
+        )
+        # ``after`` need not exist: the page starts strictly after it.
+        assert await loom_events.list_executions(after="page-0105", limit=1) == ("page-011",)
+        assert await loom_events.list_executions(after="page-022") == ()
+
+    # -- capabilities and refusals ------------------------------------------------------
+
+    async def test_capabilities_name_only_optional_methods_and_are_stable(
+        self, loom_events: EventStore
+    ) -> None:
+        offered = loom_events.capabilities
+        assert isinstance(offered, frozenset)
+        assert offered <= set(OPTIONAL_EVENT_STORE_METHODS), offered
+        await loom_events.append("exec-cap", [app()], expected_sequence=0)
+        assert loom_events.capabilities == offered
+
+    @pytest.mark.parametrize("method", OPTIONAL_EVENT_STORE_METHODS)
+    async def test_optional_method_is_offered_or_refused_with_unsupported(
+        self, loom_events: EventStore, method: OptionalMethod, request: pytest.FixtureRequest
+    ) -> None:
+        """Either branch is checked, so no optional method goes untested: an offered
+        method exists (bad input gets InvalidInputError, not Unsupported); one that is not
+        offered raises Unsupported naming it, even with valid arguments, and writes
+        nothing."""
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-new")
+        if method in loom_events.capabilities:
+            with pytest.raises(InvalidExecutionIdError):
+                await _call_optional(loom_events, method, "bad\x00id")
+        else:
+            with pytest.raises(Unsupported) as caught:
+                await _call_optional(
+                    loom_events, method, "exec-src" if method == "copy_prefix" else "exec-new"
+                )
+            assert caught.value.method == method
+            assert method in str(caught.value)
+            assert isinstance(caught.value, NotImplementedError)
+        assert await snapshot(loom_events, "exec-new") == before
+        # Read by the plugin's end-of-run summary of which branch each method took.
+        request.node.user_properties.append(
+            (COVERAGE_PROPERTY, (method, method in loom_events.capabilities))
+        )
+
+    # -- bad input ----------------------------------------------------------------------
+
+    @pytest.mark.parametrize("execution_id", BAD_EXECUTION_IDS, ids=_ids(BAD_EXECUTION_IDS))
+    async def test_bad_execution_id_is_refused_everywhere_and_writes_nothing(
+        self, loom_events: EventStore, execution_id: object
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+        eid: Any = execution_id
+        calls: list[Callable[[], Coroutine[Any, Any, object]]] = [
+            lambda: loom_events.append(eid, [app()], expected_sequence=0),
+            lambda: loom_events.append(eid, [app()], expected_sequence=0, fence=0),
+            lambda: loom_events.read(eid),
+            lambda: loom_events.head(eid),
+        ]
+        if execution_id is not None:  # list_executions(after=None) means "from the start"
+            calls.append(lambda: loom_events.list_executions(after=eid))
+        for call in calls:
+            with pytest.raises(InvalidExecutionIdError) as caught:
+                await call()
+            assert caught.value.value == execution_id
+            assert isinstance(caught.value, InvalidInputError)
+        for method in sorted(loom_events.capabilities):
+            with pytest.raises(InvalidExecutionIdError):
+                await _call_optional(loom_events, method, execution_id)
+        assert await snapshot(loom_events) == before
+
+    @pytest.mark.parametrize("payload", BAD_PAYLOADS, ids=_ids(BAD_PAYLOADS))
+    async def test_non_json_payload_is_refused_and_writes_nothing(
+        self, loom_events: EventStore, payload: object
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-new")
+        bad = NewEvent("k", payload)  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError):
+            await loom_events.append("exec-ok", [app(), bad], expected_sequence=1)
+        with pytest.raises(InvalidEventError):
+            await loom_events.append("exec-new", [bad], expected_sequence=0)
+        with pytest.raises(InvalidEventError):
+            await loom_events.append("exec-new", [NewEvent("k", None, {"m": payload})],  # type: ignore[dict-item]
+                                     expected_sequence=0)
+        assert await snapshot(loom_events, "exec-new") == before
+
+    async def test_bad_events_are_refused_and_write_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+        bad_batches: list[object] = [
+            [],
+            (),
+            NewEvent("not-in-a-list"),
+            [app(), {"kind": "a dict, not a NewEvent"}],
+            [NewEvent("")],
+            [NewEvent(42)],  # type: ignore[arg-type]
+            [NewEvent("kind\x00with-nul")],
+            [NewEvent("kind\nwith-newline")],
+            [NewEvent("k" * 201)],
+            [NewEvent("k", None, ["metadata", "not", "an", "object"])],  # type: ignore[arg-type]
+            [NewEvent("k", None, {1: "non-string key"})],  # type: ignore[dict-item]
+        ]
+        for batch in bad_batches:
+            events: Any = batch
+            with pytest.raises(InvalidEventError):
+                await loom_events.append("exec-ok", events, expected_sequence=1)
+            with pytest.raises(InvalidEventError):
+                await loom_events.append("exec-ok", events, expected_sequence=1, fence=0)
+        assert await snapshot(loom_events) == before
+
+    async def test_reserved_fence_metadata_is_refused_and_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+        for fence_value in (0, 7, "7", None):
+            forged = NewEvent("k", None, {"fence": fence_value})
+            with pytest.raises(InvalidEventError) as caught:
+                await loom_events.append("exec-ok", [app(), forged], expected_sequence=1)
+            assert "fence" in str(caught.value)
+            with pytest.raises(InvalidEventError):
+                await loom_events.append("exec-ok", [forged], expected_sequence=1, fence=0)
+        assert await snapshot(loom_events) == before
+
+    @pytest.mark.parametrize("value", BAD_SEQUENCES, ids=_ids(BAD_SEQUENCES))
+    async def test_bad_sequence_or_fence_is_refused_and_writes_nothing(
+        self, loom_events: EventStore, value: object
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events)
+        v: Any = value
+        calls: list[Callable[[], Coroutine[Any, Any, object]]] = [
+            lambda: loom_events.append("exec-ok", [app()], expected_sequence=v),
+            lambda: loom_events.read("exec-ok", from_sequence=v),
+        ]
+        if value is not None:  # None means "no fence" / "to the end": both valid
+            calls += [
+                lambda: loom_events.append("exec-ok", [app()], expected_sequence=1, fence=v),
+                lambda: loom_events.read("exec-ok", to_sequence=v),
+            ]
+        for call in calls:
+            with pytest.raises(InvalidSequenceError):
+                await call()
+        assert await snapshot(loom_events) == before
+
+    @pytest.mark.parametrize("limit", BAD_LIMITS, ids=_ids(BAD_LIMITS))
+    async def test_bad_limit_is_refused(self, loom_events: EventStore, limit: object) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        lim: Any = limit
+        with pytest.raises(InvalidOptionError):
+            await loom_events.read("exec-ok", limit=lim)
+        with pytest.raises(InvalidOptionError):
+            await loom_events.list_executions(limit=lim)
+
+    # -- close --------------------------------------------------------------------------
+
+    async def test_close_is_idempotent(self, loom_storage_factory: StorageFactory) -> None:
+        storage = await loom_storage_factory()
+        await storage.events.append("exec-close", [app()], expected_sequence=0)
+        await storage.events.close()
+        await storage.events.close()
+        await storage.close()
+        await storage.close()
+        assert storage.closed

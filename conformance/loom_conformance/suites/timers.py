@@ -1,0 +1,205 @@
+"""``TestTimerStoreContract``: durable wake-ups (ADR 0118 D4)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, Final
+
+import pytest
+
+from loom_core import (
+    InvalidExecutionIdError,
+    InvalidInputError,
+    InvalidOptionError,
+    Redrive,
+    TimerRecord,
+    TimerStore,
+)
+
+__all__ = ["TestTimerStoreContract"]
+
+T0: Final = datetime(2031, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+"""A fixed instant with microseconds: a store that loses precision cannot complete it."""
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class TestTimerStoreContract:
+    """Rows keyed by (execution_id, wake_at); re-drive rows upserted with coalesce."""
+
+    pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+    async def test_scheduled_timer_round_trips_in_utc(self, loom_timers: TimerStore) -> None:
+        local = at(0).astimezone(timezone(timedelta(hours=2)))
+        await loom_timers.schedule(TimerRecord("exec-1", local))
+        pending = await loom_timers.pending("exec-1")
+        assert pending == (TimerRecord("exec-1", at(0)),)
+        assert pending[0].wake_at.utcoffset() == timedelta(0)
+        assert pending[0].wake_at.microsecond == 123456
+
+    async def test_redrive_round_trips(self, loom_timers: TimerStore) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0), Redrive(3)))
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0), Redrive(3)),)
+        assert await loom_timers.due(at(0)) == (TimerRecord("exec-1", at(0), Redrive(3)),)
+
+    async def test_schedule_is_idempotent_per_execution_and_wake_at(
+        self, loom_timers: TimerStore
+    ) -> None:
+        for _ in range(3):
+            await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        await loom_timers.schedule(TimerRecord("exec-1", at(1)))
+        await loom_timers.schedule(TimerRecord("exec-2", at(0)))
+        assert await loom_timers.pending("exec-1") == (
+            TimerRecord("exec-1", at(0)),
+            TimerRecord("exec-1", at(1)),
+        )
+        assert len(await loom_timers.due(at(10))) == 3
+
+    async def test_a_plain_schedule_never_clears_a_redrive_flag(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0), Redrive(2)))
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0), Redrive(2)),)
+
+    async def test_a_plain_row_gains_a_later_redrive_flag(self, loom_timers: TimerStore) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        await loom_timers.schedule(TimerRecord("exec-1", at(0), Redrive(0)))
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0), Redrive(0)),)
+
+    async def test_a_later_redrive_schedule_replaces_the_attempt(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0), Redrive(0)))
+        await loom_timers.schedule(TimerRecord("exec-1", at(0), Redrive(1)))
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0), Redrive(1)),)
+
+    async def test_due_returns_rows_at_or_before_now_ordered_by_time_then_id(
+        self, loom_timers: TimerStore
+    ) -> None:
+        rows = [
+            TimerRecord("exec-b", at(2)),
+            TimerRecord("exec-a", at(2)),
+            TimerRecord("exec-c", at(1), Redrive(0)),
+            TimerRecord("exec-a", at(3)),
+            TimerRecord("exec-z", at(0)),
+            TimerRecord("exec-late", at(60)),
+        ]
+        for row in rows:
+            await loom_timers.schedule(row)
+        assert await loom_timers.due(at(3)) == (
+            TimerRecord("exec-z", at(0)),
+            TimerRecord("exec-c", at(1), Redrive(0)),
+            TimerRecord("exec-a", at(2)),
+            TimerRecord("exec-b", at(2)),
+            TimerRecord("exec-a", at(3)),
+        )
+        assert await loom_timers.due(at(3), limit=2) == (
+            TimerRecord("exec-z", at(0)),
+            TimerRecord("exec-c", at(1), Redrive(0)),
+        )
+        assert await loom_timers.due(at(-1)) == ()
+
+    async def test_due_without_redrive_excludes_redrive_rows_before_the_limit(
+        self, loom_timers: TimerStore
+    ) -> None:
+        for i in range(5):
+            await loom_timers.schedule(TimerRecord(f"exec-r{i}", at(i), Redrive(i)))
+        await loom_timers.schedule(TimerRecord("exec-plain-1", at(10)))
+        await loom_timers.schedule(TimerRecord("exec-plain-2", at(11)))
+
+        assert await loom_timers.due(at(20), limit=1, redrive=False) == (
+            TimerRecord("exec-plain-1", at(10)),
+        )
+        assert await loom_timers.due(at(20), limit=5, redrive=False) == (
+            TimerRecord("exec-plain-1", at(10)),
+            TimerRecord("exec-plain-2", at(11)),
+        )
+        assert len(await loom_timers.due(at(20), limit=1)) == 1
+        assert (await loom_timers.due(at(20), limit=1))[0].redrive == Redrive(0)
+
+    async def test_due_does_not_remove_rows(self, loom_timers: TimerStore) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        assert await loom_timers.due(at(0)) == await loom_timers.due(at(0))
+        assert len(await loom_timers.pending("exec-1")) == 1
+
+    async def test_complete_retires_one_row(self, loom_timers: TimerStore) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        await loom_timers.schedule(TimerRecord("exec-1", at(1), Redrive(0)))
+        assert await loom_timers.complete("exec-1", at(0)) is True
+        assert await loom_timers.complete("exec-1", at(0)) is False
+        assert await loom_timers.complete("exec-1", at(0.5)) is False
+        assert await loom_timers.complete("exec-other", at(1)) is False
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(1), Redrive(0)),)
+        assert await loom_timers.complete("exec-1", at(1)) is True
+        assert await loom_timers.pending("exec-1") == ()
+
+    async def test_complete_matches_the_instant_in_any_timezone(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        elsewhere = at(0).astimezone(timezone(timedelta(hours=-5, minutes=-30)))
+        assert await loom_timers.complete("exec-1", elsewhere) is True
+
+    async def test_cancel_removes_one_row_or_every_row_of_an_execution(
+        self, loom_timers: TimerStore
+    ) -> None:
+        for i in range(3):
+            await loom_timers.schedule(TimerRecord("exec-1", at(i)))
+        await loom_timers.schedule(TimerRecord("exec-2", at(0)))
+        assert await loom_timers.cancel("exec-1", at(1)) == 1
+        assert await loom_timers.cancel("exec-1", at(1)) == 0
+        assert [r.wake_at for r in await loom_timers.pending("exec-1")] == [at(0), at(2)]
+        assert await loom_timers.cancel("exec-1") == 2
+        assert await loom_timers.pending("exec-1") == ()
+        assert await loom_timers.pending("exec-2") == (TimerRecord("exec-2", at(0)),)
+        assert await loom_timers.cancel("exec-none") == 0
+
+    async def test_naive_datetimes_are_refused_and_change_nothing(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        naive = datetime(2031, 3, 4, 5, 6, 7)
+        with pytest.raises(InvalidOptionError):
+            await loom_timers.schedule(TimerRecord("exec-2", naive))
+        with pytest.raises(InvalidOptionError):
+            await loom_timers.due(naive)
+        with pytest.raises(InvalidOptionError):
+            await loom_timers.complete("exec-1", naive)
+        with pytest.raises(InvalidOptionError):
+            await loom_timers.cancel("exec-1", naive)
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
+        assert await loom_timers.pending("exec-2") == ()
+
+    async def test_bad_timer_input_is_refused_and_changes_nothing(
+        self, loom_timers: TimerStore
+    ) -> None:
+        bad_records: list[Any] = [
+            TimerRecord("", at(0)),
+            TimerRecord("nul\x00id", at(0)),
+            TimerRecord(42, at(0)),  # type: ignore[arg-type]
+            TimerRecord("exec-1", "2031-03-04T05:06:07Z"),  # type: ignore[arg-type]
+            TimerRecord("exec-1", at(0), Redrive(-1)),
+            TimerRecord("exec-1", at(0), Redrive(True)),
+            TimerRecord("exec-1", at(0), {"attempt": 1}),  # type: ignore[arg-type]
+            ("exec-1", at(0)),
+        ]
+        for record in bad_records:
+            with pytest.raises(InvalidInputError):
+                await loom_timers.schedule(record)
+        with pytest.raises(InvalidExecutionIdError):
+            await loom_timers.pending("bad\x00id")
+        for limit in (0, True, "5"):
+            lim: Any = limit
+            with pytest.raises(InvalidOptionError):
+                await loom_timers.due(at(0), limit=lim)
+        flag: Any = "no"
+        with pytest.raises(InvalidOptionError):
+            await loom_timers.due(at(0), redrive=flag)
+        assert await loom_timers.due(at(100)) == ()
+
+    async def test_close_is_idempotent(self, loom_timers: TimerStore) -> None:
+        await loom_timers.close()
+        await loom_timers.close()

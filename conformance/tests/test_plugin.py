@@ -1,0 +1,121 @@
+"""The plugin as a third party meets it: in another project, in auto mode, and failing a
+store that breaks the contract."""
+
+import pytest
+
+SUITES = """
+from loom_conformance.suites import (
+    TestEventStoreContract, TestLeaseStoreContract, TestTimerStoreContract,
+)
+"""
+
+BROKEN_CONFTEST = """
+import pytest
+from loom_core import FenceAcquired, FenceStale, Storage
+from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
+
+
+class TokenOnly(MemoryEventStore):
+    async def acquire_fence_if(self, execution_id, *, fence, park_seq):
+        current = self._fences.get(execution_id, 0)
+        if current != fence:
+            return FenceStale(current)
+        self._fences[execution_id] = current + 1
+        return FenceAcquired(current + 1)
+
+
+class Boastful(MemoryEventStore):
+    @property
+    def capabilities(self):
+        return frozenset({"subscribe", "delete_execution"})
+
+
+STORES = {"token-only": TokenOnly, "boastful": lambda: Boastful(offer=())}
+
+
+@pytest.fixture
+def loom_storage_factory(request):
+    make = STORES[request.config.getoption("--store")]
+
+    async def open_broken():
+        return Storage(make(), MemoryTimerStore(), MemoryLeaseStore())
+
+    return open_broken
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store")
+"""
+
+
+def test_suites_run_in_a_project_using_auto_mode(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nasyncio_mode = auto\n")
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", "not explorer")
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] > 100
+    assert set(outcomes) == {"passed", "deselected"}, outcomes
+    result.stdout.fnmatch_lines([
+        "*loom-conformance: optional event-store methods*",
+        "*acquire_fence_if*offered, contract run (1 store(s))",
+    ])
+    assert "NOT CHECKED" not in result.stdout.str()
+
+
+def test_the_summary_shows_the_refused_branch_for_a_bare_store(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        "import pytest\n"
+        "from loom_conformance import memory_factory\n"
+        "@pytest.fixture\n"
+        "def loom_storage_factory():\n"
+        "    return memory_factory(offer=('subscribe',))\n"
+    )
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", "offered_or")
+    result.stdout.fnmatch_lines([
+        "*append_many*not offered, Unsupported checked (1 store(s))",
+        "*subscribe*offered, contract run (1 store(s))",
+    ])
+
+
+def test_a_conditional_acquire_that_ignores_the_park_fails_the_kit(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini("[pytest]\nasyncio_mode = strict\n")
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "token-only",
+        "-k", "answering_kind_past_the_park or retry_after_a_committed_resume or explorer",
+    )
+    outcomes = result.parseoutcomes()
+    # Six answering kinds, the mixed tail, the committed-resume retry and the explorer.
+    assert outcomes.get("failed") == 9, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*test_retry_after_a_committed_resume_is_stale*"])
+    result.stdout.fnmatch_lines(["*breaks the rule: the winner's running body*"])
+
+
+def test_capabilities_that_claim_an_unoffered_method_fail_the_kit(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "boastful",
+        "-k", "offered_or_refused",
+    )
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("passed")) == (2, 6), outcomes
+    result.stdout.fnmatch_lines(["*offered_or_refused_with_unsupported?subscribe?*"])
+
+
+def test_the_decorator_contract_can_be_restricted_by_name(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nloom_decorators = no-such-decorator\n")
+    pytester.makepyfile(
+        test_decorators="from loom_conformance.suites import TestDecoratorContract\n"
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*no decorator named 'no-such-decorator' is installed*"])
+    assert result.ret != 0

@@ -1,0 +1,152 @@
+"""A dict-backed event store: one process, no persistence, full fencing.
+
+Every method validates its arguments with ``loom_core.validation`` (so bad input is
+refused exactly as every other store refuses it), yields to the event loop once, then does
+its work without awaiting again, so concurrent asyncio tasks can never interleave inside
+one call: the check and the write of ``append``, and the compare, scan and bump of
+``acquire_fence_if``, are atomic.
+
+Offered optional methods: ``acquire_fence`` and ``acquire_fence_if``. The others are
+inherited from :class:`~loom_core.RefusesUnoffered`, which raises ``Unsupported`` and keeps
+them out of ``capabilities``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from loom_core import (
+    ConditionalFence,
+    Event,
+    ExecutionAlreadyExistsError,
+    FenceAcquired,
+    FenceStale,
+    NewEvent,
+    RefusesUnoffered,
+    SequenceConflictError,
+    StaleFenceError,
+    is_answering,
+)
+from loom_core.validation import (
+    check_events,
+    check_execution_id,
+    check_fence,
+    check_limit,
+    check_sequence,
+)
+
+__all__ = ["DictEventStore"]
+
+
+class DictEventStore(RefusesUnoffered):
+    """Logs in a dict of lists; tokens in a dict (a missing entry is token 0)."""
+
+    def __init__(self) -> None:
+        self._logs: dict[str, list[Event]] = {}
+        self._tokens: dict[str, int] = {}
+
+    # -- required -----------------------------------------------------------------------
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        checked = check_events(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        if fence is not None:
+            fence = check_fence(fence)
+        await asyncio.sleep(0)
+        log = self._logs.get(execution_id, [])
+        if expected_sequence != len(log):
+            if expected_sequence == 0:
+                raise ExecutionAlreadyExistsError(execution_id, len(log))
+            raise SequenceConflictError(execution_id, expected_sequence, len(log))
+        current = self._tokens.get(execution_id, 0)
+        if fence is not None and fence < current:
+            raise StaleFenceError(execution_id, fence, current)
+        now = datetime.now(UTC)
+        written = []
+        for offset, event in enumerate(checked):
+            metadata = dict(event.metadata)
+            if fence is not None:
+                metadata["fence"] = fence
+            written.append(
+                Event(execution_id, expected_sequence + offset, event.kind,
+                      copy.deepcopy(event.payload), metadata, now)
+            )
+        self._logs[execution_id] = [*log, *written]
+        return tuple(copy.deepcopy(written))
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        from_sequence = check_sequence(from_sequence, "from_sequence")
+        if to_sequence is not None:
+            to_sequence = check_sequence(to_sequence, "to_sequence")
+        if limit is not None:
+            limit = check_limit(limit)
+        await asyncio.sleep(0)
+        log = self._logs.get(execution_id, [])
+        end = len(log) if to_sequence is None else min(len(log), to_sequence + 1)
+        if limit is not None:
+            end = min(end, from_sequence + limit)
+        # Copies, so a caller that mutates what it read cannot change the log.
+        return tuple(copy.deepcopy(log[from_sequence:end]))
+
+    async def head(self, execution_id: str) -> int:
+        execution_id = check_execution_id(execution_id)
+        await asyncio.sleep(0)
+        return len(self._logs.get(execution_id, []))
+
+    async def list_executions(
+        self, *, after: str | None = None, limit: int = 100
+    ) -> tuple[str, ...]:
+        if after is not None:
+            after = check_execution_id(after)
+        limit = check_limit(limit)
+        await asyncio.sleep(0)
+        # Python compares str by code point: the order the contract asks for.
+        ids = sorted(i for i in self._logs if after is None or i > after)
+        return tuple(ids[:limit])
+
+    async def close(self) -> None:
+        return None
+
+    # -- offered optional methods ---------------------------------------------------------
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        execution_id = check_execution_id(execution_id)
+        await asyncio.sleep(0)
+        token = self._tokens.get(execution_id, 0) + 1
+        self._tokens[execution_id] = token
+        return token
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        """Bump only if the token is ``fence`` AND nothing answers past ``park_seq``
+        (ADR 0118 D1: the token alone cannot see a resume that was already appended)."""
+        execution_id = check_execution_id(execution_id)
+        fence = check_fence(fence)
+        park_seq = check_sequence(park_seq, "park_seq")
+        await asyncio.sleep(0)
+        current = self._tokens.get(execution_id, 0)
+        tail = self._logs.get(execution_id, [])[park_seq + 1 :]
+        if current != fence or any(is_answering(event) for event in tail):
+            return FenceStale(current)
+        self._tokens[execution_id] = current + 1
+        return FenceAcquired(current + 1)
