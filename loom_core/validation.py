@@ -246,12 +246,21 @@ def check_timer_record(record: object) -> TimerRecord:
     return TimerRecord(execution_id, wake_at, redrive)
 
 
+MAX_TTL_SECONDS: Final = 366 * 24 * 3600.0
+
+
 def check_ttl(ttl_seconds: object) -> float:
-    """A finite, positive number of seconds."""
+    """A positive number of seconds, at most a year (a lease is a heartbeat, not a
+    reservation; a larger value is almost certainly a unit mistake)."""
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
         raise InvalidOptionError(
             f"ttl_seconds must be a number, not {type(ttl_seconds).__name__}"
         )
-    if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
+    if (isinstance(ttl_seconds, float) and not math.isfinite(ttl_seconds)) or ttl_seconds <= 0:
         raise InvalidOptionError(f"ttl_seconds must be finite and > 0, got {ttl_seconds!r}")
+    if ttl_seconds > MAX_TTL_SECONDS:
+        raise InvalidOptionError(
+            f"ttl_seconds {ttl_seconds!r} is more than a year ({MAX_TTL_SECONDS:.0f} s); "
+            "leases are renewed, not held for ages: check the unit"
+        )
     return float(ttl_seconds)

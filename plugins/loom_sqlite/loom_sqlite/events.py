@@ -1,0 +1,488 @@
+"""The SQLite event store: a fenced, append-only log per execution, every optional method.
+
+Each public method validates its arguments on the caller's side (a refused call touches
+nothing), prepares the rows (JSON text, the ADR 0118 ``answering`` flag, the ``fence``
+stamp), and hands one *operation* to :class:`~loom_sqlite.transactions.TransactionRunner`:
+a function that does all of that method's SQL on the connection's thread, inside one
+``BEGIN IMMEDIATE`` transaction for a write. The operation checks first and writes last;
+a refusal (:class:`~loom_core.errors.SequenceConflictError`,
+:class:`~loom_core.errors.StaleFenceError`, …) raised from it is rolled back with it, so a
+refused append leaves the file exactly as it was. Semantics match the in-memory reference
+store, :class:`loom_core.memory.MemoryEventStore`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from loom_core.errors import (
+    ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
+    InvalidInputError,
+    InvalidSequenceError,
+    SequenceConflictError,
+)
+from loom_core.events import Event, JsonObject, JsonValue, NewEvent
+from loom_core.kinds import is_answering_kind
+from loom_core.refusal import RefusesUnoffered
+from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
+from loom_core.validation import (
+    canonical_json,
+    check_append_requests,
+    check_events,
+    check_execution_id,
+    check_fence,
+    check_limit,
+    check_sequence,
+)
+from loom_sqlite import fencing
+from loom_sqlite.backup import backup_database
+from loom_sqlite.clock import from_micros, host_clock, now_micros
+from loom_sqlite.errors import DatabaseClosedError
+from loom_sqlite.settings import Clock
+from loom_sqlite.subscribe import Subscriptions
+from loom_sqlite.transactions import TransactionRunner
+
+__all__ = ["SqliteEventStore"]
+
+SELECT_STATE: Final = """
+SELECT (SELECT head FROM loom_executions WHERE execution_id = ?1),
+       (SELECT token FROM loom_fences WHERE execution_id = ?1)
+"""
+SELECT_HEAD: Final = "SELECT head FROM loom_executions WHERE execution_id = ?"
+UPSERT_HEAD: Final = """
+INSERT INTO loom_executions (execution_id, head) VALUES (?, ?)
+ON CONFLICT (execution_id) DO UPDATE SET head = excluded.head
+"""
+INSERT_EVENT: Final = """
+INSERT INTO loom_events
+    (execution_id, sequence, kind, payload, metadata, recorded_at, answering)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+SELECT_EVENTS: Final = """
+SELECT sequence, kind, payload, metadata, recorded_at FROM loom_events
+WHERE execution_id = ? AND sequence >= ? AND sequence <= ?
+ORDER BY sequence
+LIMIT ?
+"""
+LIST_EXECUTIONS: Final = """
+SELECT execution_id FROM loom_executions WHERE execution_id > ?
+ORDER BY execution_id LIMIT ?
+"""
+DELETE_EXECUTION: Final = "DELETE FROM loom_executions WHERE execution_id = ?"
+DELETE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ?"
+COPY_EVENTS: Final = """
+INSERT INTO loom_events
+    (execution_id, sequence, kind, payload, metadata, recorded_at, answering)
+SELECT ?, sequence, kind, payload, metadata, recorded_at, answering FROM loom_events
+WHERE execution_id = ? AND sequence <= ?
+"""
+TRUNCATE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ? AND sequence < ?"
+
+_NO_UPPER: Final = 2**63 - 1  # SQLite's largest integer, past any real sequence
+_NO_LIMIT: Final = -1  # SQLite: a negative LIMIT means none
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One event ready to insert: the values to return and the text to store."""
+
+    kind: str
+    payload: JsonValue
+    metadata: JsonObject
+    payload_text: str
+    metadata_text: str
+    answering: int
+
+
+def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
+    rows = []
+    for event in events:
+        metadata: JsonObject = dict(event.metadata)
+        if fence is not None:
+            metadata["fence"] = fence
+        rows.append(
+            _Row(
+                kind=event.kind,
+                payload=event.payload,
+                metadata=metadata,
+                payload_text=canonical_json(event.payload),
+                metadata_text=canonical_json(metadata),
+                answering=int(is_answering_kind(event.kind, metadata)),
+            )
+        )
+    return tuple(rows)
+
+
+# -- operations: run on the connection's thread -----------------------------------------
+
+
+def _state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
+    head, token = raw.execute(SELECT_STATE, (execution_id,)).fetchone()
+    return (0 if head is None else int(head)), (0 if token is None else int(token))
+
+
+def _check_head(execution_id: str, expected: int, head: int) -> None:
+    if expected != head:
+        if expected == 0:
+            raise ExecutionAlreadyExistsError(execution_id, head)
+        raise SequenceConflictError(execution_id, expected, head)
+
+
+def _insert(
+    raw: sqlite3.Connection, execution_id: str, head: int, rows: Sequence[_Row], now: int
+) -> tuple[Event, ...]:
+    recorded_at = from_micros(now)
+    values = [
+        (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now, r.answering)
+        for i, r in enumerate(rows)
+    ]
+    if len(values) == 1:
+        raw.execute(INSERT_EVENT, values[0])  # cheaper than executemany for the usual case
+    else:
+        raw.executemany(INSERT_EVENT, values)
+    raw.execute(UPSERT_HEAD, (execution_id, head + len(rows)))
+    return tuple(
+        Event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)
+        for i, r in enumerate(rows)
+    )
+
+
+def _append(
+    raw: sqlite3.Connection,
+    *,
+    execution_id: str,
+    rows: tuple[_Row, ...],
+    expected: int,
+    fence: int | None,
+    clock: Clock,
+) -> tuple[Event, ...]:
+    head, token = _state(raw, execution_id)
+    _check_head(execution_id, expected, head)
+    if fence is not None:
+        fencing.check_presented(execution_id, fence, token)
+    return _insert(raw, execution_id, head, rows, now_micros(clock))
+
+
+def _append_if_unchanged(
+    raw: sqlite3.Connection,
+    *,
+    execution_id: str,
+    rows: tuple[_Row, ...],
+    expected: int,
+    observed: int,
+    clock: Clock,
+) -> tuple[Event, ...]:
+    fencing.check_unchanged(raw, execution_id, observed)
+    head, _ = _state(raw, execution_id)
+    _check_head(execution_id, expected, head)
+    return _insert(raw, execution_id, head, rows, now_micros(clock))
+
+
+def _append_many(
+    raw: sqlite3.Connection,
+    *,
+    requests: tuple[tuple[AppendRequest, tuple[_Row, ...]], ...],
+    clock: Clock,
+) -> tuple[tuple[Event, ...], ...]:
+    heads = []
+    for request, _ in requests:
+        head, token = _state(raw, request.execution_id)
+        _check_head(request.execution_id, request.expected_sequence, head)
+        if request.fence is not None:
+            fencing.check_presented(request.execution_id, request.fence, token)
+        heads.append(head)
+    now = now_micros(clock)
+    return tuple(
+        _insert(raw, request.execution_id, head, rows, now)
+        for (request, rows), head in zip(requests, heads, strict=True)
+    )
+
+
+def _read(
+    raw: sqlite3.Connection, execution_id: str, start: int, end: int, limit: int
+) -> tuple[Event, ...]:
+    return tuple(
+        Event(
+            execution_id,
+            sequence,
+            kind,
+            json.loads(payload),
+            json.loads(metadata),
+            from_micros(recorded_at),
+        )
+        for sequence, kind, payload, metadata, recorded_at in raw.execute(
+            SELECT_EVENTS, (execution_id, start, end, limit)
+        )
+    )
+
+
+def _head(raw: sqlite3.Connection, execution_id: str) -> int:
+    row = raw.execute(SELECT_HEAD, (execution_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
+    return tuple(row[0] for row in raw.execute(LIST_EXECUTIONS, (after, limit)))
+
+
+def _delete(raw: sqlite3.Connection, execution_id: str) -> bool:
+    existed = raw.execute(DELETE_EXECUTION, (execution_id,)).rowcount > 0
+    raw.execute(DELETE_EVENTS, (execution_id,))
+    fencing.drop_unacquired(raw, execution_id)
+    return existed
+
+
+def _copy_prefix(raw: sqlite3.Connection, source: str, target: str, through: int) -> int:
+    source_head = _head_or_missing(raw, source)
+    if through >= source_head:
+        raise InvalidSequenceError(
+            f"through_sequence {through} is past the head of {source!r} ({source_head})"
+        )
+    target_head = raw.execute(SELECT_HEAD, (target,)).fetchone()
+    if target_head is not None:
+        raise ExecutionAlreadyExistsError(target, int(target_head[0]))
+    copied = raw.execute(COPY_EVENTS, (target, source, through)).rowcount
+    raw.execute(UPSERT_HEAD, (target, through + 1))
+    return copied
+
+
+def _truncate(raw: sqlite3.Connection, execution_id: str, keep_from: int) -> int:
+    head = _head_or_missing(raw, execution_id)
+    if keep_from > head:
+        raise InvalidSequenceError(
+            f"keep_from_sequence {keep_from} is past the head of {execution_id!r} ({head})"
+        )
+    return raw.execute(TRUNCATE_EVENTS, (execution_id, keep_from)).rowcount
+
+
+def _head_or_missing(raw: sqlite3.Connection, execution_id: str) -> int:
+    row = raw.execute(SELECT_HEAD, (execution_id,)).fetchone()
+    if row is None:
+        raise ExecutionNotFoundError(execution_id)
+    return int(row[0])
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+class SqliteEventStore(RefusesUnoffered):
+    """Event log in a SQLite file; offers every optional method of the SPI.
+
+    Opened by ``open_storage("sqlite:///path.db")``; shares its connection with the timer
+    and lease stores of the same :class:`~loom_core.storage.Storage`.
+    """
+
+    def __init__(
+        self, runner: TransactionRunner, subscriptions: Subscriptions, clock: Clock | None
+    ) -> None:
+        self._runner = runner
+        self._subscriptions = subscriptions
+        self._clock: Clock = clock or host_clock
+        self._closed = False
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._runner.path
+
+    def _open(self) -> TransactionRunner:
+        if self._closed:
+            raise DatabaseClosedError(self._runner.path)
+        return self._runner
+
+    # -- required -----------------------------------------------------------------------
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        checked = check_events(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        if fence is not None:
+            fence = check_fence(fence)
+        op = functools.partial(
+            _append,
+            execution_id=execution_id,
+            rows=_prepare(checked, fence),
+            expected=expected_sequence,
+            fence=fence,
+            clock=self._clock,
+        )
+        written = await self._open().write(op, doing=f"appending to {execution_id!r}")
+        self._subscriptions.wake(execution_id)
+        return written
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        from_sequence = check_sequence(from_sequence, "from_sequence")
+        if to_sequence is not None:
+            to_sequence = check_sequence(to_sequence, "to_sequence")
+        if limit is not None:
+            limit = check_limit(limit)
+        if from_sequence > _NO_UPPER:
+            return ()  # no sequence gets that far (and SQLite integers stop at 2**63 - 1)
+        return await self._read(
+            execution_id,
+            from_sequence,
+            _NO_UPPER if to_sequence is None else min(to_sequence, _NO_UPPER),
+            _NO_LIMIT if limit is None else min(limit, _NO_UPPER),
+        )
+
+    async def _read(
+        self, execution_id: str, start: int, end: int, limit: int
+    ) -> tuple[Event, ...]:
+        return await self._open().read(
+            functools.partial(_read, execution_id=execution_id, start=start, end=end, limit=limit),
+            doing=f"reading {execution_id!r}",
+        )
+
+    async def head(self, execution_id: str) -> int:
+        execution_id = check_execution_id(execution_id)
+        return await self._open().read(
+            functools.partial(_head, execution_id=execution_id),
+            doing=f"reading the head of {execution_id!r}",
+        )
+
+    async def list_executions(
+        self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> tuple[str, ...]:
+        if after is not None:
+            after = check_execution_id(after)
+        limit = check_limit(limit)
+        # Every id is non-empty, so "after the empty string" is "from the start".
+        return await self._open().read(
+            functools.partial(_list, after=after or "", limit=min(limit, _NO_UPPER)),
+            doing="listing executions",
+        )
+
+    async def close(self) -> None:
+        """Stop this store's subscriptions; the connection closes with the storage."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._subscriptions.close()
+
+    # -- optional -----------------------------------------------------------------------
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        execution_id = check_execution_id(execution_id)
+        return await self._open().write(
+            functools.partial(fencing.acquire, execution_id=execution_id),
+            doing=f"acquiring a fence on {execution_id!r}",
+        )
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        execution_id = check_execution_id(execution_id)
+        fence = check_fence(fence)
+        park_seq = check_sequence(park_seq, "park_seq")
+        return await self._open().write(
+            functools.partial(
+                fencing.acquire_if,
+                execution_id=execution_id,
+                fence=fence,
+                park_seq=min(park_seq, _NO_UPPER),  # the same scan; SQLite ints are 64-bit
+            ),
+            doing=f"acquiring a conditional fence on {execution_id!r}",
+        )
+
+    async def append_if_unchanged(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        observed_fence: int,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        checked = check_events(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        observed_fence = check_fence(observed_fence, "observed_fence")
+        op = functools.partial(
+            _append_if_unchanged,
+            execution_id=execution_id,
+            rows=_prepare(checked, None),
+            expected=expected_sequence,
+            observed=observed_fence,
+            clock=self._clock,
+        )
+        written = await self._open().write(op, doing=f"appending to {execution_id!r}")
+        self._subscriptions.wake(execution_id)
+        return written
+
+    async def append_many(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[tuple[Event, ...], ...]:
+        checked = check_append_requests(requests)
+        prepared = tuple((request, _prepare(events, request.fence)) for request, events in checked)
+        op = functools.partial(_append_many, requests=prepared, clock=self._clock)
+        written = await self._open().write(
+            op, doing=f"appending to {len(prepared)} executions at once"
+        )
+        for request, _ in prepared:
+            self._subscriptions.wake(request.execution_id)
+        return written
+
+    async def delete_execution(self, execution_id: str) -> bool:
+        execution_id = check_execution_id(execution_id)
+        return await self._open().write(
+            functools.partial(_delete, execution_id=execution_id),
+            doing=f"deleting {execution_id!r}",
+        )
+
+    async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
+        source = check_execution_id(source)
+        target = check_execution_id(target)
+        through_sequence = check_sequence(through_sequence, "through_sequence")
+        if source == target:
+            raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
+        copied = await self._open().write(
+            functools.partial(_copy_prefix, source=source, target=target, through=through_sequence),
+            doing=f"copying {source!r} to {target!r}",
+        )
+        self._subscriptions.wake(target)
+        return copied
+
+    async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
+        execution_id = check_execution_id(execution_id)
+        keep_from_sequence = check_sequence(keep_from_sequence, "keep_from_sequence")
+        return await self._open().write(
+            functools.partial(_truncate, execution_id=execution_id, keep_from=keep_from_sequence),
+            doing=f"truncating {execution_id!r}",
+        )
+
+    def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
+        execution_id = check_execution_id(execution_id)
+        from_sequence = check_sequence(from_sequence, "from_sequence")
+        self._open()
+        return self._subscriptions.follow(
+            execution_id,
+            from_sequence,
+            lambda eid, start, limit: self._read(eid, start, _NO_UPPER, limit),
+        )
+
+    # -- SQLite only --------------------------------------------------------------------
+
+    async def backup(self, target_path: str) -> None:
+        """Copy the whole database (log, fences, timers, leases) to ``target_path`` with
+        SQLite's online backup API; see :func:`loom_sqlite.backup.backup_database`."""
+        await backup_database(self._open().connection.settings, target_path)

@@ -1,0 +1,96 @@
+"""Fence tokens on SQLite: the SQL and the checks, run inside a write transaction.
+
+Several processes on one host may share the file, so a zombie writer (a process that lost
+its execution to another and does not know it yet) is real here. Each function below runs
+on the connection's thread inside the ``BEGIN IMMEDIATE`` transaction of its operation
+(:mod:`loom_sqlite.transactions`). ``BEGIN IMMEDIATE`` takes SQLite's one write lock
+before the first read, so between a check here and the write that follows it no other
+writer — task, thread or process — can run: the check and the bump of
+``acquire_fence_if`` are one atomic step, as ADR 0118 D1 requires, and a fenced append's
+token check cannot be overtaken by an acquire.
+
+A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1.
+A row outlives ``delete_execution`` once its token is above 0, so a zombie writer of a
+deleted and re-created id stays fenced out.
+
+The answered-park scan (condition (b) of ADR 0118 D1) reads the ``answering`` column, set
+by the writer from :func:`loom_core.kinds.is_answering_kind` when the event is appended,
+instead of re-classifying in SQL. The classification then lives in one place (the
+kernel's total mapping), and the JSON pitfalls of the SQL form disappear:
+``json_extract(metadata, '$.kernel') = 1`` is also true for the *number* 1, so the SQL form
+would have to be ``json_type(metadata, '$.kernel') = 'true'`` to refuse both the number 1
+and the string ``"true"``, as D1 requires. The partial index ``loom_events_answering``
+keeps the scan to the answering events past the park, however many ignorable events
+(an application's emits, unfenced audit appends) follow it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from loom_core.errors import StaleFenceError
+from loom_core.spi import ConditionalFence, FenceAcquired, FenceStale
+
+__all__ = [
+    "acquire",
+    "acquire_if",
+    "check_presented",
+    "check_unchanged",
+    "current_token",
+    "drop_unacquired",
+]
+
+SELECT_TOKEN: Final = "SELECT token FROM loom_fences WHERE execution_id = ?"
+BUMP_TOKEN: Final = """
+INSERT INTO loom_fences (execution_id, token) VALUES (?, 1)
+ON CONFLICT (execution_id) DO UPDATE SET token = token + 1
+RETURNING token
+"""
+ANSWERED_AFTER: Final = """
+SELECT 1 FROM loom_events INDEXED BY loom_events_answering
+WHERE execution_id = ? AND sequence > ? AND answering = 1
+LIMIT 1
+"""
+DROP_UNACQUIRED: Final = "DELETE FROM loom_fences WHERE execution_id = ? AND token = 0"
+
+
+def current_token(raw: sqlite3.Connection, execution_id: str) -> int:
+    row = raw.execute(SELECT_TOKEN, (execution_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def acquire(raw: sqlite3.Connection, execution_id: str) -> int:
+    """Bump the token (0 → 1 for a never-fenced execution) and return it."""
+    return int(raw.execute(BUMP_TOKEN, (execution_id,)).fetchall()[0][0])
+
+
+def acquire_if(
+    raw: sqlite3.Connection, execution_id: str, fence: int, park_seq: int
+) -> ConditionalFence:
+    """ADR 0118 D1: bump only if the token is ``fence`` and no answering event exists
+    past ``park_seq``; otherwise change nothing and return the current token."""
+    current = current_token(raw, execution_id)
+    if current != fence:
+        return FenceStale(current)
+    if raw.execute(ANSWERED_AFTER, (execution_id, park_seq)).fetchone() is not None:
+        return FenceStale(current)
+    return FenceAcquired(acquire(raw, execution_id))
+
+
+def check_presented(execution_id: str, presented: int, current: int) -> None:
+    """A fenced append: refuse a token below the execution's (a newer writer holds it)."""
+    if presented < current:
+        raise StaleFenceError(execution_id, presented, current)
+
+
+def check_unchanged(raw: sqlite3.Connection, execution_id: str, observed: int) -> None:
+    """``append_if_unchanged``: refuse unless the token still equals ``observed``."""
+    current = current_token(raw, execution_id)
+    if current != observed:
+        raise StaleFenceError(execution_id, observed, current)
+
+
+def drop_unacquired(raw: sqlite3.Connection, execution_id: str) -> None:
+    """On delete: a token-0 row guards nothing, so it goes with the log."""
+    raw.execute(DROP_UNACQUIRED, (execution_id,))

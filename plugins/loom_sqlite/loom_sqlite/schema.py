@@ -1,0 +1,154 @@
+"""The tables, and bringing an existing file up to date when it is opened.
+
+Everything lives in one file, so one backup captures the log, the fence tokens, the
+timers and the leases together (runbook section 5). Tables are prefixed ``loom_`` so the
+file can be shared with an application's own tables.
+
+- ``loom_executions``: one row per log; ``head`` is the next sequence (the number of events
+  ever appended), kept here because prefix truncation removes events but not the head.
+- ``loom_events``: the log. ``answering`` is ADR 0118 D1's classification of the event,
+  computed by the writer with :func:`loom_core.kinds.is_answering_kind` (see
+  :mod:`loom_sqlite.fencing`), with a partial index so the conditional fence's scan
+  reads only answering events past the park.
+- ``loom_fences``: one row per fenced execution; outlives the log when its token is > 0.
+- ``loom_timers``: ADR 0118 D4, keyed by (execution_id, wake_at); ``redrive`` is JSON.
+- ``loom_leases``: runbook section 2.
+
+Times are INTEGER microseconds since the epoch (:mod:`loom_sqlite.clock`).
+
+Opening is safe when several processes open one file together: every change runs in one
+``BEGIN IMMEDIATE`` transaction (one process at a time), is written to be a no-op when it
+is already done (``IF NOT EXISTS``), and the one migration there is (a timer table from
+before ADR 0118 D4 lacks ``redrive``) checks the column and adds it in that same
+transaction, tolerating a duplicate column in case another writer got there first. A file
+already at :data:`SCHEMA_VERSION` is not written at all, so a read-only copy opens.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+__all__ = ["SCHEMA_VERSION", "ensure_schema"]
+
+SCHEMA_VERSION: Final = 1
+"""``PRAGMA user_version`` of a file whose schema is complete. 0 is a new file or one
+written before the version was recorded (possibly with an old-shape timer table)."""
+
+READ_VERSION: Final = "PRAGMA user_version"
+# PRAGMA takes no bind parameters; the version is a constant of this module.
+WRITE_VERSION: Final = "PRAGMA user_version = 1"
+
+CREATE_EXECUTIONS: Final = """
+CREATE TABLE IF NOT EXISTS loom_executions (
+    execution_id TEXT NOT NULL PRIMARY KEY,
+    head INTEGER NOT NULL
+) WITHOUT ROWID
+"""
+
+CREATE_EVENTS: Final = """
+CREATE TABLE IF NOT EXISTS loom_events (
+    execution_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    answering INTEGER NOT NULL,
+    PRIMARY KEY (execution_id, sequence)
+) WITHOUT ROWID
+"""
+
+CREATE_ANSWERING_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS loom_events_answering
+    ON loom_events (execution_id, sequence) WHERE answering = 1
+"""
+
+CREATE_FENCES: Final = """
+CREATE TABLE IF NOT EXISTS loom_fences (
+    execution_id TEXT NOT NULL PRIMARY KEY,
+    token INTEGER NOT NULL
+) WITHOUT ROWID
+"""
+
+CREATE_TIMERS: Final = """
+CREATE TABLE IF NOT EXISTS loom_timers (
+    execution_id TEXT NOT NULL,
+    wake_at INTEGER NOT NULL,
+    redrive TEXT,
+    PRIMARY KEY (execution_id, wake_at)
+)
+"""
+
+OLD_TIMERS: Final = """
+CREATE TABLE loom_timers (
+    execution_id TEXT NOT NULL,
+    wake_at INTEGER NOT NULL,
+    PRIMARY KEY (execution_id, wake_at)
+)
+"""
+"""The timer table as it was before ADR 0118 D4 (no ``redrive``); for migration tests."""
+
+CREATE_TIMERS_DUE_INDEX: Final = """
+CREATE INDEX IF NOT EXISTS loom_timers_due ON loom_timers (wake_at, execution_id)
+"""
+
+TIMER_COLUMNS: Final = "SELECT name FROM pragma_table_info('loom_timers')"
+ADD_REDRIVE: Final = "ALTER TABLE loom_timers ADD COLUMN redrive TEXT"
+
+CREATE_LEASES: Final = """
+CREATE TABLE IF NOT EXISTS loom_leases (
+    lease_key TEXT NOT NULL PRIMARY KEY,
+    holder TEXT NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID
+"""
+
+_CREATE: Final = (
+    CREATE_EXECUTIONS,
+    CREATE_EVENTS,
+    CREATE_ANSWERING_INDEX,
+    CREATE_FENCES,
+    CREATE_TIMERS,
+    CREATE_TIMERS_DUE_INDEX,
+    CREATE_LEASES,
+)
+
+
+def _add_redrive_column(raw: sqlite3.Connection) -> None:
+    columns = {row[0] for row in raw.execute(TIMER_COLUMNS)}
+    if "redrive" in columns:
+        return
+    try:
+        raw.execute(ADD_REDRIVE)
+    except sqlite3.OperationalError as exc:
+        # Another writer added it between our look and our ALTER (it cannot, under
+        # BEGIN IMMEDIATE, but a tool outside Loom might not take the lock first).
+        if "duplicate column name" not in str(exc):
+            raise
+
+
+def ensure_schema(raw: sqlite3.Connection) -> bool:
+    """Create or migrate the tables; True if anything was written.
+
+    Runs on the connection's thread with the connection in autocommit mode.
+    """
+    if raw.execute(READ_VERSION).fetchone()[0] >= SCHEMA_VERSION:
+        return False
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        # Re-read under the write lock: another process may have finished it meanwhile.
+        if raw.execute(READ_VERSION).fetchone()[0] >= SCHEMA_VERSION:
+            raw.execute("ROLLBACK")
+            return False
+        for statement in _CREATE:
+            raw.execute(statement)
+        _add_redrive_column(raw)
+        raw.execute(WRITE_VERSION)
+        raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    return True

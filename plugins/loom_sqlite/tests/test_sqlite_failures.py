@@ -1,0 +1,236 @@
+"""A file that cannot be used gets a typed error saying what happened; nothing is
+half-written.
+
+Faults are real: a lock held by another connection, a directory that does not exist or
+cannot be written, a file of garbage or with damaged pages, a page limit standing in for a
+full disk, and a trigger that fails one write half-way through a group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sqlite3
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loom_sqlite import (
+    DatabaseBusyError,
+    DatabaseClosedError,
+    DatabaseCorruptError,
+    DatabaseOpenError,
+    SqliteEventStore,
+)
+from sqlite_helpers import file_bytes, smash_pages, url_for
+
+from loom_core import (
+    AppendRequest,
+    NewEvent,
+    StorageError,
+    StorageReadError,
+    StorageUnavailableError,
+    StorageWriteError,
+    open_storage,
+)
+from loom_core.plugins import default_plugins
+
+
+async def test_a_lock_held_past_busy_timeout_is_busy_and_writes_nothing(db_path: Path) -> None:
+    url = url_for(db_path) + "?busy_timeout_ms=100"
+    async with open_storage(url) as storage:
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseBusyError, match="busy_timeout_ms=100") as caught:
+                await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
+            assert isinstance(caught.value, StorageUnavailableError)
+            assert "nothing was written" in str(caught.value)
+            with pytest.raises(DatabaseBusyError):
+                await storage.events.acquire_fence("e")
+            # Readers are not blocked by a writer in WAL mode.
+            assert await storage.events.head("e") == 1
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
+        assert [e.kind for e in await storage.events.read("e")] == ["A", "B"]
+        assert await storage.events.acquire_fence("e") == 1
+
+
+async def test_a_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(DatabaseOpenError, match="does not exist") as caught:
+        await open_storage(url_for(missing / "loom.db"))
+    assert str(missing) in str(caught.value)
+    assert not (tmp_path / "no").exists()
+
+
+async def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "loom.db").mkdir()
+    with pytest.raises(DatabaseOpenError, match="is a directory"):
+        await open_storage(url_for(tmp_path / "loom.db"))
+
+
+def _as_unprivileged(check: str, path: Path) -> str:
+    """Run ``check`` in a forked child that cannot bypass file permissions; its answer.
+
+    As root, permission bits do not apply, so the child drops to ``nobody`` first; the
+    fork inherits every module already imported, so it needs no file access to start.
+    """
+    default_plugins().backend_for("sqlite")  # discover plugins before losing file access
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read_end)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            answer = asyncio.run(_open_and_write(check, path))
+        except BaseException as exc:
+            answer = f"crashed: {exc!r}"
+        os.write(write_end, answer.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        answer = reader.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+async def _open_and_write(check: str, path: Path) -> str:
+    try:
+        async with open_storage(url_for(path)) as storage:
+            await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+    except StorageError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{check}: opened and wrote"
+
+
+@pytest.fixture
+def reachable_dir() -> Iterator[Path]:
+    """A directory the unprivileged child can reach (pytest's tmp_path is root-only)."""
+    # Under /tmp (world-traversable) when the child will drop to nobody, whatever TMPDIR is.
+    parent = "/tmp" if os.geteuid() == 0 else None
+    directory = Path(tempfile.mkdtemp(prefix="loom-sqlite-", dir=parent))
+    directory.chmod(0o755)
+    yield directory
+    for child in directory.iterdir():
+        child.chmod(0o644)
+    shutil.rmtree(directory)
+
+
+def test_a_read_only_directory_is_named_and_nothing_is_created(reachable_dir: Path) -> None:
+    directory = reachable_dir / "ro"
+    directory.mkdir()
+    directory.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IROTH | stat.S_IXOTH)
+    try:
+        answer = _as_unprivileged("read-only directory", directory / "loom.db")
+    finally:
+        directory.chmod(0o755)
+    assert answer.startswith("DatabaseOpenError:"), answer
+    assert "read-only" in answer
+    assert list(directory.iterdir()) == []
+
+
+async def test_a_read_only_file_is_named_and_left_unchanged(reachable_dir: Path) -> None:
+    db_path = reachable_dir / "loom.db"
+    async with open_storage(url_for(db_path)) as storage:
+        await storage.events.append("seed", [NewEvent("A")], expected_sequence=0)
+    db_path.chmod(0o444)
+    before = file_bytes(db_path)
+    answer = _as_unprivileged("read-only file", db_path)
+    assert answer.startswith(("DatabaseOpenError:", "DatabaseReadOnlyError:")), answer
+    assert "read-only" in answer
+    assert file_bytes(db_path) == before
+
+
+async def test_a_file_that_is_not_a_database_is_corrupt_and_left_alone(db_path: Path) -> None:
+    garbage = b"this is not a SQLite database " * 200
+    db_path.write_bytes(garbage)  # noqa: ASYNC240 - setting the scene
+    with pytest.raises(DatabaseCorruptError, match="not a database") as caught:
+        await open_storage(url_for(db_path))
+    assert isinstance(caught.value, StorageReadError)
+    assert "restore it from a backup" in str(caught.value)
+    assert file_bytes(db_path) == garbage
+
+
+async def test_damaged_pages_are_reported_as_corrupt_when_read(db_path: Path) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        for i in range(40):
+            await storage.events.append(
+                f"e{i}", [NewEvent("STEP_COMPLETED", {"pad": "x" * 2000})], expected_sequence=0
+            )
+    smash_pages(db_path, keep_pages=3)  # the header and schema pages survive
+    async with open_storage(url_for(db_path)) as storage:
+        with pytest.raises(DatabaseCorruptError, match="while reading 'e20'"):
+            await storage.events.read("e20")
+
+
+async def test_a_full_disk_fails_the_write_and_keeps_the_others(db_url: str) -> None:
+    async with open_storage(db_url) as storage:
+        events = storage.events
+        assert isinstance(events, SqliteEventStore)
+        await events._runner.read(
+            lambda raw: raw.execute("PRAGMA max_page_count = 20").fetchall(), doing="test"
+        )
+        big = NewEvent("STEP_COMPLETED", {"pad": "x" * 200_000})
+        outcomes = await asyncio.gather(
+            events.append("big", [big], expected_sequence=0),
+            *(events.append(f"small{i}", [NewEvent("A")], expected_sequence=0) for i in range(5)),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[0], StorageWriteError)
+        assert "disk is full" in str(outcomes[0])
+        assert await events.head("big") == 0
+        assert all(isinstance(o, tuple) for o in outcomes[1:]), outcomes
+        assert [await events.head(f"small{i}") for i in range(5)] == [1] * 5
+
+
+async def test_a_write_failing_half_way_is_undone_alone_in_a_group_commit(
+    db_path: Path,
+) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        events = storage.events
+        await events.append("warm", [NewEvent("A")], expected_sequence=0)
+        with sqlite3.connect(db_path) as raw:  # fails the *second* part of one append_many
+            raw.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON loom_events "
+                "WHEN NEW.kind = 'POISON' BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+            )
+        raw.close()
+        poisoned = events.append_many(
+            [
+                AppendRequest("half", [NewEvent("A"), NewEvent("B")], 0),
+                AppendRequest("other-half", [NewEvent("POISON")], 0),
+            ]
+        )
+        outcomes = await asyncio.gather(
+            *(events.append(f"ok{i}", [NewEvent("A")], expected_sequence=0) for i in range(10)),
+            poisoned,
+            *(events.append(f"ok{i}", [NewEvent("B")], expected_sequence=1) for i in range(10)),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[10], StorageWriteError)
+        assert "poisoned" in str(outcomes[10])
+        assert [o for o in outcomes if isinstance(o, BaseException)] == [outcomes[10]]
+        assert await events.head("half") == 0
+        assert await events.head("other-half") == 0
+        assert {await events.head(f"ok{i}") for i in range(10)} == {2}
+
+
+async def test_a_closed_storage_refuses_every_call(db_url: str) -> None:
+    storage = await open_storage(db_url)
+    await storage.close()
+    await storage.close()  # closing twice is harmless
+    with pytest.raises(DatabaseClosedError, match="closed"):
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+    with pytest.raises(DatabaseClosedError):
+        await storage.timers.pending("e")
+    with pytest.raises(DatabaseClosedError):
+        await storage.leases.inspect("k")

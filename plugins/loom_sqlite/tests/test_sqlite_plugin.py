@@ -1,0 +1,147 @@
+"""The ``sqlite`` URL scheme: registration through the ``loom`` entry point, the URL forms,
+and option checking."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import loom_sqlite
+import pytest
+from loom_sqlite import SqliteEventStore, SqliteLeaseStore, SqliteTimerStore
+from loom_sqlite.settings import parse_settings
+from sqlite_helpers import names_in, url_for
+
+from loom_core import (
+    InvalidOptionError,
+    InvalidURLError,
+    NewEvent,
+    PluginHost,
+    Storage,
+    open_storage,
+)
+
+
+async def _pragma(storage: Storage, name: str) -> object:
+    """A PRAGMA as the storage's own connection sees it (they are per connection)."""
+    events = storage.events
+    assert isinstance(events, SqliteEventStore)
+    statements = {"synchronous": "PRAGMA synchronous", "journal_mode": "PRAGMA journal_mode",
+                  "busy_timeout": "PRAGMA busy_timeout"}
+    sql = statements[name]
+    return await events._runner.read(lambda raw: raw.execute(sql).fetchone()[0], doing="test")
+
+
+def test_the_entry_point_registers_the_sqlite_scheme() -> None:
+    host = PluginHost()
+    assert "sqlite" in host.backends.factories
+    assert host.backends.source_of("sqlite") == "loom-sqlite"
+    assert not host.errors
+
+
+async def test_open_storage_gives_sqlite_stores_in_wal_mode(storage: Storage) -> None:
+    assert isinstance(storage.events, SqliteEventStore)
+    assert isinstance(storage.timers, SqliteTimerStore)
+    assert isinstance(storage.leases, SqliteLeaseStore)
+    assert storage.leases.scope == "host"
+    assert await _pragma(storage, "journal_mode") == "wal"
+    assert await _pragma(storage, "synchronous") == 1  # NORMAL
+    assert await _pragma(storage, "busy_timeout") == 5000
+
+
+async def test_synchronous_full_and_busy_timeout_from_the_url(db_path: Path) -> None:
+    url = url_for(db_path) + "?synchronous=full&busy_timeout_ms=250"
+    async with open_storage(url) as storage:
+        assert await _pragma(storage, "synchronous") == 2  # FULL
+        assert await _pragma(storage, "busy_timeout") == 250
+
+
+async def test_options_mapping_works_like_the_query_string(db_url: str) -> None:
+    async with open_storage(db_url, options={"synchronous": "FULL"}) as storage:
+        assert await _pragma(storage, "synchronous") == 2
+
+
+async def test_a_relative_path_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with open_storage("sqlite:///relative.db") as storage:
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+    assert (tmp_path / "relative.db").is_file()
+    with sqlite3.connect(tmp_path / "relative.db") as raw:
+        assert raw.execute("SELECT count(*) FROM loom_events").fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://host/loom.db", "names a host"),
+        ("sqlite:///", "names no file"),
+        ("sqlite:///dir/", "names no file"),
+        ("sqlite:///:memory:", "memory://"),
+        ("sqlite:///loom.db#frag", "fragment"),
+        ("sqlite:///loom.db?synchronous", "malformed query"),
+    ],
+)
+async def test_a_bad_url_is_refused_naming_the_problem(url: str, message: str) -> None:
+    with pytest.raises(InvalidURLError, match=message):
+        await open_storage(url)
+
+
+@pytest.mark.parametrize(
+    ("query", "options", "message"),
+    [
+        ("?synchronous=OFF", {}, "'NORMAL' or 'FULL'"),
+        ("?busy_timeout_ms=soon", {}, "whole number"),
+        ("?busy_timeout_ms=-1", {}, "between 0"),
+        ("?subscribe_poll_ms=0", {}, "between 1"),
+        ("?nope=1", {}, "unknown sqlite:/// URL option 'nope'"),
+        ("?synchronous=FULL&synchronous=NORMAL", {}, "given twice"),
+        ("?synchronous=FULL", {"synchronous": "FULL"}, "both in the URL and in options"),
+        ("", {"busy_timeout_ms": True}, "must be an int"),
+        ("", {"busy_timeout_ms": 1.5}, "must be an int"),
+        ("", {"synchronous": 2}, "must be a str"),
+        ("", {"clock": "now"}, "callable"),
+        ("", {"offer": ()}, "unknown sqlite:/// option 'offer'"),
+    ],
+)
+async def test_a_bad_option_is_refused_before_the_file_is_touched(
+    db_path: Path, query: str, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        await open_storage(url_for(db_path) + query, options=options)
+    assert "loom.db" not in names_in(db_path.parent)
+
+
+def test_settings_keep_absolute_and_percent_encoded_paths() -> None:
+    assert parse_settings("sqlite:////var/lib/loom.db", {}).path == "/var/lib/loom.db"
+    assert parse_settings("sqlite:///my%20dir/loom.db", {}).path == "my dir/loom.db"
+    assert parse_settings("SQLITE:///loom.db", {}).path == "loom.db"
+
+
+def test_the_public_api_is_pinned() -> None:
+    assert sorted(loom_sqlite.__all__) == [
+        "DatabaseBusyError",
+        "DatabaseClosedError",
+        "DatabaseCorruptError",
+        "DatabaseOpenError",
+        "DatabaseReadOnlyError",
+        "Settings",
+        "SqliteEventStore",
+        "SqliteLeaseStore",
+        "SqliteTimerStore",
+        "Synchronous",
+        "__version__",
+        "backup",
+        "open_sqlite",
+    ]
+    for name in loom_sqlite.__all__:
+        assert hasattr(loom_sqlite, name)
+
+
+async def test_the_kernel_demo_runs_on_sqlite(db_url: str) -> None:
+    from loom_core.demo import run_demo
+
+    log = await run_demo(db_url, say=lambda line: None)
+    assert [e.kind for e in log][-1] == "EXECUTION_COMPLETED"
+    assert "loom.db" in names_in(Path(db_url.removeprefix("sqlite:///")).parent)
