@@ -121,7 +121,10 @@ async def test_timers_refuse_naive_times_and_bad_records() -> None:
     assert await timers.pending("e") == ()
 
 
-@pytest.mark.parametrize("ttl", [0, -1, math.inf, "5", True, 1e300, 10**400], ids=lambda v: repr(v)[:12])
+BAD_TTLS = [0, -1, math.inf, "5", True, 1e300, 10**400]
+
+
+@pytest.mark.parametrize("ttl", BAD_TTLS, ids=lambda v: repr(v)[:12])
 async def test_leases_refuse_bad_ttls(ttl: object) -> None:
     leases = MemoryLeaseStore()
     with pytest.raises(InvalidOptionError):

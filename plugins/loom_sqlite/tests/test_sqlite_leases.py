@@ -83,6 +83,6 @@ async def test_two_storages_on_one_file_share_leases(db_url: str) -> None:
 
 async def test_a_ttl_past_the_calendar_is_refused_and_changes_nothing(db_url: str) -> None:
     async with open_storage(db_url) as storage:
-        with pytest.raises(InvalidOptionError, match="past the year 9999"):
+        with pytest.raises(InvalidOptionError, match="more than a year"):
             await storage.leases.acquire("job", "a", ttl_seconds=1e300)
         assert await storage.leases.inspect("job") is None
