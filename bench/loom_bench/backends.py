@@ -176,9 +176,9 @@ class PostgresBackend:
     pgbench: str | None = None
     name: str = "postgres"
     options: Mapping[str, object] = field(default_factory=dict)
-    _prepared: bool = False
-    _extra: dict[int, str] = field(default_factory=dict)
-    _server: dict[str, object] = field(default_factory=dict)
+    _prepared: bool = field(default=False, init=False)
+    _extra: dict[int, str] = field(default_factory=dict, init=False)
+    _server: dict[str, object] = field(default_factory=dict, init=False)
 
     @property
     def scheme(self) -> str:
