@@ -1,0 +1,139 @@
+"""The chain link, format version 1: what each event carries and how it is computed.
+
+Every event written through the audit decorator carries, in ``metadata["chain"]``::
+
+    {"v": 1, "prev": "<hash of its predecessor>", "hash": "<its own link hash>"}
+
+``hash`` is SHA-256 over the canonical JSON of::
+
+    ["loom-audit", 1, execution_id, sequence, kind, payload, metadata, prev]
+
+where ``metadata`` is the event's metadata without the ``chain`` field but *with* the
+``fence`` the store stamps (so a rewritten fence stamp breaks the link too), and ``prev`` is
+the predecessor's ``hash`` (:data:`GENESIS` for sequence 0). ``recorded_at`` is the store's
+clock and is not covered.
+
+Canonical JSON here is compact, key-sorted and UTF-8, with every integral float written as
+an integer: a store may hand ``1.0`` or ``1e20`` back as ``1`` or ``100000000000000000000``
+(PostgreSQL ``jsonb`` does), and JSON itself does not distinguish them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from loom_core.errors import InvalidEventError
+from loom_core.events import JsonObject, JsonValue, NewEvent
+
+__all__ = [
+    "CHAIN_FIELD",
+    "FORMAT_VERSION",
+    "GENESIS",
+    "Link",
+    "chain_events",
+    "link_hash",
+    "read_link",
+    "refuse_chain_field",
+]
+
+CHAIN_FIELD: Final = "chain"
+"""The metadata key that holds the link; reserved for the decorator."""
+FORMAT_VERSION: Final = 1
+GENESIS: Final = "0" * 64
+"""The ``prev`` of an execution's first event (sequence 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """An event's link: its predecessor's hash (``None`` when the predecessor had been
+    truncated away before this event was written) and its own."""
+
+    prev: str | None
+    hash: str
+
+
+def _normalized(value: JsonValue) -> JsonValue:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items()}
+    return value
+
+
+def _canonical(value: JsonValue) -> bytes:
+    return json.dumps(
+        _normalized(value), separators=(",", ":"), sort_keys=True, ensure_ascii=False,
+        allow_nan=False,
+    ).encode("utf-8")
+
+
+def link_hash(
+    execution_id: str,
+    sequence: int,
+    kind: str,
+    payload: JsonValue,
+    metadata: Mapping[str, JsonValue],
+    prev: str | None,
+) -> str:
+    """The link hash of one event; ``metadata`` must not hold the chain field."""
+    covered: JsonObject = {k: v for k, v in metadata.items() if k != CHAIN_FIELD}
+    encoded = _canonical(
+        ["loom-audit", FORMAT_VERSION, execution_id, sequence, kind, payload, covered, prev]
+    )
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def read_link(metadata: Mapping[str, JsonValue]) -> Link | None:
+    """The link in ``metadata``, or ``None`` when it is missing or malformed."""
+    field = metadata.get(CHAIN_FIELD)
+    if not isinstance(field, dict) or field.get("v") != FORMAT_VERSION:
+        return None
+    prev, own = field.get("prev"), field.get("hash")
+    if not isinstance(own, str) or not (prev is None or isinstance(prev, str)):
+        return None
+    if set(field) != {"v", "prev", "hash"}:
+        return None
+    return Link(prev, own)
+
+
+def refuse_chain_field(events: Sequence[NewEvent], where: str = "events") -> None:
+    """Refuse user metadata that sets the reserved ``chain`` key."""
+    for i, event in enumerate(events):
+        if CHAIN_FIELD in event.metadata:
+            raise InvalidEventError(
+                f"{where}[{i}].metadata uses the reserved key {CHAIN_FIELD!r}; the audit "
+                "decorator writes it"
+            )
+
+
+def chain_events(
+    execution_id: str,
+    first_sequence: int,
+    events: Sequence[NewEvent],
+    prev: str | None,
+    fence: int | None,
+) -> list[NewEvent]:
+    """``events`` with their links, for sequences ``first_sequence, …``, after ``prev``.
+
+    ``fence`` is the token the store will stamp (``append(fence=…)``), which the hash
+    covers; ``None`` for an unfenced or conditional append, which stamps nothing.
+    """
+    chained: list[NewEvent] = []
+    for offset, event in enumerate(events):
+        covered: JsonObject = dict(event.metadata)
+        if fence is not None:
+            covered["fence"] = fence
+        own = link_hash(
+            execution_id, first_sequence + offset, event.kind, event.payload, covered, prev
+        )
+        metadata: JsonObject = dict(event.metadata)
+        metadata[CHAIN_FIELD] = {"v": FORMAT_VERSION, "prev": prev, "hash": own}
+        chained.append(NewEvent(event.kind, event.payload, metadata))
+        prev = own
+    return chained

@@ -1,0 +1,52 @@
+"""Registers the ``audit`` decorator with Loom (entry point ``loom`` → ``audit``).
+
+Option for ``open_storage(url, decorators=[("audit", {...})])``: ``head_key`` (bytes of at
+least 16, optional), the secret that signs exported heads. Stack it *below* crypto
+(``decorators=["audit", ("crypto", {...})]``, innermost first) so the chain covers
+ciphertext.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import final
+
+from loom_audit.store import AuditEventStore
+from loom_core.errors import InvalidOptionError
+from loom_core.hookspecs import hookimpl
+from loom_core.registry import DecoratorRegistry, InnerOpener
+from loom_core.storage import Storage
+
+__all__ = ["AuditDecorator", "loom_register_decorators"]
+
+
+@final
+class AuditDecorator:
+    """The ``audit`` storage decorator: chains the event store; timers and leases are not
+    part of any log and pass through."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return "audit"
+
+    async def decorate(self, storage: Storage, options: Mapping[str, object]) -> Storage:
+        if not isinstance(options, Mapping):
+            raise InvalidOptionError("audit options must be a mapping")
+        unknown = set(options) - {"head_key"}
+        if unknown:
+            raise InvalidOptionError(f"unknown audit options {sorted(unknown)}; known: head_key")
+        # The store checks head_key; mypy cannot see that it does.
+        events = AuditEventStore(storage.events, head_key=options.get("head_key"))  # type: ignore[arg-type]
+        return Storage(
+            events, storage.timers, storage.leases, url=storage.url, on_close=storage.close
+        )
+
+    async def conformance_options(self, open_inner: InnerOpener) -> Mapping[str, object]:
+        return {}
+
+
+@hookimpl
+def loom_register_decorators(registry: DecoratorRegistry) -> None:
+    registry.add_decorator(AuditDecorator())

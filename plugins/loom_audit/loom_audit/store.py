@@ -1,0 +1,306 @@
+"""The audit-chain decorator: every append is linked to its actual predecessor.
+
+An append at ``expected_sequence`` reads the event at ``expected_sequence - 1``, links the
+new events after its hash, and hands the inner store the same ``expected_sequence``. The
+inner append is atomic and refuses a moved head, so an append that lands was linked to
+the event that really precedes it; one that raced another writer fails with
+``SequenceConflictError`` like any append, and the caller retries from the new head
+(which re-reads the new predecessor). No lock, no cache: a second process writing the
+same store is linked correctly too.
+
+Reads through the decorator (``read``, ``subscribe``, the events ``append`` returns) show
+each event as the caller wrote it, without the ``chain`` field, exactly as an undecorated
+store would; the links live in the stored rows, where :meth:`AuditEventStore.read_chained`,
+:meth:`AuditEventStore.verify` and :meth:`AuditEventStore.export_head` read them.
+
+The optional methods, decided:
+
+- ``acquire_fence``, ``acquire_fence_if``: forwarded; they add nothing to a log (an
+  acquire moves only the token, which the next fenced append's stamp records).
+- ``subscribe``: forwarded, each event shown without its link (like ``read``).
+- ``append_if_unchanged``, ``append_many``: linked like ``append``, then forwarded.
+- ``delete_execution``: forwarded. The chain goes with the log; a re-created id starts a
+  new chain from GENESIS, and a head exported for the old log no longer verifies.
+- ``truncate_prefix_keeping``: forwarded. The first kept event's ``prev`` becomes the
+  anchor (the only trace of what was dropped); :func:`verify` reports such a log as not
+  anchored at genesis, and refuses it unless told it was compacted. If every event is
+  dropped, the next append cannot read its predecessor and links from ``prev: null``.
+  Export a head before compacting if you need to prove what was there.
+- ``copy_prefix``: refused. Every link hashes its execution id, so a copied event would
+  not verify in the target; branch by reading the prefix and appending it to the target
+  through this decorator, which starts the target's own chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
+
+from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refuse_chain_field
+from loom_audit.errors import NoHeadError
+from loom_audit.heads import ChainHead, sign_head
+from loom_audit.verification import ChainWalk, Verification
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
+from loom_core.errors import (
+    ExecutionNotFoundError,
+    InvalidOptionError,
+    PayloadShreddedError,
+    SequenceConflictError,
+)
+from loom_core.events import Event, NewEvent
+from loom_core.spi import AppendRequest, EventStore
+from loom_core.validation import (
+    check_append_requests,
+    check_events,
+    check_execution_id,
+    check_fence,
+    check_sequence,
+)
+
+__all__ = ["AuditEventStore"]
+
+_PAGE: Final = 1000
+MIN_HEAD_KEY_BYTES: Final = 16
+
+
+class AuditEventStore(EventStoreDecorator):
+    """Hash-chains each execution's events; :meth:`verify` walks them, :meth:`export_head`
+    anchors the tail. ``head_key`` (bytes, optional) signs exported heads with HMAC-SHA256
+    and makes :meth:`verify` require that signature."""
+
+    def __init__(self, inner: EventStore, *, head_key: bytes | None = None) -> None:
+        if head_key is not None and (
+            not isinstance(head_key, bytes) or len(head_key) < MIN_HEAD_KEY_BYTES
+        ):
+            raise InvalidOptionError(
+                f"head_key must be bytes of at least {MIN_HEAD_KEY_BYTES} (a random secret)"
+            )
+        super().__init__(inner)
+        self._head_key = head_key
+
+    async def _prev(self, execution_id: str, expected_sequence: int) -> str | None:
+        """The hash an append at ``expected_sequence`` links to."""
+        if expected_sequence == 0:
+            return GENESIS
+        before = await self.inner.read(
+            execution_id, from_sequence=expected_sequence - 1, to_sequence=expected_sequence - 1
+        )
+        if before:
+            link = read_link(before[0].metadata)
+            # An unchained predecessor (a log older than the decorator) has no hash to
+            # link to; verify reports it as the break.
+            return None if link is None else link.hash
+        # No predecessor: the append is wrong, or the predecessor was truncated away,
+        # which leaves nothing to link to.
+        head = await self.inner.head(execution_id)
+        if head != expected_sequence:
+            raise SequenceConflictError(execution_id, expected_sequence, head)
+        return None
+
+    async def _chained(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        expected_sequence: int,
+        fence: int | None,
+    ) -> list[NewEvent]:
+        refuse_chain_field(events)
+        prev = await self._prev(execution_id, expected_sequence)
+        return chain_events(execution_id, expected_sequence, events, prev, fence)
+
+    # -- required ------------------------------------------------------------------------
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        """Link the events after the actual predecessor, then append. Refuses user metadata
+        that sets ``chain`` (InvalidEventError)."""
+        execution_id = check_execution_id(execution_id)
+        checked = check_events(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        if fence is not None:
+            fence = check_fence(fence)
+        chained = await self._chained(execution_id, checked, expected_sequence, fence)
+        written = await self.inner.append(
+            execution_id, chained, expected_sequence=expected_sequence, fence=fence
+        )
+        return _unlinked(written)
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        """The events without their links (see :meth:`read_chained`)."""
+        return _unlinked(
+            await self.inner.read(
+                execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+            )
+        )
+
+    async def read_chained(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        """The events as stored, each with ``metadata["chain"]`` (see
+        :func:`~loom_audit.read_link`)."""
+        return await self.inner.read(
+            execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+        )
+
+    # -- optional ------------------------------------------------------------------------
+
+    async def append_if_unchanged(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        observed_fence: int,
+    ) -> tuple[Event, ...]:
+        execution_id = check_execution_id(execution_id)
+        checked = check_events(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        observed_fence = check_fence(observed_fence, "observed_fence")
+        chained = await self._chained(execution_id, checked, expected_sequence, None)
+        written = await self.inner.append_if_unchanged(
+            execution_id, chained, expected_sequence=expected_sequence,
+            observed_fence=observed_fence,
+        )
+        return _unlinked(written)
+
+    async def append_many(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[tuple[Event, ...], ...]:
+        checked = check_append_requests(requests)
+        for i, (_, events) in enumerate(checked):
+            refuse_chain_field(events, f"requests[{i}].events")
+        chained = [
+            AppendRequest(
+                request.execution_id,
+                await self._chained(
+                    request.execution_id, events, request.expected_sequence, request.fence
+                ),
+                request.expected_sequence,
+                request.fence,
+            )
+            for request, events in checked
+        ]
+        return tuple(_unlinked(batch) for batch in await self.inner.append_many(chained))
+
+    def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
+        return self._unlinking(self.inner.subscribe(execution_id, from_sequence=from_sequence))
+
+    async def _unlinking(self, source: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        try:
+            async for event in source:
+                yield _unlinked((event,))[0]
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
+
+    # -- the chain -----------------------------------------------------------------------
+
+    async def export_head(self, execution_id: str) -> ChainHead:
+        """The last event's sequence and link hash (signed under ``head_key`` if set).
+
+        Export it after :meth:`verify` says the chain holds, and keep it out of reach of
+        whoever can write the database. Refuses (:class:`~loom_audit.NoHeadError`) a log
+        whose last event is gone or unchained.
+        """
+        execution_id = check_execution_id(execution_id)
+        head = await self.inner.head(execution_id)
+        if head == 0:
+            raise ExecutionNotFoundError(execution_id)
+        last = await self.inner.read(execution_id, from_sequence=head - 1, to_sequence=head - 1)
+        link = read_link(last[0].metadata) if last else None
+        if link is None:
+            raise NoHeadError(execution_id, head - 1)
+        signature = (
+            None if self._head_key is None
+            else sign_head(self._head_key, execution_id, head - 1, link.hash)
+        )
+        return ChainHead(execution_id, head - 1, link.hash, signature)
+
+    async def verify(
+        self,
+        execution_id: str,
+        *,
+        head: ChainHead | None = None,
+        allow_truncated_prefix: bool = False,
+    ) -> Verification:
+        """Walk every link of ``execution_id``'s log and report the first broken one
+        (:class:`~loom_audit.ChainBroken`) or :class:`~loom_audit.ChainIntact`.
+
+        With ``head``, also detect a removed tail and a rewrite up to the head (see
+        :mod:`loom_audit.verification` for what is and is not detected). Events appended
+        after the walk started are not part of it. A log that was never written raises
+        ExecutionNotFoundError unless a head says it existed.
+        """
+        execution_id = check_execution_id(execution_id)
+        walk = ChainWalk(
+            execution_id, head=head, head_key=self._head_key,
+            allow_truncated_prefix=allow_truncated_prefix,
+        )
+        store_head = await self.inner.head(execution_id)
+        if store_head == 0 and head is None:
+            raise ExecutionNotFoundError(execution_id)
+        next_sequence = 0
+        while next_sequence < store_head:
+            try:
+                page = await self.inner.read(
+                    execution_id, from_sequence=next_sequence, to_sequence=store_head - 1,
+                    limit=_PAGE,
+                )
+            except PayloadShreddedError as exc:
+                # Only when the chain sits above crypto (the wrong order): it needs keys.
+                return walk.fail(
+                    exc.sequence, "unreadable",
+                    f"{exc}; put the audit decorator below crypto so the chain covers "
+                    "ciphertext and verifies without keys",
+                )
+            for event in page:
+                if walk.step(event) is not None:
+                    return walk.finish(store_head)
+            if len(page) < _PAGE:
+                break
+            next_sequence = page[-1].sequence + 1
+        return walk.finish(store_head)
+
+    decisions = Decisions(
+        acquire_fence=FORWARD,
+        acquire_fence_if=FORWARD,
+        append_if_unchanged=Implement(append_if_unchanged, requires=("append_if_unchanged",)),
+        append_many=Implement(append_many, requires=("append_many",)),
+        delete_execution=FORWARD,
+        copy_prefix=Refuse(
+            "every chain link hashes its execution id, so copied events would not verify in "
+            "the target; branch by reading the prefix and appending it to the target through "
+            "the audit decorator, which starts the target's own chain"
+        ),
+        truncate_prefix_keeping=FORWARD,
+        subscribe=Implement(subscribe, requires=("subscribe",)),
+    )
+
+
+def _unlinked(events: Sequence[Event]) -> tuple[Event, ...]:
+    return tuple(
+        dataclasses.replace(
+            e, metadata={k: v for k, v in e.metadata.items() if k != CHAIN_FIELD}
+        ) if CHAIN_FIELD in e.metadata else e
+        for e in events
+    )

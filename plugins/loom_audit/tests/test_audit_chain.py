@@ -1,0 +1,330 @@
+"""The audit chain through the decorator: links, verification, heads, concurrency, and what
+truncation, deletion and copying mean for a chain."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+import pytest
+from loom_audit import (
+    CHAIN_FIELD,
+    GENESIS,
+    AuditEventStore,
+    ChainBroken,
+    ChainHead,
+    ChainIntact,
+    NoHeadError,
+    read_link,
+)
+
+from loom_core import (
+    OPTIONAL_EVENT_STORE_METHODS,
+    AppendRequest,
+    ConflictError,
+    Event,
+    ExecutionNotFoundError,
+    InvalidEventError,
+    InvalidInputError,
+    InvalidOptionError,
+    NewEvent,
+    SequenceConflictError,
+    Unsupported,
+)
+from loom_core.memory import MemoryEventStore
+
+
+@pytest.fixture
+def raw() -> MemoryEventStore:
+    return MemoryEventStore()
+
+
+@pytest.fixture
+def audit(raw: MemoryEventStore) -> AuditEventStore:
+    return AuditEventStore(raw)
+
+
+def _link(event: Event) -> tuple[str | None, str]:
+    link = read_link(event.metadata)
+    assert link is not None
+    return link.prev, link.hash
+
+
+async def _rewrite(raw: MemoryEventStore, execution_id: str, rows: list[NewEvent]) -> None:
+    """Replace a log wholesale, as someone with write access to the database could."""
+    await raw.delete_execution(execution_id)
+    await raw.append(execution_id, rows, expected_sequence=0)
+
+
+async def test_each_event_links_to_its_predecessor(audit: AuditEventStore) -> None:
+    await audit.append("e", [NewEvent("A", 1), NewEvent("B", 2)], expected_sequence=0)
+    await audit.append("e", [NewEvent("C", {"x": [1.5, None]})], expected_sequence=2)
+    events = await audit.read_chained("e")
+    links = [_link(e) for e in events]
+    assert links[0][0] == GENESIS
+    assert [prev for prev, _ in links[1:]] == [own for _, own in links[:-1]]
+    assert len({own for _, own in links}) == 3
+    result = await audit.verify("e")
+    assert result == ChainIntact("e", events=3, first_sequence=0, last_sequence=2,
+                                 anchored_at_genesis=True, head_checked=False)
+
+
+async def test_user_metadata_is_kept_and_the_chain_key_is_reserved(
+    audit: AuditEventStore,
+) -> None:
+    await audit.append("e", [NewEvent("A", 1, {"by": "node-1"})], expected_sequence=0)
+    (event,) = await audit.read("e")
+    assert event.metadata == {"by": "node-1"}  # the link is kept out of the caller's view
+    (stored,) = await audit.read_chained("e")
+    assert stored.metadata["by"] == "node-1"
+    assert _link(stored)[0] == GENESIS
+    with pytest.raises(InvalidEventError, match="reserved key 'chain'"):
+        await audit.append("e", [NewEvent("B", 2, {CHAIN_FIELD: "x"})], expected_sequence=1)
+    with pytest.raises(InvalidEventError, match="reserved key 'chain'"):
+        await audit.append_many([AppendRequest("f", [NewEvent("B", 2, {CHAIN_FIELD: 1})], 0)])
+    assert await audit.head("e") == 1
+    assert await audit.head("f") == 0
+
+
+async def test_the_fence_stamp_is_covered(audit: AuditEventStore, raw: MemoryEventStore) -> None:
+    token = await audit.acquire_fence("e")
+    await audit.append("e", [NewEvent("A", 1), NewEvent("B", 2)], expected_sequence=0, fence=token)
+    assert (await audit.verify("e")).ok
+    rows = [NewEvent(e.kind, e.payload, {k: v for k, v in e.metadata.items() if k != "fence"})
+            for e in await raw.read("e")]
+    # The same events rewritten unfenced: only the stamp differs.
+    await _rewrite(raw, "e", rows)
+    result = await audit.verify("e")
+    assert isinstance(result, ChainBroken)
+    assert (result.sequence, result.reason) == (0, "content")
+
+
+async def test_append_many_and_append_if_unchanged_are_chained(audit: AuditEventStore) -> None:
+    await audit.append("a", [NewEvent("A", 0)], expected_sequence=0)
+    await audit.append_many(
+        [AppendRequest("a", [NewEvent("A", 1)], 1), AppendRequest("b", [NewEvent("B", 0)], 0)]
+    )
+    await audit.append_if_unchanged("b", [NewEvent("B", 1)], expected_sequence=1,
+                                    observed_fence=0)
+    for execution_id in ("a", "b"):
+        assert await audit.verify(execution_id) == ChainIntact(
+            execution_id, 2, 0, 1, anchored_at_genesis=True, head_checked=False
+        )
+
+
+async def test_an_append_at_a_wrong_sequence_is_refused_and_writes_nothing(
+    audit: AuditEventStore,
+) -> None:
+    await audit.append("e", [NewEvent("A")], expected_sequence=0)
+    with pytest.raises(SequenceConflictError) as caught:
+        await audit.append("e", [NewEvent("B")], expected_sequence=3)
+    assert caught.value.actual_head == 1
+    assert await audit.head("e") == 1
+
+
+async def test_concurrent_writers_link_to_the_actual_predecessor(raw: MemoryEventStore) -> None:
+    # Two "processes": two decorators over one store, eight writers each, every writer
+    # retrying from the head it is told on a conflict.
+    nodes = [AuditEventStore(raw), AuditEventStore(raw)]
+    conflicts = 0
+
+    async def writer(node: AuditEventStore, name: str) -> None:
+        nonlocal conflicts
+        for i in range(10):
+            while True:
+                head = await node.head("shared")
+                try:
+                    await node.append("shared", [NewEvent("W", {"w": name, "i": i})],
+                                      expected_sequence=head)
+                    break
+                except ConflictError:  # a moved head, or a lost race to create the log
+                    conflicts += 1
+                    await asyncio.sleep(random.random() / 1000)
+
+    await asyncio.gather(*(writer(nodes[n % 2], f"w{n}") for n in range(16)))
+    events = await raw.read("shared")
+    assert len(events) == 160
+    assert conflicts > 0  # the writers really raced
+    for before, after in itertools.pairwise(events):
+        assert _link(after)[0] == _link(before)[1]
+    assert (await nodes[0].verify("shared")).ok
+
+
+async def test_a_log_written_around_the_decorator_has_a_missing_link(
+    audit: AuditEventStore, raw: MemoryEventStore
+) -> None:
+    await audit.append("e", [NewEvent("A")], expected_sequence=0)
+    await raw.append("e", [NewEvent("SNEAKED")], expected_sequence=1)
+    result = await audit.verify("e")
+    assert isinstance(result, ChainBroken)
+    assert (result.sequence, result.reason) == (1, "missing_link")
+
+
+async def test_verifying_an_unknown_execution_is_not_found(audit: AuditEventStore) -> None:
+    with pytest.raises(ExecutionNotFoundError):
+        await audit.verify("nope")
+    with pytest.raises(ExecutionNotFoundError):
+        await audit.export_head("nope")
+
+
+async def test_integral_floats_verify_whichever_way_the_store_returns_them(
+    audit: AuditEventStore, raw: MemoryEventStore
+) -> None:
+    await audit.append("e", [NewEvent("A", {"amount": 1.0, "big": 1e20})], expected_sequence=0)
+    (event,) = await raw.read("e")
+    # A jsonb store hands integral numbers back as integers.
+    await _rewrite(raw, "e", [NewEvent("A", {"amount": 1, "big": 10**20}, event.metadata)])
+    assert (await audit.verify("e")).ok
+
+
+# -- heads ------------------------------------------------------------------------------------
+
+
+async def test_a_head_detects_a_truncated_tail_that_the_walk_alone_cannot(
+    audit: AuditEventStore, raw: MemoryEventStore
+) -> None:
+    await audit.append("e", [NewEvent("A", i) for i in range(5)], expected_sequence=0)
+    head = await audit.export_head("e")
+    assert (head.execution_id, head.sequence, head.signature) == ("e", 4, None)
+    assert await audit.verify("e", head=head) == ChainIntact(
+        "e", 5, 0, 4, anchored_at_genesis=True, head_checked=True
+    )
+    kept = [NewEvent(e.kind, e.payload, e.metadata) for e in (await raw.read("e"))[:3]]
+    await _rewrite(raw, "e", kept)  # the last two events and the head counter are gone
+    assert (await audit.verify("e")).ok
+    result = await audit.verify("e", head=head)
+    assert isinstance(result, ChainBroken)
+    assert (result.sequence, result.reason) == (4, "head_truncated")
+
+
+async def test_a_head_detects_a_rewrite_with_every_hash_recomputed(
+    audit: AuditEventStore, raw: MemoryEventStore
+) -> None:
+    await audit.append("e", [NewEvent("A", i) for i in range(5)], expected_sequence=0)
+    head = await audit.export_head("e")
+    # Someone rewrites event 1 and re-chains everything through the decorator itself.
+    forged = [NewEvent("A", 100 if i == 1 else i) for i in range(5)]
+    await raw.delete_execution("e")
+    await audit.append("e", forged, expected_sequence=0)
+    assert (await audit.verify("e")).ok
+    result = await audit.verify("e", head=head)
+    assert isinstance(result, ChainBroken)
+    assert (result.sequence, result.reason) == (4, "head_mismatch")
+
+
+async def test_a_signed_head_must_carry_a_valid_signature(raw: MemoryEventStore) -> None:
+    signer = AuditEventStore(raw, head_key=b"k" * 32)
+    await signer.append("e", [NewEvent("A")], expected_sequence=0)
+    head = await signer.export_head("e")
+    assert head.signature is not None
+    assert (await signer.verify("e", head=head)).ok
+    for forged in (
+        ChainHead("e", head.sequence, head.hash, None),
+        ChainHead("e", head.sequence, head.hash, "0" * 64),
+        ChainHead.from_json(dict(head.to_json(), signature=None)),
+    ):
+        result = await signer.verify("e", head=forged)
+        assert isinstance(result, ChainBroken)
+        assert result.reason == "head_signature"
+    other_key = AuditEventStore(raw, head_key=b"x" * 32)
+    assert not (await other_key.verify("e", head=head)).ok
+
+
+async def test_a_head_round_trips_through_json_and_bad_ones_are_refused(
+    audit: AuditEventStore,
+) -> None:
+    await audit.append("e", [NewEvent("A")], expected_sequence=0)
+    head = await audit.export_head("e")
+    assert ChainHead.from_json(head.to_json()) == head
+    with pytest.raises(InvalidInputError):
+        ChainHead.from_json({"execution_id": "e", "sequence": 0, "hash": "zz", "signature": None})
+    with pytest.raises(InvalidInputError, match="exported for 'other'"):
+        await audit.verify("e", head=ChainHead("other", 0, head.hash))
+
+
+def test_a_short_head_key_is_refused() -> None:
+    with pytest.raises(InvalidOptionError, match="at least 16"):
+        AuditEventStore(MemoryEventStore(), head_key=b"short")
+
+
+# -- truncation, deletion, copying -------------------------------------------------------------
+
+
+async def test_a_compacted_log_verifies_only_when_declared_and_keeps_its_anchor(
+    audit: AuditEventStore,
+) -> None:
+    await audit.append("e", [NewEvent("A", i) for i in range(6)], expected_sequence=0)
+    before = await audit.read_chained("e")
+    assert await audit.truncate_prefix_keeping("e", keep_from_sequence=3) == 3
+    strict = await audit.verify("e")
+    assert isinstance(strict, ChainBroken)
+    assert (strict.sequence, strict.reason) == (3, "truncated_prefix")
+    compacted = await audit.verify("e", allow_truncated_prefix=True)
+    assert compacted == ChainIntact("e", 3, 3, 5, anchored_at_genesis=False, head_checked=False)
+    # The anchor is the first kept event's prev: the hash of the dropped event 2.
+    assert _link((await audit.read_chained("e"))[0])[0] == _link(before[2])[1]
+    await audit.append("e", [NewEvent("A", 6)], expected_sequence=6)
+    assert (await audit.verify("e", allow_truncated_prefix=True)).ok
+
+
+async def test_a_fully_compacted_log_restarts_its_chain_from_null(audit: AuditEventStore) -> None:
+    await audit.append("e", [NewEvent("A", i) for i in range(3)], expected_sequence=0)
+    old_head = await audit.export_head("e")
+    await audit.truncate_prefix_keeping("e", keep_from_sequence=3)
+    with pytest.raises(NoHeadError):
+        await audit.export_head("e")
+    assert not (await audit.verify("e")).ok
+    assert (await audit.verify("e", allow_truncated_prefix=True)).ok
+    await audit.append("e", [NewEvent("A", 3)], expected_sequence=3)
+    (event,) = await audit.read_chained("e")
+    assert _link(event)[0] is None
+    assert (await audit.verify("e", allow_truncated_prefix=True)).ok
+    stale = await audit.verify("e", head=old_head, allow_truncated_prefix=True)
+    assert isinstance(stale, ChainBroken)
+    assert stale.reason == "head_not_covered"
+
+
+async def test_a_deleted_log_fails_its_old_head_and_a_new_one_starts_at_genesis(
+    audit: AuditEventStore,
+) -> None:
+    await audit.append("e", [NewEvent("A", i) for i in range(3)], expected_sequence=0)
+    head = await audit.export_head("e")
+    assert await audit.delete_execution("e")
+    gone = await audit.verify("e", head=head)
+    assert isinstance(gone, ChainBroken)
+    assert gone.reason == "head_truncated"
+    await audit.append("e", [NewEvent("B")], expected_sequence=0)
+    (event,) = await audit.read_chained("e")
+    assert _link(event)[0] == GENESIS
+    assert (await audit.verify("e")).ok
+
+
+async def test_copy_prefix_is_refused_and_the_rest_follows_the_inner_store() -> None:
+    full, bare = AuditEventStore(MemoryEventStore()), AuditEventStore(MemoryEventStore(offer=()))
+    assert full.capabilities == set(OPTIONAL_EVENT_STORE_METHODS) - {"copy_prefix"}
+    assert bare.capabilities == frozenset()
+    with pytest.raises(Unsupported, match="hashes its execution id"):
+        await full.copy_prefix("a", "b", through_sequence=0)
+    with pytest.raises(Unsupported):
+        await bare.append_many([AppendRequest("a", [NewEvent("X")], 0)])
+    with pytest.raises(Unsupported):
+        bare.subscribe("a")
+
+
+async def test_reads_and_subscriptions_show_the_callers_metadata_only(
+    audit: AuditEventStore,
+) -> None:
+    written = await audit.append("e", [NewEvent("A", 1, {"trace": "t"})], expected_sequence=0)
+    assert written[0].metadata == {"trace": "t"}
+    stream = audit.subscribe("e")
+    assert (await anext(stream)).metadata == {"trace": "t"}
+    await audit.append_many([AppendRequest("e", [NewEvent("B")], 1)])
+    assert (await anext(stream)).metadata == {}
+    await stream.aclose()  # type: ignore[attr-defined]
+    (changed,) = await audit.append_if_unchanged("e", [NewEvent("C")], expected_sequence=2,
+                                                 observed_fence=0)
+    assert changed.metadata == {}
+    assert [read_link(e.metadata) is not None for e in await audit.read_chained("e")] == [
+        True, True, True
+    ]

@@ -1,0 +1,43 @@
+"""The ``audit`` entry point and its options."""
+
+from __future__ import annotations
+
+import pytest
+from loom_audit import AuditDecorator, AuditEventStore, export_head, verify
+
+from loom_core import InvalidOptionError, NewEvent, PluginHost, open_storage
+
+
+def test_the_entry_point_registers_the_audit_decorator() -> None:
+    host = PluginHost()
+    assert isinstance(host.decorator("audit"), AuditDecorator)
+    assert host.decorators.source_of("audit") == "loom-audit"
+    assert not host.errors
+
+
+async def test_open_storage_chains_and_verifies_through_the_stack() -> None:
+    async with open_storage("memory://", decorators=[("audit", {"head_key": b"s" * 16})]) as st:
+        assert isinstance(st.events, AuditEventStore)
+        await st.events.append("e", [NewEvent("X", 1)], expected_sequence=0)
+        head = await export_head(st, "e")
+        assert head.signature is not None
+        assert (await verify(st, "e", head=head)).ok
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"head_key": "not bytes"}, "head_key must be bytes"),
+        ({"head_key": b"short"}, "at least 16"),
+        ({"signing": b"x" * 16}, "unknown audit options"),
+    ],
+)
+async def test_wrong_options_are_refused(options: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        await open_storage("memory://", decorators=[("audit", options)])
+
+
+async def test_verify_without_an_audit_layer_is_refused() -> None:
+    async with open_storage("memory://") as storage:
+        with pytest.raises(InvalidOptionError, match="no audit decorator"):
+            await verify(storage, "e")

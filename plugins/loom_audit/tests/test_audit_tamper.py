@@ -1,0 +1,261 @@
+"""The tamper test: 50 chains of 100 events, 5,500 mutations, every one detected.
+
+The chains are written through the decorator (some batches fenced, so the stamps are
+covered too), then read back as the rows a database holds. Each mutation is what someone
+with write access could do to those rows without recomputing any hash:
+
+- flip: one bit of one byte of an event's stored (kind, payload, metadata) JSON, kept only
+  when the result still parses and means something different;
+- reorder: two events' contents swapped (adjacent or not), sequences left in place;
+- delete: a middle event removed, leaving a gap or with later events renumbered;
+- insert: a replayed copy of an event, or a forged one (with a copied link, or with a link
+  correctly computed over its predecessor), with later events renumbered or not;
+- splice: an event of another execution put in place of one, or inserted.
+
+Each mutated log is verified as a SQL store would report it (its head is the last row + 1,
+so nothing rests on the memory store's separate head counter). Tail truncation is tested
+apart: not detected by the walk alone when the head counter goes with the rows, detected
+with an exported head. A sample of every mutation kind also goes through a real store and
+``AuditEventStore.verify``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections import Counter
+from collections.abc import Callable
+from itertools import groupby
+
+from loom_audit import AuditEventStore, ChainHead, ChainWalk, Verification, link_hash, read_link
+
+from loom_core import Event, InvalidInputError, JsonValue, NewEvent
+from loom_core.memory import MemoryEventStore
+
+CHAINS = 50
+LENGTH = 100
+PER_KIND = 1100
+SEED = 20261130
+KINDS = ["EXECUTION_STARTED", "STEP_COMPLETED", "order.shipped", "STEP_FAILED", "ANNOTATION"]
+
+Chain = list[Event]
+Mutation = Callable[[random.Random, str, Chain, dict[str, Chain]], Chain | None]
+
+
+def _payload(execution_id: str, i: int) -> JsonValue:
+    tags: list[JsonValue] = ["a", "b"]
+    return {"n": i, "text": f"event {i} of {execution_id}", "amount": i * 1.25,
+            "tags": tags[: i % 3], "ok": i % 2 == 0, "none": None}
+
+
+async def _write_chains() -> tuple[dict[str, Chain], dict[str, ChainHead]]:
+    raw = MemoryEventStore()
+    audit = AuditEventStore(raw)
+    for c in range(CHAINS):
+        execution_id = f"chain-{c:02d}"
+        fence: int | None = None
+        for batch in range(LENGTH // 10):
+            if batch % 3 == 1:
+                fence = await audit.acquire_fence(execution_id)
+            await audit.append(
+                execution_id,
+                [NewEvent(KINDS[i % len(KINDS)], _payload(execution_id, i),
+                          {"step": i, "node": f"node-{i % 3}"})
+                 for i in range(batch * 10, batch * 10 + 10)],
+                expected_sequence=batch * 10,
+                fence=fence,
+            )
+    chains = {e: list(await raw.read(e)) for e in await raw.list_executions()}
+    heads = {e: await audit.export_head(e) for e in chains}
+    assert all([(await audit.verify(e)).ok for e in chains])
+    return chains, heads
+
+
+def _renumbered(execution_id: str, events: Chain) -> Chain:
+    return [dataclasses.replace(e, execution_id=execution_id, sequence=i)
+            for i, e in enumerate(events)]
+
+
+def _walk(execution_id: str, rows: Chain, head: ChainHead | None = None,
+          store_head: int | None = None) -> Verification:
+    walk = ChainWalk(execution_id, head=head)
+    for row in sorted(rows, key=lambda e: e.sequence):
+        if walk.step(row) is not None:
+            break
+    if store_head is None:
+        store_head = rows[-1].sequence + 1 if rows else 0
+    return walk.finish(store_head)
+
+
+# -- the mutations --------------------------------------------------------------------------
+
+
+def flip(rng: random.Random, eid: str, chain: Chain, others: dict[str, Chain]) -> Chain | None:
+    k = rng.randrange(len(chain))
+    event = chain[k]
+    original: JsonValue = [event.kind, event.payload, event.metadata]
+    text = json.dumps(original, separators=(",", ":"), ensure_ascii=False).encode()
+    for _ in range(100):
+        mutated = bytearray(text)
+        mutated[rng.randrange(len(mutated))] ^= 1 << rng.randrange(8)
+        try:
+            value = json.loads(mutated.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is one: not storable JSON text
+            continue
+        if (
+            not isinstance(value, list) or len(value) != 3 or not isinstance(value[0], str)
+            or not isinstance(value[2], dict) or value == original
+        ):
+            continue  # not a row, or the same value (an exponent's 'e' turned 'E')
+        changed = dataclasses.replace(event, kind=value[0], payload=value[1], metadata=value[2])
+        return [*chain[:k], changed, *chain[k + 1 :]]
+    return None
+
+
+def reorder(rng: random.Random, eid: str, chain: Chain, others: dict[str, Chain]) -> Chain:
+    i = rng.randrange(len(chain) - 1)
+    j = i + 1 if rng.random() < 0.5 else rng.randrange(i + 1, len(chain))
+    swapped = list(chain)
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    return _renumbered(eid, swapped)
+
+
+def delete(rng: random.Random, eid: str, chain: Chain, others: dict[str, Chain]) -> Chain:
+    k = rng.randrange(1, len(chain) - 1)
+    rest = chain[:k] + chain[k + 1 :]
+    return rest if rng.random() < 0.5 else _renumbered(eid, rest)  # a gap, or shifted
+
+
+def _forged(rng: random.Random, eid: str, chain: Chain, k: int) -> Event:
+    template = chain[k - 1]
+    metadata = dict(template.metadata, forged=True)
+    if rng.random() < 0.5:
+        return dataclasses.replace(template, kind="FORGED", payload={"x": 1}, metadata=metadata)
+    # A forger who computes a correct link over the predecessor.
+    prev = read_link(template.metadata)
+    assert prev is not None
+    body = {k_: v for k_, v in metadata.items() if k_ != "chain"}
+    own = link_hash(eid, k, "FORGED", {"x": 1}, body, prev.hash)
+    metadata["chain"] = {"v": 1, "prev": prev.hash, "hash": own}
+    return dataclasses.replace(template, sequence=k, kind="FORGED", payload={"x": 1},
+                               metadata=metadata)
+
+
+def insert(rng: random.Random, eid: str, chain: Chain, others: dict[str, Chain]) -> Chain:
+    # Before position k, 1 <= k < len: a forged event appended at the very end with a
+    # correct link is indistinguishable from a real one (see the docs: no secret).
+    k = rng.randrange(1, len(chain))
+    extra = chain[k - 1] if rng.random() < 0.3 else _forged(rng, eid, chain, k)
+    rows = [*chain[:k], dataclasses.replace(extra, sequence=k), *chain[k:]]
+    return _renumbered(eid, rows) if rng.random() < 0.5 else rows  # shifted, or a duplicate
+
+
+def splice(rng: random.Random, eid: str, chain: Chain, others: dict[str, Chain]) -> Chain:
+    donor = others[rng.choice([o for o in others if o != eid])]
+    k = rng.randrange(len(chain))
+    stranger = donor[k if rng.random() < 0.5 else rng.randrange(len(donor))]
+    if rng.random() < 0.5:
+        return _renumbered(eid, [*chain[:k], stranger, *chain[k + 1 :]])
+    return _renumbered(eid, [*chain[:k], stranger, *chain[k:]])
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "flip a byte": flip,
+    "reorder": reorder,
+    "delete a middle event": delete,
+    "insert": insert,
+    "splice from another execution": splice,
+}
+
+
+async def test_every_mutation_of_every_chain_is_detected() -> None:
+    chains, _ = await _write_chains()
+    rng = random.Random(SEED)
+    ids = sorted(chains)
+    tried: Counter[str] = Counter()
+    detected: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for name, mutate in MUTATIONS.items():
+        while tried[name] < PER_KIND:
+            eid = ids[tried[name] % len(ids)]
+            rows = mutate(rng, eid, chains[eid], chains)
+            if rows is None:
+                continue
+            tried[name] += 1
+            result = _walk(eid, rows)
+            if not result.ok:
+                detected[name] += 1
+                reasons[result.reason] += 1
+
+    total = sum(tried.values())
+    figures = "; ".join(f"{k}: {detected[k]}/{tried[k]}" for k in MUTATIONS)
+    print(f"\ntamper test: {sum(detected.values())}/{total} detected over {CHAINS} chains of "
+          f"{LENGTH} events ({figures}); first break by reason: {dict(sorted(reasons.items()))}")
+    assert total >= 5000
+    assert detected == tried
+
+
+async def test_tail_truncation_is_detected_with_the_exported_head() -> None:
+    chains, heads = await _write_chains()
+    rng = random.Random(SEED + 1)
+    outcomes: Counter[str] = Counter()
+    for eid, chain in chains.items():
+        for cut in sorted({1, rng.randrange(2, LENGTH), LENGTH - 1}):
+            kept = chain[:-cut]
+            # The rows and the head counter both gone (a SQL store whose head is max + 1):
+            # the walk alone cannot tell, the exported head can.
+            outcomes["walk alone sees it"] += not _walk(eid, kept).ok
+            with_head = _walk(eid, kept, head=heads[eid])
+            assert with_head.ok is False
+            assert with_head.reason == "head_truncated"
+            outcomes["with the head"] += 1
+            # A store that keeps its head counter apart (memory): the walk sees it.
+            counter = _walk(eid, kept, store_head=LENGTH)
+            assert counter.ok is False
+            assert counter.reason == "tail"
+            outcomes["with the store's own head counter"] += 1
+            outcomes["truncations"] += 1
+    print(f"\ntail truncation: {dict(outcomes)}")
+    assert outcomes["walk alone sees it"] == 0
+    assert outcomes["with the head"] == outcomes["truncations"] >= 100
+
+
+async def _store_holding(eid: str, rows: Chain) -> AuditEventStore:
+    """A fresh store whose log ``eid`` holds exactly ``rows`` (fence stamps included)."""
+    raw = MemoryEventStore()
+
+    def stamp(event: Event) -> JsonValue:
+        return event.metadata.get("fence")
+
+    for fence, group in groupby(rows, key=stamp):
+        events = [NewEvent(e.kind, e.payload, {k: v for k, v in e.metadata.items()
+                                                if k != "fence"}) for e in group]
+        if fence is not None and (not isinstance(fence, int) or isinstance(fence, bool)):
+            raise InvalidInputError("a fence stamp no store would write")
+        await raw.append(eid, events, expected_sequence=await raw.head(eid), fence=fence)
+    return AuditEventStore(raw)
+
+
+async def test_a_sample_of_each_mutation_is_detected_through_a_real_store() -> None:
+    chains, heads = await _write_chains()
+    rng = random.Random(SEED + 2)
+    tried = detected = 0
+    for eid in sorted(chains):
+        for mutate in MUTATIONS.values():
+            while True:
+                rows = mutate(rng, eid, chains[eid], chains)
+                if rows is None:
+                    continue
+                rows = _renumbered(eid, rows)  # a store keeps a log gapless
+                try:
+                    store = await _store_holding(eid, rows)
+                except InvalidInputError:
+                    continue  # a flip the store's own validation refuses
+                break
+            tried += 1
+            detected += not (await store.verify(eid)).ok
+    untouched = await _store_holding("chain-00", chains["chain-00"])
+    assert (await untouched.verify("chain-00", head=heads["chain-00"])).ok
+    print(f"\nthrough a store: {detected}/{tried} detected")
+    assert detected == tried == CHAINS * len(MUTATIONS)

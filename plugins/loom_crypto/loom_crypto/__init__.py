@@ -1,0 +1,58 @@
+"""loom-crypto: payloads sealed with AES-256-GCM under per-subject keys, and
+crypto-shredding of a subject.
+
+Open it over any store, the audit chain below it (``decorators`` are innermost first)::
+
+    from loom_core import open_storage
+    from loom_crypto import FileKeyStore, shred_subject
+
+    keys = FileKeyStore("/var/lib/myapp/loom-keys")        # never inside the database
+    storage = await open_storage(
+        "sqlite:///var/lib/myapp/loom.db",
+        decorators=["audit", ("crypto", {"key_store": keys,
+                                         "subject_of": lambda eid, ev: customer_of(eid)})],
+    )
+    ...
+    await shred_subject(storage, "customer-42")
+"""
+
+from loom_crypto.errors import (
+    KeyDestroyedError,
+    KeyNotFoundError,
+    KeyStoreError,
+    PayloadAuthenticationError,
+    ShredIncompleteError,
+)
+from loom_crypto.file_keystore import FileKeyStore
+from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore
+from loom_crypto.memory_keystore import MemoryKeyStore
+from loom_crypto.plugin import CryptoDecorator
+from loom_crypto.sealing import FORMAT_VERSION, MAX_SEALS_PER_KEY, SEALED_MARKER
+from loom_crypto.shredding import ShredResult, find_crypto_store, shred_subject
+from loom_crypto.store import CryptoEventStore, SubjectOf, subject_is_execution
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_BYTES",
+    "MAX_SEALS_PER_KEY",
+    "SEALED_MARKER",
+    "CryptoDecorator",
+    "CryptoEventStore",
+    "DataKey",
+    "FileKeyStore",
+    "KeyDestroyedError",
+    "KeyNotFoundError",
+    "KeyStore",
+    "KeyStoreError",
+    "MemoryKeyStore",
+    "PayloadAuthenticationError",
+    "ShredIncompleteError",
+    "ShredResult",
+    "SubjectOf",
+    "__version__",
+    "find_crypto_store",
+    "shred_subject",
+    "subject_is_execution",
+]

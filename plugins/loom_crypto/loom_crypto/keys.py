@@ -1,0 +1,75 @@
+"""The :class:`KeyStore` SPI: one AES-256 data key per subject, destroyable with proof.
+
+A key store lives **outside** the event database: a backup of the log must not carry the
+keys (runbook §5: a key backup that outlives ``shred_subject`` resurrects what it shredded).
+Implement it over a KMS, a vault or an HSM; :class:`~loom_crypto.MemoryKeyStore` and
+:class:`~loom_crypto.FileKeyStore` are the two that ship. A sketch over a KMS::
+
+    class KmsKeyStore:
+        async def create(self, subject):
+            row = await db.fetch_subject(subject)             # your own small table
+            if row and row.destroyed: raise KeyDestroyedError(row.key_id)
+            if row: return await self.get(row.key_id)
+            wrapped = await kms.generate_data_key(KEK_ID)     # plaintext + wrapped copy
+            if not await db.insert_if_absent(subject, new_key_id, wrapped.ciphertext):
+                return await self.create(subject)             # lost a race: use theirs
+            return DataKey(new_key_id, wrapped.plaintext)
+        async def get(self, key_id):        # unwrap with the KMS (cache it briefly)
+        async def key_id_for(self, subject):
+        async def destroy(self, key_id):    # delete the wrapped key, write the tombstone
+        async def was_destroyed(self, key_id):  # true only when the tombstone is durable
+
+Every method is safe to call concurrently, from several processes sharing the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
+
+__all__ = ["KEY_BYTES", "DataKey", "KeyStore"]
+
+KEY_BYTES: Final = 32
+"""AES-256: every data key is 32 bytes."""
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class DataKey:
+    """A data key: an opaque ``key_id`` (stored in the log, so it must not name the subject)
+    and its 32 secret bytes. ``repr`` never shows the bytes."""
+
+    key_id: str
+    material: bytes
+
+    def __repr__(self) -> str:
+        return f"DataKey(key_id={self.key_id!r}, material=<{len(self.material)} bytes>)"
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Per-subject data keys with provable destruction.
+
+    - ``create(subject)``: the subject's key, created on first use; the same key on every
+      later call. Refuses with :class:`~loom_crypto.KeyDestroyedError` once the subject's key
+      was destroyed: a shredded subject never gets a fresh key, so a write that was not
+      quiesced before the erasure fails loudly instead of sealing under a new key.
+    - ``get(key_id)``: the key, or :class:`~loom_crypto.KeyDestroyedError` /
+      :class:`~loom_crypto.KeyNotFoundError`.
+    - ``key_id_for(subject)``: the id of the subject's key, live or destroyed; ``None`` if
+      it never had one. Creates nothing.
+    - ``destroy(key_id)``: erase the key bytes and persist a destroy tombstone; ``True`` if
+      this call destroyed it, ``False`` if it already was; KeyNotFoundError if unknown.
+    - ``was_destroyed(key_id)``: ``True`` only when a destroy tombstone is durably on
+      record. This is the proof ``shred_subject`` requires before it writes
+      PAYLOAD_SHREDDED; ``False`` for a live or unknown key.
+    """
+
+    async def create(self, subject: str) -> DataKey: ...
+
+    async def get(self, key_id: str) -> DataKey: ...
+
+    async def key_id_for(self, subject: str) -> str | None: ...
+
+    async def destroy(self, key_id: str) -> bool: ...
+
+    async def was_destroyed(self, key_id: str) -> bool: ...

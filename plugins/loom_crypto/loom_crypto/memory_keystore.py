@@ -1,0 +1,65 @@
+"""An in-memory :class:`~loom_crypto.KeyStore`: for tests and for logs that die with the
+process (``memory://``). Keys and tombstones are gone when the process exits."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+from loom_core.validation import check_key
+from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
+from loom_crypto.keys import KEY_BYTES, DataKey
+
+__all__ = ["MemoryKeyStore"]
+
+
+class MemoryKeyStore:
+    """Process-local keys. A destroyed key's bytes are dropped; its tombstone stays."""
+
+    def __init__(self) -> None:
+        self._subjects: dict[str, str] = {}
+        # key id -> bytes, or None once destroyed (the tombstone).
+        self._keys: dict[str, bytes | None] = {}
+
+    async def create(self, subject: str) -> DataKey:
+        subject = check_key(subject, "subject")
+        await asyncio.sleep(0)
+        key_id = self._subjects.get(subject)
+        if key_id is None:
+            key_id = secrets.token_hex(16)
+            self._subjects[subject] = key_id
+            self._keys[key_id] = secrets.token_bytes(KEY_BYTES)
+        return self._key(key_id)
+
+    async def get(self, key_id: str) -> DataKey:
+        key_id = check_key(key_id, "key id")
+        await asyncio.sleep(0)
+        return self._key(key_id)
+
+    def _key(self, key_id: str) -> DataKey:
+        if key_id not in self._keys:
+            raise KeyNotFoundError(key_id)
+        material = self._keys[key_id]
+        if material is None:
+            raise KeyDestroyedError(key_id)
+        return DataKey(key_id, material)
+
+    async def key_id_for(self, subject: str) -> str | None:
+        subject = check_key(subject, "subject")
+        await asyncio.sleep(0)
+        return self._subjects.get(subject)
+
+    async def destroy(self, key_id: str) -> bool:
+        key_id = check_key(key_id, "key id")
+        await asyncio.sleep(0)
+        if key_id not in self._keys:
+            raise KeyNotFoundError(key_id)
+        if self._keys[key_id] is None:
+            return False
+        self._keys[key_id] = None
+        return True
+
+    async def was_destroyed(self, key_id: str) -> bool:
+        key_id = check_key(key_id, "key id")
+        await asyncio.sleep(0)
+        return key_id in self._keys and self._keys[key_id] is None

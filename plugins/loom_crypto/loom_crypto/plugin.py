@@ -1,0 +1,69 @@
+"""Registers the ``crypto`` decorator with Loom (entry point ``loom`` → ``crypto``).
+
+Options for ``open_storage(url, decorators=[("crypto", {...})])``:
+
+- ``key_store`` (required): a :class:`~loom_crypto.KeyStore`, kept outside the event
+  database (:class:`~loom_crypto.FileKeyStore`, a KMS-backed one, …);
+- ``subject_of`` (required): ``subject_of(execution_id, event) -> str | None``, whose key
+  seals the event (``None``: plaintext). ``loom_crypto.subject_is_execution`` makes every
+  execution its own subject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import final
+
+from loom_core.errors import InvalidOptionError
+from loom_core.hookspecs import hookimpl
+from loom_core.registry import DecoratorRegistry, InnerOpener
+from loom_core.storage import Storage
+from loom_crypto.memory_keystore import MemoryKeyStore
+from loom_crypto.store import CryptoEventStore, subject_is_execution
+
+__all__ = ["CryptoDecorator", "loom_register_decorators"]
+
+_OPTIONS = frozenset({"key_store", "subject_of"})
+
+
+@final
+class CryptoDecorator:
+    """The ``crypto`` storage decorator: seals the event store; timers and leases, which
+    hold no payloads, pass through."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return "crypto"
+
+    async def decorate(self, storage: Storage, options: Mapping[str, object]) -> Storage:
+        if not isinstance(options, Mapping):
+            raise InvalidOptionError("crypto options must be a mapping")
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise InvalidOptionError(
+                f"unknown crypto options {sorted(unknown)}; known: {sorted(_OPTIONS)}"
+            )
+        key_store = options.get("key_store")
+        subject_of = options.get("subject_of")
+        if key_store is None or subject_of is None:
+            raise InvalidOptionError(
+                "crypto needs key_store= (a loom_crypto.KeyStore kept outside the event "
+                "database) and subject_of= (execution_id, event) -> subject | None"
+            )
+        # The store checks the types; mypy cannot see that they were.
+        events = CryptoEventStore(
+            storage.events, key_store=key_store, subject_of=subject_of  # type: ignore[arg-type]
+        )
+        return Storage(
+            events, storage.timers, storage.leases, url=storage.url, on_close=storage.close
+        )
+
+    async def conformance_options(self, open_inner: InnerOpener) -> Mapping[str, object]:
+        return {"key_store": MemoryKeyStore(), "subject_of": subject_is_execution}
+
+
+@hookimpl
+def loom_register_decorators(registry: DecoratorRegistry) -> None:
+    registry.add_decorator(CryptoDecorator())

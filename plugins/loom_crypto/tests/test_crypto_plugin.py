@@ -1,0 +1,49 @@
+"""The ``crypto`` entry point and its options."""
+
+from __future__ import annotations
+
+import pytest
+from loom_crypto import CryptoDecorator, CryptoEventStore, MemoryKeyStore, subject_is_execution
+
+from loom_core import InvalidOptionError, NewEvent, PluginHost, open_storage
+
+
+def test_the_entry_point_registers_the_crypto_decorator() -> None:
+    host = PluginHost()
+    assert isinstance(host.decorator("crypto"), CryptoDecorator)
+    assert host.decorators.source_of("crypto") == "loom-crypto"
+    assert not host.errors
+
+
+async def test_open_storage_seals_with_the_given_options() -> None:
+    options = {"key_store": MemoryKeyStore(), "subject_of": subject_is_execution}
+    async with open_storage("memory://", decorators=[("crypto", options)]) as storage:
+        assert isinstance(storage.events, CryptoEventStore)
+        await storage.events.append("e", [NewEvent("X", {"a": 1})], expected_sequence=0)
+        assert (await storage.events.read("e"))[0].payload == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "crypto needs key_store"),
+        ({"key_store": MemoryKeyStore()}, "crypto needs key_store"),
+        ({"key_store": object(), "subject_of": subject_is_execution}, "must implement"),
+        ({"key_store": MemoryKeyStore(), "subject_of": 3}, "subject_of must be a callable"),
+        ({"key_store": MemoryKeyStore(), "subject_of": subject_is_execution, "kms": 1},
+         "unknown crypto options"),
+    ],
+)
+async def test_missing_or_wrong_options_are_refused(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        await open_storage("memory://", decorators=[("crypto", options)])
+
+
+async def test_conformance_options_build_a_working_decorator() -> None:
+    decorator = CryptoDecorator()
+    options = await decorator.conformance_options(lambda: open_storage("memory://"))
+    async with open_storage("memory://", decorators=[("crypto", options)]) as storage:
+        await storage.events.append("e", [NewEvent("X", 1)], expected_sequence=0)
+        assert (await storage.events.read("e"))[0].payload == 1

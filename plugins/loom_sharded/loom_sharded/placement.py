@@ -1,0 +1,96 @@
+"""Shards of one kind of store, the router over them, and the error boundary of a call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+from loom_core.errors import InvalidOptionError, LoomError, StorageError, StorageUnavailableError
+from loom_core.validation import check_key
+from loom_sharded.errors import Shard, ShardUnavailableError
+from loom_sharded.routing import ShardRouter
+
+__all__ = ["Placement", "on_shard"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@contextmanager
+def on_shard(shard: Shard, execution_id: str | None = None) -> Iterator[None]:
+    """Name the shard in whatever a call to it raises.
+
+    A shard that reports itself unreachable (``StorageUnavailableError``), or fails with an
+    error that is not a Loom error at all (a driver's connection error, a closed pool), is
+    down for this call: :class:`ShardUnavailableError` names it. Other storage errors keep
+    their type (a ``StorageWriteError`` still means "may have landed") and gain a note
+    naming the shard. Conflicts and refusals are the shard's answer and pass unchanged.
+    """
+    try:
+        yield
+    except StorageUnavailableError as error:
+        raise ShardUnavailableError(shard, execution_id, error) from error
+    except StorageError as error:
+        error.add_note(f"raised by {shard}")
+        raise
+    except LoomError:
+        raise
+    except Exception as error:
+        raise ShardUnavailableError(shard, execution_id, error) from error
+
+
+class Placement(Generic[T]):
+    """``stores[i]`` is shard ``i``; :meth:`route` finds the one that owns a key."""
+
+    __slots__ = ("router", "shards", "stores")
+
+    def __init__(self, stores: Sequence[T], router: ShardRouter, shards: Sequence[Shard]) -> None:
+        if not (len(stores) == len(router) == len(shards)):
+            raise InvalidOptionError(
+                f"{len(stores)} stores, {len(router)} shard names and {len(shards)} shards "
+                "must be as many"
+            )
+        self.stores = tuple(stores)
+        self.router = router
+        self.shards = tuple(shards)
+
+    def route(self, key: object, what: str = "execution id") -> tuple[str, T, Shard]:
+        """The checked key, and the store and shard that own it."""
+        checked = check_key(key, what)
+        index = self.router.owner(checked)
+        return checked, self.stores[index], self.shards[index]
+
+    def index_of(self, key: object, what: str = "execution id") -> int:
+        return self.router.owner(check_key(key, what))
+
+    async def each(self, call: Callable[[T], Awaitable[R]]) -> list[R | BaseException]:
+        """``call`` on every shard concurrently; a failed shard's slot holds its error
+        (a :class:`ShardUnavailableError` when the shard is down, see :func:`on_shard`)."""
+
+        async def one(store: T, shard: Shard) -> R:
+            with on_shard(shard):
+                return await call(store)
+
+        return await asyncio.gather(
+            *(one(store, shard) for store, shard in zip(self.stores, self.shards, strict=True)),
+            return_exceptions=True,
+        )
+
+    async def all(self, call: Callable[[T], Awaitable[R]]) -> list[R]:
+        """``call`` on every shard; the first failure (in shard order) is raised."""
+        results = await self.each(call)
+        out: list[R] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            out.append(result)
+        return out
+
+    async def close_all(self, close: Callable[[T], Awaitable[None]]) -> None:
+        """Close every shard, even when one fails; then raise the first failure."""
+        results = await self.each(close)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

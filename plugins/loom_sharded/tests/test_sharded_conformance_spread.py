@@ -1,0 +1,134 @@
+"""The conformance kit again through ``sharded``, with plain routing (no ``colocate``).
+
+Here the kit's ids spread over three shards, so its listing, timer and lease cases see
+ids on every shard. Five of its cases put executions that now live on different shards
+into one ``append_many`` or ``copy_prefix`` call, which the sharded store refuses by
+design (docs/sharded.md). Those five are replaced below by the same scenario asserting
+the refusal: ``CrossShardError`` naming the placement, and nothing written.
+"""
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from loom_conformance import StorageFactory
+from loom_conformance import suites as kit
+from loom_conformance.requirements import requires
+from loom_sharded import CrossShardError, sharded_storage
+
+from loom_core import (
+    AppendRequest,
+    EventStore,
+    NewEvent,
+    OptionalMethod,
+    Storage,
+    open_storage,
+)
+
+OFFERS: dict[str, tuple[OptionalMethod, ...] | None] = {"full": None, "bare": ()}
+
+
+@pytest.fixture(params=sorted(OFFERS), ids=lambda kind: f"sharded-spread-over-{kind}-memory")
+def loom_storage_factory(request: pytest.FixtureRequest) -> StorageFactory:
+    offer = OFFERS[request.param]
+    options: dict[str, object] = {} if offer is None else {"offer": offer}
+
+    async def open_spread() -> Storage:
+        return sharded_storage([await open_storage("memory://", options=options)
+                                for _ in range(3)])
+
+    return open_spread
+
+
+async def snapshot(store: EventStore, *ids: str) -> tuple[object, ...]:
+    """Every listed execution and ``ids``, with heads and logs."""
+    listed = await store.list_executions(limit=1000)
+    every = sorted({*listed, *ids})
+    return (listed, [await store.head(i) for i in every], [await store.read(i) for i in every])
+
+
+async def refused_unwritten(
+    store: EventStore, call: Callable[[], Awaitable[object]], placement: dict[str, int]
+) -> None:
+    before = await snapshot(store, *placement)
+    with pytest.raises(CrossShardError) as refused:
+        await call()
+    assert refused.value.placement == placement
+    assert await snapshot(store, *placement) == before
+
+
+def app() -> NewEvent:
+    return NewEvent("order.placed")
+
+
+class TestShardedSpreadEventStoreContract(kit.TestEventStoreContract):
+    @requires.append_many
+    async def test_append_many_writes_every_request_and_returns_them_in_order(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.append_many(
+                [AppendRequest("exec-a", [app()], 0), AppendRequest("exec-b", [app()], 1)]
+            ),
+            {"exec-a": 0, "exec-b": 1},
+        )
+
+    @requires.append_many
+    async def test_append_many_with_one_conflicting_request_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app(), app()], expected_sequence=0)
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.append_many(
+                [
+                    AppendRequest("exec-a", [app()], 0),
+                    AppendRequest("exec-b", [app()], 1),
+                    AppendRequest("exec-c", [app()], 0),
+                ]
+            ),
+            {"exec-a": 0, "exec-b": 1, "exec-c": 2},
+        )
+
+    @requires.append_many
+    async def test_append_many_with_one_stale_fence_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.append_many(
+                [AppendRequest("exec-a", [app()], 0, fence=0),
+                 AppendRequest("exec-b", [app()], 1, fence=0)]
+            ),
+            {"exec-a": 0, "exec-b": 1},
+        )
+
+    @requires.copy_prefix
+    async def test_copy_prefix_branches_a_new_execution(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+        assert await loom_events.copy_prefix("exec-src", "exec-branch", through_sequence=1) == 2
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.copy_prefix("exec-src", "exec-short", through_sequence=1),
+            {"exec-src": 0, "exec-short": 1},
+        )
+
+    @requires.copy_prefix
+    async def test_copy_prefix_refusals_change_nothing(self, loom_events: EventStore) -> None:
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+        await loom_events.append("exec-taken", [app()], expected_sequence=0)
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.copy_prefix("exec-src", "exec-taken", through_sequence=0),
+            {"exec-src": 0, "exec-taken": 2},
+        )
+
+
+class TestShardedSpreadTimerStoreContract(kit.TestTimerStoreContract):
+    pass
+
+
+class TestShardedSpreadLeaseStoreContract(kit.TestLeaseStoreContract):
+    pass

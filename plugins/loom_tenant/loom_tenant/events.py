@@ -1,0 +1,218 @@
+"""The tenant-scoped event store: one tenant's view of a shared inner event store."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+
+from loom_core.decorating import Decisions, EventStoreDecorator, Implement
+from loom_core.errors import InvalidInputError, StorageReadError
+from loom_core.events import Event, NewEvent
+from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence, EventStore
+from loom_core.validation import check_append_requests, check_limit, check_sequence
+from loom_tenant.codec import TenantCodec
+from loom_tenant.scrubbing import tenant_errors
+
+__all__ = ["TenantEventStore"]
+
+
+class TenantEventStore(EventStoreDecorator):
+    """Every execution id is encoded under one tenant before it reaches ``inner``, and
+    decoded on the way back: events, lists and errors carry the tenant's own ids.
+
+    Every optional method rewrites ids, so each is implemented here and offered exactly
+    when the inner store offers it. ``append_many`` needs no cross-tenant check: every
+    request's id is encoded under this tenant, so a batch is the tenant's by construction.
+    ``copy_prefix`` copies within the tenant (source and target both encoded).
+
+    ``owns_inner`` (default True) makes :meth:`close` close the inner store; a view over a
+    store shared by several tenants passes False.
+    """
+
+    def __init__(self, inner: EventStore, tenant: str, *, owns_inner: bool = True) -> None:
+        super().__init__(inner)
+        self.codec = TenantCodec(tenant)
+        self._owns_inner = owns_inner
+
+    @property
+    def tenant(self) -> str:
+        return self.codec.tenant
+
+    def __repr__(self) -> str:
+        return f"TenantEventStore({self.tenant!r}, {self.inner!r})"
+
+    def _restore(self, events: Sequence[Event], execution_id: str) -> tuple[Event, ...]:
+        expected = self.codec.prefix + execution_id
+        out = []
+        for event in events:
+            # Defence in depth: an inner store that answered for another id must not hand
+            # another tenant's event to this one.
+            if event.execution_id != expected:
+                raise StorageReadError(
+                    f"the inner store returned an event of another execution while reading "
+                    f"{execution_id!r} for tenant {self.tenant!r}; refusing to pass it on"
+                )
+            out.append(dataclasses.replace(event, execution_id=execution_id))
+        return tuple(out)
+
+    # -- required -----------------------------------------------------------------------
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            written = await self.inner.append(
+                stored, events, expected_sequence=expected_sequence, fence=fence
+            )
+        return self._restore(written, execution_id)
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            events = await self.inner.read(
+                stored, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+            )
+        return self._restore(events, execution_id)
+
+    async def head(self, execution_id: str) -> int:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            return await self.inner.head(stored)
+
+    async def list_executions(
+        self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> tuple[str, ...]:
+        """The tenant's ids in ascending code-point order, strictly after ``after``.
+
+        The tenant's stored ids are one contiguous, order-preserving run of the inner
+        order (see :mod:`loom_tenant.codec`): the page starts after the prefix (or after
+        the encoded ``after``) and ends at the first id that is not the tenant's.
+        """
+        cursor = self.codec.prefix if after is None else self.codec.encode(after, "after")
+        limit = check_limit(limit)
+        with tenant_errors(self.codec):
+            stored = await self.inner.list_executions(after=cursor, limit=limit)
+        ids = []
+        for candidate in stored:
+            raw = self.codec.decode(candidate)
+            if raw is None:
+                break
+            ids.append(raw)
+        return tuple(ids)
+
+    async def close(self) -> None:
+        if self._owns_inner:
+            await self.inner.close()
+
+    # -- optional: each rewrites ids, so each is our own, offered when the inner offers it
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            return await self.inner.acquire_fence(stored)
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            return await self.inner.acquire_fence_if(stored, fence=fence, park_seq=park_seq)
+
+    async def append_if_unchanged(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        observed_fence: int,
+    ) -> tuple[Event, ...]:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            written = await self.inner.append_if_unchanged(
+                stored, events, expected_sequence=expected_sequence, observed_fence=observed_fence
+            )
+        return self._restore(written, execution_id)
+
+    async def append_many(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[tuple[Event, ...], ...]:
+        checked = check_append_requests(requests)
+        encoded = [
+            dataclasses.replace(request, execution_id=self.codec.encode(request.execution_id))
+            for request, _ in checked
+        ]
+        raw_ids = tuple(request.execution_id for request, _ in checked)
+        with tenant_errors(self.codec, *raw_ids):
+            written = await self.inner.append_many(encoded)
+        return tuple(
+            self._restore(events, raw) for events, raw in zip(written, raw_ids, strict=True)
+        )
+
+    async def delete_execution(self, execution_id: str) -> bool:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            return await self.inner.delete_execution(stored)
+
+    async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
+        stored_source = self.codec.encode(source, "source")
+        stored_target = self.codec.encode(target, "target")
+        if source == target:
+            raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
+        with tenant_errors(self.codec, source, target):
+            return await self.inner.copy_prefix(
+                stored_source, stored_target, through_sequence=through_sequence
+            )
+
+    async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
+        stored = self.codec.encode(execution_id)
+        with tenant_errors(self.codec, execution_id):
+            return await self.inner.truncate_prefix_keeping(
+                stored, keep_from_sequence=keep_from_sequence
+            )
+
+    def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
+        """The tenant's events of ``execution_id``; validated (and opened) eagerly."""
+        stored = self.codec.encode(execution_id)
+        from_sequence = check_sequence(from_sequence, "from_sequence")
+        with tenant_errors(self.codec, execution_id):
+            events = self.inner.subscribe(stored, from_sequence=from_sequence)
+        return self._follow(events, execution_id)
+
+    async def _follow(
+        self, events: AsyncIterator[Event], execution_id: str
+    ) -> AsyncIterator[Event]:
+        try:
+            with tenant_errors(self.codec, execution_id):
+                async for event in events:
+                    yield self._restore((event,), execution_id)[0]
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+
+    decisions = Decisions(
+        acquire_fence=Implement(acquire_fence, requires=("acquire_fence",)),
+        acquire_fence_if=Implement(acquire_fence_if, requires=("acquire_fence_if",)),
+        append_if_unchanged=Implement(append_if_unchanged, requires=("append_if_unchanged",)),
+        append_many=Implement(append_many, requires=("append_many",)),
+        delete_execution=Implement(delete_execution, requires=("delete_execution",)),
+        copy_prefix=Implement(copy_prefix, requires=("copy_prefix",)),
+        truncate_prefix_keeping=Implement(
+            truncate_prefix_keeping, requires=("truncate_prefix_keeping",)
+        ),
+        subscribe=Implement(subscribe, requires=("subscribe",)),
+    )
+

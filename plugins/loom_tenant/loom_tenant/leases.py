@@ -1,0 +1,61 @@
+"""The tenant-scoped lease store."""
+
+from __future__ import annotations
+
+from loom_core.spi import Lease, LeaseScope, LeaseStore
+from loom_tenant.codec import TenantCodec
+from loom_tenant.scrubbing import tenant_errors
+
+__all__ = ["TenantLeaseStore"]
+
+
+class TenantLeaseStore:
+    """One tenant's leases in a shared inner :class:`~loom_core.spi.LeaseStore`.
+
+    Keys are encoded like execution ids, so a tenant can neither take nor see another
+    tenant's lease of the same key. Holders are not encoded: a holder names a node, and a
+    lease is found by its key only.
+    """
+
+    def __init__(self, inner: LeaseStore, tenant: str, *, owns_inner: bool = True) -> None:
+        self.inner = inner
+        self.codec = TenantCodec(tenant)
+        self._owns_inner = owns_inner
+
+    @property
+    def tenant(self) -> str:
+        return self.codec.tenant
+
+    @property
+    def scope(self) -> LeaseScope:
+        return self.inner.scope
+
+    def _restore(self, lease: Lease, key: str) -> Lease:
+        return Lease(key, lease.holder, lease.acquired_at, lease.expires_at)
+
+    async def acquire(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
+        stored = self.codec.encode(key, "lease key")
+        with tenant_errors(self.codec, key):
+            lease = await self.inner.acquire(stored, holder, ttl_seconds=ttl_seconds)
+        return self._restore(lease, key)
+
+    async def renew(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
+        stored = self.codec.encode(key, "lease key")
+        with tenant_errors(self.codec, key):
+            lease = await self.inner.renew(stored, holder, ttl_seconds=ttl_seconds)
+        return self._restore(lease, key)
+
+    async def release(self, key: str, holder: str) -> bool:
+        stored = self.codec.encode(key, "lease key")
+        with tenant_errors(self.codec, key):
+            return await self.inner.release(stored, holder)
+
+    async def inspect(self, key: str) -> Lease | None:
+        stored = self.codec.encode(key, "lease key")
+        with tenant_errors(self.codec, key):
+            lease = await self.inner.inspect(stored)
+        return None if lease is None else self._restore(lease, key)
+
+    async def close(self) -> None:
+        if self._owns_inner:
+            await self.inner.close()
