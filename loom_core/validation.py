@@ -34,6 +34,7 @@ __all__ = [
     "check_execution_id",
     "check_fence",
     "check_limit",
+    "check_read",
     "check_sequence",
     "check_key",
     "check_timer_record",
@@ -95,6 +96,18 @@ def check_limit(value: object, what: str = "limit") -> int:
     if value < 1:
         raise InvalidOptionError(f"{what} must be >= 1, got {value}")
     return value
+
+
+def check_read(
+    execution_id: object, from_sequence: object, to_sequence: object, limit: object
+) -> tuple[str, int, int | None, int | None]:
+    """The arguments of ``EventStore.read``, checked, in order."""
+    return (
+        check_execution_id(execution_id),
+        check_sequence(from_sequence, "from_sequence"),
+        None if to_sequence is None else check_sequence(to_sequence, "to_sequence"),
+        None if limit is None else check_limit(limit),
+    )
 
 
 def check_aware(value: object, what: str) -> datetime:

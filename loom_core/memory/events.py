@@ -43,6 +43,7 @@ from loom_core.validation import (
     check_execution_id,
     check_fence,
     check_limit,
+    check_read,
     check_sequence,
 )
 
@@ -197,12 +198,9 @@ class MemoryEventStore(RefusesUnoffered):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        from_sequence = check_sequence(from_sequence, "from_sequence")
-        if to_sequence is not None:
-            to_sequence = check_sequence(to_sequence, "to_sequence")
-        if limit is not None:
-            limit = check_limit(limit)
+        execution_id, from_sequence, to_sequence, limit = check_read(
+            execution_id, from_sequence, to_sequence, limit
+        )
         await self._tick()
         log = self._logs.get(execution_id)
         if log is None:

@@ -35,6 +35,7 @@ from loom_core.validation import (
     check_execution_id,
     check_fence,
     check_limit,
+    check_read,
     check_sequence,
 )
 
@@ -93,12 +94,9 @@ class DictEventStore(RefusesUnoffered):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        from_sequence = check_sequence(from_sequence, "from_sequence")
-        if to_sequence is not None:
-            to_sequence = check_sequence(to_sequence, "to_sequence")
-        if limit is not None:
-            limit = check_limit(limit)
+        execution_id, from_sequence, to_sequence, limit = check_read(
+            execution_id, from_sequence, to_sequence, limit
+        )
         await asyncio.sleep(0)
         log = self._logs.get(execution_id, [])
         end = len(log) if to_sequence is None else min(len(log), to_sequence + 1)

@@ -38,6 +38,7 @@ from loom_core.validation import (
     check_execution_id,
     check_fence,
     check_limit,
+    check_read,
     check_sequence,
 )
 from loom_sqlite import fencing
@@ -331,12 +332,9 @@ class SqliteEventStore(RefusesUnoffered):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        from_sequence = check_sequence(from_sequence, "from_sequence")
-        if to_sequence is not None:
-            to_sequence = check_sequence(to_sequence, "to_sequence")
-        if limit is not None:
-            limit = check_limit(limit)
+        execution_id, from_sequence, to_sequence, limit = check_read(
+            execution_id, from_sequence, to_sequence, limit
+        )
         if from_sequence > _NO_UPPER:
             return ()  # no sequence gets that far (and SQLite integers stop at 2**63 - 1)
         return await self._read(

@@ -1,0 +1,182 @@
+"""The one connection pool every store of a storage shares, and how a statement is run
+on it: retried while the server restarts, its failure turned into a Loom error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeAlias
+
+import psycopg
+import psycopg_pool
+from psycopg import sql
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from loom_core.errors import (
+    StorageError,
+    StorageReadError,
+    StorageUnavailableError,
+    StorageWriteError,
+)
+from loom_postgres.errors import LockTimeoutError, WriteOutcomeUnknownError
+from loom_postgres.failures import Failure, classify, describe
+from loom_postgres.options import PostgresOptions
+
+__all__ = ["Connection", "Database", "Params", "Query", "RateLimitedWarner", "configure_session"]
+
+Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+Params: TypeAlias = Sequence[Any] | Mapping[str, Any] | None
+Query: TypeAlias = str | sql.Composed
+
+_TRANSIENT_ATTEMPTS: Final = 5
+
+
+class RateLimitedWarner:
+    """Reports a degraded-but-working condition at most once a minute per key."""
+
+    __slots__ = ("_last", "_sink")
+
+    def __init__(self, sink: Callable[[str], None] | None) -> None:
+        self._sink = sink
+        self._last: dict[str, float] = {}
+
+    def __call__(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < 60.0:
+            return
+        self._last[key] = now
+        if self._sink is not None:
+            self._sink(message)
+        else:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+async def configure_session(conn: Connection, options: PostgresOptions) -> None:
+    """Session settings every store connection needs, whatever the server's defaults:
+    READ COMMITTED (loom_acquire_fence_if refuses anything else), UTC timestamps, the
+    schema, the lock timeout, and never ``synchronous_commit = off`` (a commit the
+    server acknowledged must survive its crash)."""
+    settings: list[tuple[str, str]] = [
+        ("default_transaction_isolation", "read committed"),
+        ("TimeZone", "UTC"),
+    ]
+    if options.schema is not None:
+        settings.append(("search_path", options.schema))
+    if options.lock_timeout is not None:
+        settings.append(("lock_timeout", f"{max(1, round(options.lock_timeout * 1000))}ms"))
+    names = [name for name, _ in settings]
+    values = [value for _, value in settings]
+    await conn.execute(
+        "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)",
+        (names, values),
+    )
+    await conn.execute(
+        "SELECT CASE WHEN current_setting('synchronous_commit') = 'off' "
+        "THEN set_config('synchronous_commit', 'on', false) END"
+    )
+
+
+class Database:
+    """Runs statements on the shared pool.
+
+    A statement that finds no connection, or loses it, is retried with backoff until
+    ``reconnect_timeout`` (only when re-running it cannot duplicate anything: reads and
+    idempotent upserts); a deadlock is retried a few times; every other failure becomes a
+    typed error that says whether anything was written.
+    """
+
+    __slots__ = ("_checking", "options", "pool", "warn")
+
+    def __init__(self, pool: AsyncConnectionPool[Connection], options: PostgresOptions) -> None:
+        self.pool = pool
+        self.options = options
+        self.warn = RateLimitedWarner(options.on_warn)
+        self._checking: asyncio.Task[None] | None = None
+
+    def connection_lost(self) -> None:
+        """Drop the pool's broken connections in the background (after a restart every
+        idle one is dead), so the next attempts get live ones."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.create_task(self._check())
+
+    async def _check(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.pool.check()
+
+    async def backoff(self, attempt: int, deadline: float, failure: BaseException) -> None:
+        """Sleep before attempt ``attempt + 1``; raise once ``deadline`` has passed."""
+        if time.monotonic() >= deadline:
+            raise failure
+        await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+
+    async def fetch(
+        self,
+        query: Query,
+        params: Params = None,
+        *,
+        what: str,
+        execution_id: str | None = None,
+        write: bool = False,
+        idempotent: bool = True,
+    ) -> list[TupleRow]:
+        """Rows of one statement (autocommit: it is its own transaction).
+
+        ``what`` names the operation in errors. ``write`` with ``idempotent=False`` is
+        never re-run after a lost connection: it raises WriteOutcomeUnknownError.
+        """
+        deadline = time.monotonic() + self.options.reconnect_timeout
+        attempt = 0
+        transient = 0
+        while True:
+            try:
+                async with self.pool.connection() as conn:
+                    cur = await conn.execute(query, params, prepare=True)
+                    return await cur.fetchall() if cur.description is not None else []
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                failure = classify(exc)
+                if failure in (Failure.CONNECTION, Failure.UNAVAILABLE):
+                    self.connection_lost()
+                    if failure is Failure.CONNECTION and write and not idempotent:
+                        raise WriteOutcomeUnknownError(
+                            what, execution_id or "?", describe(exc)
+                        ) from exc
+                    await self.backoff(attempt, deadline, self.error(exc, what, execution_id,
+                                                                      write=write))
+                    attempt += 1
+                    continue
+                if failure is Failure.TRANSIENT and transient < _TRANSIENT_ATTEMPTS:
+                    transient += 1
+                    await asyncio.sleep(0.005 * transient)
+                    continue
+                raise self.error(exc, what, execution_id, write=write) from exc
+
+    def error(
+        self, exc: BaseException, what: str, execution_id: str | None, *, write: bool
+    ) -> StorageError:
+        """The Loom error for a failure that will not be retried."""
+        failure = classify(exc)
+        detail = describe(exc)
+        target = f" on {execution_id!r}" if execution_id is not None else ""
+        if failure is Failure.LOCK_TIMEOUT:
+            return LockTimeoutError(what, execution_id, detail)
+        if failure in (Failure.CONNECTION, Failure.UNAVAILABLE):
+            if write and failure is Failure.CONNECTION:
+                return WriteOutcomeUnknownError(what, execution_id or "?", detail)
+            return StorageUnavailableError(
+                f"{what}{target}: PostgreSQL stayed unreachable for reconnect_timeout "
+                f"({self.options.reconnect_timeout}s): {detail}"
+                + ("; nothing was written" if write else "")
+            )
+        if write:
+            return StorageWriteError(
+                f"{what}{target} was refused by PostgreSQL and rolled back, nothing was "
+                f"written: {detail}"
+            )
+        if failure is Failure.CANCELED:
+            return StorageUnavailableError(f"{what}{target} was cancelled: {detail}")
+        return StorageReadError(f"{what}{target} failed: {detail}")

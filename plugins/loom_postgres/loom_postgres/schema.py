@@ -1,0 +1,589 @@
+"""The schema, its version table, and :func:`migrate`.
+
+Every store opens the schema on first connect: a version check (one query), and only when
+it is behind, the migration, in one transaction under a transaction-scoped advisory lock
+keyed by the schema name, so several processes booting together serialise and the later
+ones find the work done. The DDL is transactional, so a boot that fails (a lock wait past
+``migration_lock_timeout``) leaves nothing half-done and is safe to retry.
+
+Tables (all prefixed ``loom_``): ``executions`` (one row per log: the head, i.e. the next
+sequence, which survives prefix truncation), ``events`` (primary key (execution_id,
+sequence)), ``fences`` (a row exists once someone acquires, or once an
+EXECUTION_SUSPENDED append creates the execution's token-0 row), ``timers``, ``leases``,
+``schema_version`` and ``maintenance`` (one-time data tasks such as the park-fence
+backfill). Execution ids use the "C" collation, so ``list_executions`` is code-point order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import psycopg
+from psycopg import sql
+
+from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS, EventKind
+from loom_postgres.database import Connection
+from loom_postgres.errors import SchemaMigrationError
+
+__all__ = [
+    "BACKFILL_TASK",
+    "SCHEMA_VERSION",
+    "MigrationReport",
+    "migrate_connection",
+    "schema_state",
+]
+
+SCHEMA_VERSION: Final = 1
+BACKFILL_TASK: Final = "park-fences-backfill"
+PARK_KIND: Final = EventKind.EXECUTION_SUSPENDED.value
+
+# Key space of our advisory locks: the first int of the two-int form is fixed, so an
+# application's own advisory locks (usually the one-bigint form) cannot collide.
+ADVISORY_CLASS: Final = 0x4C4F4F4D  # "LOOM"
+
+ANSWERING: Final = sorted(ANSWERING_KINDS)
+KERNEL: Final = sorted(KERNEL_KINDS)
+
+
+def _array_literal(kinds: list[str]) -> str:
+    # Kernel kind names are plain upper-case identifiers, so their text[] literal needs no
+    # quoting; checked here so a future kind with another shape cannot slip through.
+    for kind in kinds:
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", kind):
+            raise ValueError(f"kernel kind {kind!r} needs quoting in an array literal")
+    return "{" + ",".join(kinds) + "}"
+
+
+# The two lists as text[] literals: sent as one text parameter each (never as SQL text),
+# which spares psycopg adapting 23 list elements on every write.
+ANSWERING_LITERAL: Final = _array_literal(ANSWERING)
+KERNEL_LITERAL: Final = _array_literal(KERNEL)
+
+_BOOKKEEPING: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS loom_schema_version (
+        version integer PRIMARY KEY,
+        description text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS loom_maintenance (
+        task text PRIMARY KEY,
+        done_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+)
+
+# The timers table may predate this schema (an older Loom created it without ``redrive``).
+# ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` would take ACCESS EXCLUSIVE *before* it
+# checks, queueing every boot behind any open transaction on timers; so the catalog is
+# consulted first and the table is only locked when the column really is missing.
+_TIMERS: Final = """
+DO $loom$
+DECLARE
+    tbl regclass := to_regclass(format('%I.loom_timers', current_schema()));
+BEGIN
+    IF tbl IS NULL THEN
+        CREATE TABLE loom_timers (
+            execution_id text COLLATE "C" NOT NULL,
+            wake_at timestamptz NOT NULL,
+            redrive jsonb,
+            PRIMARY KEY (execution_id, wake_at)
+        );
+    ELSIF NOT EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema()
+          AND table_name = 'loom_timers'
+          AND column_name = 'redrive'
+    ) THEN
+        ALTER TABLE loom_timers ADD COLUMN redrive jsonb;
+    END IF;
+    IF to_regclass(format('%I.loom_timers_due', current_schema())) IS NULL THEN
+        CREATE INDEX loom_timers_due ON loom_timers (wake_at, execution_id);
+    END IF;
+END
+$loom$
+"""
+
+# acquire_fence_if (ADR 0118 D1) for direct SQL use: one 'c' write of loom_batch, where
+# the logic lives (below), so the store's path and this function cannot drift apart.
+_ACQUIRE_FENCE_IF: Final = """
+CREATE OR REPLACE FUNCTION loom_acquire_fence_if(
+    p_id text, p_fence bigint, p_park_seq bigint, p_answering text[], p_kernel text[]
+) RETURNS TABLE (o_acquired boolean, o_token bigint)
+LANGUAGE plpgsql VOLATILE AS $loom$
+BEGIN
+    RETURN QUERY
+    SELECT b.o_status = 0, b.o_token
+    FROM loom_batch(ARRAY['c']::"char"[], ARRAY[p_id], ARRAY[p_park_seq], ARRAY[p_fence],
+                    ARRAY[false], ARRAY[false], ARRAY[0], '{}'::text[], '{}'::text[],
+                    '{}'::text[], ARRAY[NULL]::text[], 0, p_answering, p_kernel, 0) b;
+END
+$loom$
+"""
+
+# The group-commit entry point: several writes (appends, conditional appends, acquires)
+# in one statement, hence one round-trip and one commit. Each write either applies whole
+# or reports why not (a status) without changing anything, so one caller's conflict
+# never undoes another's append; only an unexpected error aborts the batch, and the
+# client then re-runs each write alone. Callers sort the writes by execution id, so two
+# batches take row locks in the same order and cannot deadlock each other.
+#
+# Statuses: 0 done, 1 sequence conflict, 2 already exists, 3 stale fence.
+# Ops: 'a' append (fenced when p_fence is not null), 'u' append_if_unchanged,
+#      'f' acquire_fence, 'c' acquire_fence_if (p_seq is park_seq, p_fence the expected).
+_BATCH: Final = """
+CREATE OR REPLACE FUNCTION loom_batch(
+    p_op "char"[], p_id text[], p_seq bigint[], p_fence bigint[], p_lock boolean[],
+    p_park boolean[], p_count integer[], p_kind text[], p_payload text[],
+    p_metadata text[], p_channel text[], p_writer bigint, p_answering text[],
+    p_kernel text[], p_notify_limit double precision
+) RETURNS TABLE (
+    o_status smallint, o_head bigint, o_token bigint, o_at timestamptz,
+    o_notified boolean
+)
+LANGUAGE plpgsql VOLATILE AS $loom$
+DECLARE
+    i integer;
+    n integer;
+    ev integer := 1;
+    cur bigint;
+    hd bigint;
+    loc tid;
+    checked boolean := false;
+    room boolean;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_op), 0) LOOP
+        n := p_count[i];
+        o_head := NULL; o_token := NULL; o_at := NULL; o_notified := false;
+        IF p_op[i] = 'f' THEN
+            INSERT INTO loom_fences AS f (execution_id, token) VALUES (p_id[i], 1)
+            ON CONFLICT (execution_id) DO UPDATE SET token = f.token + 1
+            RETURNING f.token INTO o_token;
+            o_status := 0;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF p_op[i] = 'c' THEN
+            -- acquire_fence_if (ADR 0118 D1). Only under READ COMMITTED does each
+            -- statement below take a new snapshot; REPEATABLE READ would freeze one.
+            IF NOT checked THEN
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE EXCEPTION USING
+                        ERRCODE = 'LM001',
+                        MESSAGE = format(
+                            'acquire_fence_if (loom_batch, loom_acquire_fence_if) runs only '
+                            'under READ COMMITTED, not %s',
+                            current_setting('transaction_isolation')),
+                        HINT = 'each of its statements needs a fresh snapshot; call it in a '
+                               'READ COMMITTED transaction (or autocommit)';
+                END IF;
+                checked := true;
+            END IF;
+            -- Waits for in-flight answering appends (they hold FOR SHARE), blocks new ones.
+            SELECT f.ctid, f.token INTO loc, cur
+            FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
+            IF NOT FOUND AND p_fence[i] = 0 THEN
+                -- A park written before parks created their token-0 row has none to lock.
+                INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
+                ON CONFLICT DO NOTHING;
+                SELECT f.ctid, f.token INTO loc, cur
+                FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
+            END IF;
+            cur := coalesce(cur, 0);
+            o_token := cur;
+            o_status := 3;
+            IF cur = p_fence[i] THEN
+                -- A new statement, so a new snapshot taken after the lock was granted:
+                -- its scan sees every answering append that committed while we waited.
+                -- (The row is locked, so its ctid cannot move.)
+                UPDATE loom_fences f SET token = cur + 1
+                WHERE f.ctid = loc
+                  AND NOT EXISTS (
+                      SELECT 1 FROM loom_events e
+                      WHERE e.execution_id = p_id[i]
+                        AND e.sequence > p_seq[i]
+                        AND (e.kind = ANY (p_answering)
+                             OR (e.kind <> ALL (p_kernel)
+                                 AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)));
+                IF FOUND THEN
+                    o_status := 0;
+                    o_token := cur + 1;
+                END IF;
+            END IF;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        -- The fence guard (ADR 0118 D1). An answering batch reads the row FOR SHARE, so
+        -- it orders with loom_acquire_fence_if's FOR UPDATE; other appends take no lock.
+        cur := NULL;
+        IF p_op[i] = 'u' THEN
+            -- The row must exist to be locked: the token may not move until we commit.
+            INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
+            ON CONFLICT DO NOTHING;
+            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i] FOR SHARE;
+        ELSIF p_lock[i] THEN
+            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i] FOR SHARE;
+        ELSIF p_fence[i] IS NOT NULL THEN
+            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i];
+        END IF;
+        cur := coalesce(cur, 0);
+        o_token := cur;
+        IF p_op[i] = 'u' AND cur <> p_fence[i] THEN
+            o_status := 3;
+            RETURN NEXT;
+            ev := ev + n;
+            CONTINUE;
+        END IF;
+        IF p_op[i] = 'a' AND p_fence[i] IS NOT NULL AND p_fence[i] < cur THEN
+            -- A moved head is reported before a stale fence, as every store does.
+            SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id[i];
+            o_head := coalesce(hd, 0);
+            o_status := CASE WHEN o_head = p_seq[i] THEN 3 WHEN p_seq[i] = 0 THEN 2 ELSE 1 END;
+            RETURN NEXT;
+            ev := ev + n;
+            CONTINUE;
+        END IF;
+
+        -- The sequence guard: the head row serialises every writer of this execution.
+        IF p_seq[i] = 0 THEN
+            INSERT INTO loom_executions (execution_id, head) VALUES (p_id[i], n)
+            ON CONFLICT DO NOTHING;
+        ELSE
+            UPDATE loom_executions e SET head = e.head + n
+            WHERE e.execution_id = p_id[i] AND e.head = p_seq[i];
+        END IF;
+        IF NOT FOUND THEN
+            SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id[i];
+            o_head := coalesce(hd, 0);
+            o_status := CASE WHEN p_seq[i] = 0 THEN 2 ELSE 1 END;
+            RETURN NEXT;
+            ev := ev + n;
+            CONTINUE;
+        END IF;
+
+        o_at := clock_timestamp();
+        INSERT INTO loom_events
+            (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
+        SELECT p_id[i], p_seq[i] + k, p_kind[ev + k], p_payload[ev + k]::json,
+               p_metadata[ev + k]::json, o_at, p_writer
+        FROM generate_series(0, n - 1) AS k;
+        IF p_park[i] THEN
+            -- A park creates its token-0 fence row, so an answering append always finds
+            -- a row to lock before anyone can answer or acquire for this park.
+            INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
+            ON CONFLICT DO NOTHING;
+        END IF;
+        IF p_channel[i] IS NOT NULL THEN
+            IF room IS NULL THEN
+                room := pg_notification_queue_usage() < p_notify_limit;
+            END IF;
+            IF room THEN
+                PERFORM pg_notify(p_channel[i], p_id[i]);
+                o_notified := true;
+            END IF;
+        END IF;
+        o_status := 0;
+        o_head := p_seq[i] + n;
+        RETURN NEXT;
+        ev := ev + n;
+    END LOOP;
+END
+$loom$
+"""
+
+_DELETE: Final = """
+CREATE OR REPLACE FUNCTION loom_delete_execution(p_id text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $loom$
+DECLARE
+    existed boolean;
+BEGIN
+    -- The fence row first, as every writer takes it: a delete orders with acquires,
+    -- conditional and answering appends.
+    PERFORM 1 FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
+    DELETE FROM loom_executions e WHERE e.execution_id = p_id;
+    existed := FOUND;
+    DELETE FROM loom_events e WHERE e.execution_id = p_id;
+    -- A real token (> 0) stays, so a zombie writer of a re-created id stays fenced out;
+    -- a token-0 row is inert and goes with the log.
+    DELETE FROM loom_fences f WHERE f.execution_id = p_id AND f.token = 0;
+    RETURN existed;
+END
+$loom$
+"""
+
+# Statuses: 0 done, 2 target exists, 4 source not found, 5 through_sequence past head.
+_COPY: Final = """
+CREATE OR REPLACE FUNCTION loom_copy_prefix(
+    p_source text, p_target text, p_through bigint, p_park_kind text, p_channel text,
+    p_notify_limit double precision
+) RETURNS TABLE (o_status smallint, o_head bigint, o_copied bigint)
+LANGUAGE plpgsql VOLATILE AS $loom$
+DECLARE
+    src bigint;
+    copied bigint;
+BEGIN
+    SELECT e.head INTO src FROM loom_executions e WHERE e.execution_id = p_source FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 4::smallint, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    IF p_through >= src THEN
+        RETURN QUERY SELECT 5::smallint, src, 0::bigint;
+        RETURN;
+    END IF;
+    INSERT INTO loom_executions (execution_id, head) VALUES (p_target, p_through + 1)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 2::smallint, e.head, 0::bigint
+        FROM loom_executions e WHERE e.execution_id = p_target;
+        RETURN;
+    END IF;
+    INSERT INTO loom_events
+        (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
+    SELECT p_target, e.sequence, e.kind, e.payload, e.metadata, e.recorded_at, NULL
+    FROM loom_events e
+    WHERE e.execution_id = p_source AND e.sequence <= p_through;
+    GET DIAGNOSTICS copied = ROW_COUNT;
+    -- The copy may hold a park; it needs its token-0 fence row like any park.
+    IF EXISTS (
+        SELECT 1 FROM loom_events e WHERE e.execution_id = p_target AND e.kind = p_park_kind
+    ) THEN
+        INSERT INTO loom_fences (execution_id, token) VALUES (p_target, 0)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    IF p_channel IS NOT NULL AND pg_notification_queue_usage() < p_notify_limit THEN
+        PERFORM pg_notify(p_channel, p_target);
+    END IF;
+    RETURN QUERY SELECT 0::smallint, p_through + 1, copied;
+END
+$loom$
+"""
+
+# Statuses: 0 done, 4 not found, 5 keep_from_sequence past head.
+_TRUNCATE: Final = """
+CREATE OR REPLACE FUNCTION loom_truncate_prefix(p_id text, p_keep bigint)
+RETURNS TABLE (o_status smallint, o_head bigint, o_dropped bigint)
+LANGUAGE plpgsql VOLATILE AS $loom$
+DECLARE
+    hd bigint;
+    dropped bigint;
+BEGIN
+    SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 4::smallint, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    IF p_keep > hd THEN
+        RETURN QUERY SELECT 5::smallint, hd, 0::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM loom_events e WHERE e.execution_id = p_id AND e.sequence < p_keep;
+    GET DIAGNOSTICS dropped = ROW_COUNT;
+    RETURN QUERY SELECT 0::smallint, hd, dropped;
+END
+$loom$
+"""
+
+# Aborts the statement it is evaluated in (as a serialization failure, which the client
+# re-runs) when a statement finds that a concurrent transaction invalidated its plan.
+_RETRY_UNLESS: Final = """
+CREATE OR REPLACE FUNCTION loom_retry_unless(p_ok boolean, p_why text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $loom$
+BEGIN
+    IF p_ok IS NOT TRUE THEN
+        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE = p_why;
+    END IF;
+    RETURN true;
+END
+$loom$
+"""
+
+_STEP_1: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS loom_executions (
+        execution_id text COLLATE "C" PRIMARY KEY,
+        head bigint NOT NULL CHECK (head >= 0)
+    )
+    """,
+    # payload and metadata are json, not jsonb: the log returns exactly the text it was
+    # given (jsonb would turn 1e300 into an integer and reorder keys), which hash chains
+    # and signatures over the payload rely on.
+    """
+    CREATE TABLE IF NOT EXISTS loom_events (
+        execution_id text COLLATE "C" NOT NULL,
+        sequence bigint NOT NULL CHECK (sequence >= 0),
+        kind text NOT NULL,
+        payload json NOT NULL,
+        metadata json NOT NULL,
+        recorded_at timestamptz NOT NULL,
+        writer bigint,
+        PRIMARY KEY (execution_id, sequence)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS loom_fences (
+        execution_id text COLLATE "C" PRIMARY KEY,
+        token bigint NOT NULL CHECK (token >= 0)
+    )
+    """,
+    """
+    COMMENT ON TABLE loom_fences IS
+    'Fence tokens. A row exists once someone acquires, or once an EXECUTION_SUSPENDED '
+    'append creates the token-0 row that answering appends lock FOR SHARE (ADR 0118 D1).'
+    """,
+    """
+    COMMENT ON COLUMN loom_events.writer IS
+    'Random id of the commit that wrote the row: after a lost connection the store '
+    'checks it to learn whether its append landed.'
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS loom_leases (
+        key text COLLATE "C" PRIMARY KEY,
+        holder text NOT NULL,
+        acquired_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL
+    )
+    """,
+    _TIMERS,
+    _RETRY_UNLESS,
+    _BATCH,
+    _ACQUIRE_FENCE_IF,
+    _DELETE,
+    _COPY,
+    _TRUNCATE,
+)
+
+MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    (1, "events, fences, timers (with redrive), leases; loom_batch", _STEP_1),
+)
+assert MIGRATIONS[-1][0] == SCHEMA_VERSION
+
+STATE: Final = """
+SELECT (SELECT max(version) FROM loom_schema_version),
+       EXISTS (SELECT 1 FROM loom_maintenance WHERE task = %(task)s)
+"""
+
+# One-time, idempotent: the token-0 fence row of every execution that is parked and
+# unanswered right now (its newest answering event is an EXECUTION_SUSPENDED), for parks
+# written before parks created their own row. Exempt from statement_timeout.
+BACKFILL_ONLINE: Final = """
+INSERT INTO loom_fences (execution_id, token)
+SELECT DISTINCT p.execution_id, 0
+FROM loom_events p
+WHERE p.kind = %(park)s
+  AND NOT EXISTS (
+      SELECT 1 FROM loom_events a
+      WHERE a.execution_id = p.execution_id
+        AND a.sequence > p.sequence
+        AND (a.kind = ANY (%(answering)s)
+             OR (a.kind <> ALL (%(kernel)s)
+                 AND (a.metadata::jsonb) -> 'kernel' = 'true'::jsonb)))
+ON CONFLICT DO NOTHING
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport:
+    """What a :func:`~loom_postgres.migrate` call did."""
+
+    schema: str
+    version_before: int
+    version_after: int
+    backfilled_park_fences: int | None
+    """Rows the one-time backfill inserted, or None when it did not run (done before,
+    or turned off)."""
+
+
+async def schema_state(conn: Connection) -> tuple[int, bool]:
+    """(schema version, backfill done) of the connection's schema; (0, False) if none."""
+    try:
+        async with conn.transaction():
+            cur = await conn.execute(STATE, {"task": BACKFILL_TASK})
+            row = await cur.fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0, False
+    assert row is not None
+    version, done = row
+    return int(version or 0), bool(done)
+
+
+async def migrate_connection(
+    conn: Connection,
+    *,
+    schema: str | None,
+    backfill_park_fences: bool,
+    lock_timeout: float,
+) -> MigrationReport:
+    """Create or migrate the schema on ``conn`` (autocommit) in one transaction under the
+    advisory lock; see :func:`loom_postgres.migrate`."""
+    try:
+        async with conn.transaction():
+            name_row = await (await conn.execute("SELECT current_schema()")).fetchone()
+            target = schema or (name_row[0] if name_row else None) or "public"
+            # The DDL below may wait for table locks only this long; the backfill is
+            # exempt from the caller's statement_timeout.
+            await conn.execute(
+                "SELECT set_config('lock_timeout', %s, true), "
+                "set_config('statement_timeout', '0', true)",
+                (f"{max(1, round(lock_timeout * 1000))}ms",),
+            )
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                (ADVISORY_CLASS, f"loom:migrate:{target}"),
+            )
+            if schema is not None:
+                await conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+                )
+            for statement in _BOOKKEEPING:
+                await conn.execute(statement)
+            row = await (await conn.execute(STATE, {"task": BACKFILL_TASK})).fetchone()
+            assert row is not None
+            before = int(row[0] or 0)
+            backfill_done = bool(row[1])
+            for version, description, statements in MIGRATIONS:
+                if version <= before:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO loom_schema_version (version, description) VALUES (%s, %s)",
+                    (version, description),
+                )
+            backfilled: int | None = None
+            if backfill_park_fences and not backfill_done:
+                cur = await conn.execute(
+                    BACKFILL_ONLINE, {"park": PARK_KIND, "answering": ANSWERING, "kernel": KERNEL}
+                )
+                backfilled = max(cur.rowcount, 0)
+                await conn.execute(
+                    "INSERT INTO loom_maintenance (task) VALUES (%s) ON CONFLICT DO NOTHING",
+                    (BACKFILL_TASK,),
+                )
+    except psycopg.errors.LockNotAvailable as exc:
+        raise SchemaMigrationError(
+            f"migrating the Loom schema waited longer than migration_lock_timeout "
+            f"({lock_timeout}s) for a table lock: {exc}; nothing was changed, retry the "
+            "boot (or raise migration_lock_timeout)"
+        ) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise SchemaMigrationError(
+            f"the database role may not create the Loom schema: {exc}; run "
+            "loom_postgres.migrate() once as a role that may, then boot again"
+        ) from exc
+    after = max(before, SCHEMA_VERSION)
+    return MigrationReport(target, before, after, backfilled)
+
+
+def statements_of(version: int) -> Sequence[str]:
+    """The DDL of one migration step (for documentation and tests)."""
+    for number, _, statements in MIGRATIONS:
+        if number == version:
+            return statements
+    raise KeyError(version)

@@ -1,0 +1,139 @@
+"""Opening a PostgreSQL :class:`~loom_core.storage.Storage`: one pool, three stores."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from loom_core.errors import InvalidURLError, StorageUnavailableError
+from loom_core.storage import Storage
+from loom_postgres.database import Connection, Database, configure_session
+from loom_postgres.errors import SchemaMigrationError
+from loom_postgres.events import PostgresEventStore
+from loom_postgres.failures import describe
+from loom_postgres.leases import PostgresLeaseStore
+from loom_postgres.notify import Listener
+from loom_postgres.options import PostgresOptions, parse_options
+from loom_postgres.schema import SCHEMA_VERSION, migrate_connection, schema_state
+from loom_postgres.timers import PostgresTimerStore
+
+__all__ = ["SCHEMES", "check_url", "open_postgres", "redact"]
+
+SCHEMES = ("postgresql", "postgres")
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and ``Storage.url``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparseable)"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def check_url(url: object) -> str:
+    """A libpq URL with a postgresql:// or postgres:// scheme, or InvalidURLError."""
+    if not isinstance(url, str):
+        raise InvalidURLError(f"storage URL must be a str, not {type(url).__name__}")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise InvalidURLError(
+            f"{redact(url)!r} is not a PostgreSQL URL; use postgresql://user@host:port/db"
+        )
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {exc}") from None
+    return url
+
+
+async def _ensure_schema(pool: AsyncConnectionPool[Connection], options: PostgresOptions) -> str:
+    """Check the schema version (one query); migrate when it is behind. Returns the name
+    of the schema the stores use."""
+    async with pool.connection() as conn:
+        version, backfilled = await schema_state(conn)
+        behind = version < SCHEMA_VERSION
+        wants_backfill = options.backfill_park_fences and not backfilled
+        if behind and not options.migrate:
+            raise SchemaMigrationError(
+                f"the Loom schema is at version {version}, this loom-postgres needs "
+                f"{SCHEMA_VERSION}; run loom_postgres.migrate(url) as a deploy step, or "
+                "open with migrate=True"
+            )
+        if behind or (wants_backfill and options.migrate):
+            report = await migrate_connection(
+                conn,
+                schema=options.schema,
+                backfill_park_fences=options.backfill_park_fences,
+                lock_timeout=options.migration_lock_timeout,
+            )
+            return report.schema
+        row = await (await conn.execute("SELECT current_schema()")).fetchone()
+        return str(row[0]) if row and row[0] else "public"
+
+
+async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
+    """The ``postgresql://`` / ``postgres://`` backend factory.
+
+    Opens one pool (shared by the event, timer and lease stores), creates or migrates
+    the schema on first connect, and returns the storage; closing it closes the pool.
+    Refuses an unknown option or a bad value (InvalidOptionError), a malformed URL
+    (InvalidURLError); an unreachable server is StorageUnavailableError.
+    """
+    url = check_url(url)
+    opts = parse_options(options)
+
+    async def configure(conn: Connection) -> None:
+        await configure_session(conn, opts)
+
+    pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+        url,
+        min_size=opts.pool_min_size,
+        max_size=opts.pool_max_size,
+        kwargs={"autocommit": True, "connect_timeout": max(1, round(opts.connect_timeout))},
+        configure=configure,
+        open=False,
+        timeout=opts.reconnect_timeout,
+        reconnect_timeout=max(60.0, opts.reconnect_timeout),
+        name="loom-postgres",
+    )
+    try:
+        await pool.open(wait=True, timeout=opts.connect_timeout)
+    except (PoolTimeout, psycopg.Error) as exc:
+        with contextlib.suppress(Exception):
+            await pool.close()
+        raise StorageUnavailableError(
+            f"cannot connect to {redact(url)}: {describe(exc)}"
+        ) from exc
+    try:
+        namespace = await _ensure_schema(pool, opts)
+    except BaseException:
+        await pool.close()
+        raise
+    db = Database(pool, opts)
+
+    async def listen_connection() -> Connection:
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, round(opts.connect_timeout))
+        )
+
+    listener = Listener(
+        listen_connection, buckets=opts.notify_buckets, namespace=namespace, warn=db.warn
+    )
+    events = PostgresEventStore(db, listener)
+    return Storage(
+        events,
+        PostgresTimerStore(db),
+        PostgresLeaseStore(db),
+        url=redact(url),
+        on_close=pool.close,
+    )

@@ -1,0 +1,334 @@
+"""What the PostgreSQL backend adds over the kit's contract: the URL schemes and options,
+group commit, cross-node subscribe through LISTEN/NOTIFY, the READ COMMITTED guard of
+loom_acquire_fence_if, leases on the database clock, and the test harness itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+import psycopg
+import pytest
+from loom_conformance.postgres import PostgresServer
+from loom_postgres import PostgresEventStore
+
+from loom_core import (
+    OPTIONAL_EVENT_STORE_METHODS,
+    Event,
+    NewEvent,
+    PluginHost,
+    Storage,
+    open_storage,
+)
+from loom_core.errors import (
+    InvalidOptionError,
+    InvalidURLError,
+    SequenceConflictError,
+    StaleFenceError,
+    StorageError,
+    StorageUnavailableError,
+)
+
+Opener = Callable[..., Awaitable[Storage]]
+
+
+# -- schemes and options -----------------------------------------------------------------
+
+
+def test_the_entry_point_registers_both_url_schemes() -> None:
+    host = PluginHost()
+    assert {"postgresql", "postgres"} <= set(host.backends.factories)
+    assert host.backends.source_of("postgresql") == "loom-postgres"
+
+
+async def test_every_optional_method_is_offered(open_pg: Opener) -> None:
+    # So the kit runs every optional-method case against this store and skips none.
+    storage = await open_pg()
+    assert storage.events.capabilities == frozenset(OPTIONAL_EVENT_STORE_METHODS)
+
+
+async def test_postgres_scheme_opens_the_same_backend(pg_url: str, schema: str) -> None:
+    url = "postgres://" + pg_url.split("://", 1)[1]
+    async with open_storage(url, options={"schema": schema}) as storage:
+        assert isinstance(storage.events, PostgresEventStore)
+        assert storage.leases.scope == "cluster"
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"pool_size": 3}, "unknown postgresql:// options"),
+        ({"pool_max_size": "10"}, "pool_max_size must be an int"),
+        ({"notify_buckets": -1}, "notify_buckets must be >= 0"),
+        ({"schema": "Robert'); DROP TABLE x;--"}, "schema must be lowercase"),
+        ({"lock_timeout": 0}, "lock_timeout must be finite and > 0"),
+        ({"notify_queue_limit": 2}, "within"),
+        ({"max_inflight_batches": 10, "pool_max_size": 10}, "below pool_max_size"),
+    ],
+)
+async def test_bad_options_are_refused_before_connecting(
+    options: dict[str, object], match: str
+) -> None:
+    # The host does not exist: an option error must come first, without a connection.
+    with pytest.raises(InvalidOptionError, match=match):
+        await open_storage("postgresql://nobody@192.0.2.1:1/x", options=options)
+
+
+async def test_a_malformed_url_is_an_invalid_url_error() -> None:
+    with pytest.raises(InvalidURLError):
+        await open_storage("postgresql://u@h/db?no_such_param=1")
+
+
+async def test_an_unreachable_server_is_storage_unavailable_and_names_no_password() -> None:
+    with pytest.raises(StorageUnavailableError) as caught:
+        await open_storage(
+            "postgresql://user:secret@127.0.0.1:1/db", options={"connect_timeout": 1}
+        )
+    assert "secret" not in str(caught.value)
+
+
+# -- group commit --------------------------------------------------------------------------
+
+
+async def test_concurrent_appends_share_commits_but_keep_their_own_results(
+    open_pg: Opener,
+) -> None:
+    storage = await open_pg()
+    events = storage.events
+    assert isinstance(events, PostgresEventStore)
+    await events.append("conflict", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+    await events.acquire_fence("stale")
+    await events.acquire_fence("stale")
+    before = events.group_commit.batches
+
+    async def one(i: int) -> object:
+        if i == 7:  # a sequence conflict in the middle of the crowd
+            return await events.append("conflict", [NewEvent("X")], expected_sequence=5)
+        if i == 13:  # a stale fence
+            return await events.append("stale", [NewEvent("X")], expected_sequence=0, fence=1)
+        return await events.append(f"crowd-{i}", [NewEvent("X", {"i": i})], expected_sequence=0)
+
+    results = await asyncio.gather(*(one(i) for i in range(200)), return_exceptions=True)
+    batches = events.group_commit.batches - before
+    assert batches < 200  # coalesced
+    assert isinstance(results[7], SequenceConflictError)
+    assert results[7].actual_head == 1
+    assert isinstance(results[13], StaleFenceError)
+    assert results[13].current_fence == 2
+    for i, result in enumerate(results):
+        if i in (7, 13):
+            continue
+        assert not isinstance(result, BaseException), result
+        assert (await events.read(f"crowd-{i}"))[0].payload == {"i": i}
+    assert await events.head("conflict") == 1
+    assert await events.head("stale") == 0
+
+
+async def test_a_failing_write_does_not_take_its_batch_mates_down(
+    open_pg: Opener, pg_url: str, schema: str
+) -> None:
+    storage = await open_pg(schema=schema, lock_timeout=0.3)
+    events = storage.events
+    await events.append("blocked", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+    holder = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await holder.execute(
+            "SELECT 1 FROM loom_executions WHERE execution_id = 'blocked' FOR UPDATE"
+        )
+        # Fill the in-flight slots first so the rest queue and leave as one batch.
+        writes = [
+            events.append("blocked", [NewEvent("X")], expected_sequence=1),
+            *(events.append(f"mate-{i}", [NewEvent("X")], expected_sequence=0)
+              for i in range(30)),
+        ]
+        results = await asyncio.gather(*writes, return_exceptions=True)
+    finally:
+        await holder.rollback()
+        await holder.close()
+    assert isinstance(results[0], StorageError)
+    assert all(not isinstance(r, BaseException) for r in results[1:])
+    assert await events.head("blocked") == 1
+
+
+# -- the READ COMMITTED guard -----------------------------------------------------------
+
+
+async def test_acquire_fence_if_function_refuses_repeatable_read(
+    open_pg: Opener, pg_url: str, schema: str
+) -> None:
+    await open_pg(schema=schema)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.Error, match="only under READ COMMITTED"):
+            await conn.execute(
+                "SELECT * FROM loom_acquire_fence_if('x', 0, 0, ARRAY['A'], ARRAY['A'])"
+            )
+
+
+async def test_a_server_defaulting_to_repeatable_read_still_fences_correctly(
+    loom_postgres_server: PostgresServer,
+) -> None:
+    url = loom_postgres_server.fresh_database("loom_rr")
+    name = url.rsplit("/", 1)[1]
+    async with await psycopg.AsyncConnection.connect(
+        loom_postgres_server.url, autocommit=True
+    ) as conn:
+        await conn.execute(
+            psycopg.sql.SQL(
+                "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'"
+            ).format(psycopg.sql.Identifier(name))
+        )
+    async with open_storage(url) as storage:
+        park = [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")]
+        await storage.events.append("rr", park, expected_sequence=0)
+        acquired = await storage.events.acquire_fence_if("rr", fence=0, park_seq=1)
+        assert acquired.acquired
+        assert acquired.fence == 1
+
+
+# -- subscribe across nodes ---------------------------------------------------------------
+
+
+async def _collect(storage: Storage, eid: str, count: int) -> list[int]:
+    out: list[int] = []
+    async for event in storage.events.subscribe(eid):
+        out.append(event.sequence)
+        if len(out) == count:
+            break
+    return out
+
+
+async def test_subscriber_on_another_node_is_woken_by_notify(open_pg: Opener, schema: str) -> None:
+    # A long poll interval: only a NOTIFY can deliver these in time.
+    reader = await open_pg(schema=schema, subscribe_poll_interval=60.0)
+    writer = await open_pg(schema=schema)
+    await writer.events.append("live", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+    task = asyncio.create_task(_collect(reader, "live", 4))
+    await asyncio.sleep(0.3)
+    for seq in range(1, 4):
+        await writer.events.append("live", [NewEvent("STEP_COMPLETED")], expected_sequence=seq)
+    assert await asyncio.wait_for(task, 10) == [0, 1, 2, 3]
+
+
+async def test_without_notify_buckets_a_subscriber_still_gets_everything_by_polling(
+    open_pg: Opener, schema: str
+) -> None:
+    reader = await open_pg(schema=schema, notify_buckets=0, subscribe_poll_interval=0.1)
+    writer = await open_pg(schema=schema, notify_buckets=0)
+    task = asyncio.create_task(_collect(reader, "polled", 3))
+    for seq in range(3):
+        await writer.events.append("polled", [NewEvent("X")], expected_sequence=seq)
+    assert await asyncio.wait_for(task, 10) == [0, 1, 2]
+
+
+async def test_a_subscriber_that_stops_reading_does_not_block_commits(
+    open_pg: Opener, schema: str
+) -> None:
+    storage = await open_pg(schema=schema)
+    iterator = storage.events.subscribe("busy")
+    async def next_event() -> Event:
+        return await anext(iterator)
+
+    first = asyncio.create_task(next_event())
+    await storage.events.append("busy", [NewEvent("X")], expected_sequence=0)
+    assert (await asyncio.wait_for(first, 5)).sequence == 0
+    # The subscriber stops reading; a thousand appends still commit promptly.
+    for seq in range(1, 1001):
+        await storage.events.append("busy", [NewEvent("X")], expected_sequence=seq)
+    assert await storage.events.head("busy") == 1001
+    # When it resumes it gets every event, in order, from where it stopped.
+    seen = [(await anext(iterator)).sequence for _ in range(1000)]
+    assert seen == list(range(1, 1001))
+    await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_foreign_listener_that_stops_reading_makes_appends_skip_wake_ups(
+    open_pg: Opener, pg_url: str, schema: str
+) -> None:
+    warnings: list[str] = []
+    storage = await open_pg(schema=schema, notify_queue_limit=1e-9, on_warn=warnings.append)
+    other = await open_pg(schema=schema)
+    # A listening session that sits in an open transaction never consumes: the queue's
+    # tail stays behind it, so usage grows as others notify.
+    stuck = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    try:
+        await stuck.execute("LISTEN loom_test_stuck")
+        await stuck.execute("BEGIN")
+        await stuck.execute("SELECT 1")
+        await asyncio.gather(
+            *(other.events.append(f"fill-{i}", [NewEvent("X")], expected_sequence=0)
+              for i in range(400))
+        )
+        await other.events.append("q", [NewEvent("X")], expected_sequence=0)
+        for seq in range(1, 50):
+            await storage.events.append("q", [NewEvent("X")], expected_sequence=seq)
+    finally:
+        await stuck.rollback()
+        await stuck.close()
+    assert await storage.events.head("q") == 50
+    assert len(warnings) == 1  # at most once a minute
+    assert "NOTIFY queue" in warnings[0]
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+async def test_lease_expiry_follows_the_database_clock(open_pg: Opener) -> None:
+    storage = await open_pg()
+    lease = await storage.leases.acquire("job", "node-a", ttl_seconds=0.3)
+    assert lease.expires_at - lease.acquired_at == timedelta(seconds=0.3)
+    assert (await storage.leases.inspect("job")) == lease
+    await asyncio.sleep(0.5)
+    assert await storage.leases.inspect("job") is None
+    taken = await storage.leases.acquire("job", "node-b", ttl_seconds=5)
+    assert taken.holder == "node-b"
+
+
+# -- the harness --------------------------------------------------------------------------
+
+
+def test_the_throwaway_server_runs_unprivileged_on_loopback(
+    loom_postgres_server: PostgresServer,
+) -> None:
+    if loom_postgres_server.cluster is None:
+        pytest.skip("LOOM_TEST_POSTGRES_URL names an external server")
+    cluster = loom_postgres_server.cluster
+    assert cluster.root is not None
+    owner = (cluster.data_dir / "PG_VERSION").stat().st_uid
+    assert owner != 0 or os.geteuid() != 0
+    with psycopg.connect(cluster.url) as conn:
+        row = conn.execute("SELECT current_setting('listen_addresses')").fetchone()
+    assert row == ("127.0.0.1",)
+
+
+HARNESS_PROBE = """
+from loom_conformance.postgres import loom_postgres_server  # noqa: F401
+
+def test_needs_server(loom_postgres_server):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "error"), ("", "skipped")])
+def test_a_missing_server_fails_under_ci_and_skips_elsewhere(
+    tmp_path: object, ci: str, outcome: str
+) -> None:
+    from pathlib import Path
+
+    directory = Path(str(tmp_path))
+    (directory / "test_probe.py").write_text(HARNESS_PROBE)
+    empty = directory / "no-postgres"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in {"CI", "LOOM_TEST_POSTGRES_URL"}}
+    env.update(CI=ci, LOOM_TEST_POSTGRES_BIN=str(empty))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_probe.py"],
+        cwd=directory, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert f"1 {outcome}" in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,275 @@
+"""Schema creation and migration: concurrent boots, the version table, ``migrate`` as a
+deploy step, the timers-table migration, and the park-fence backfill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from loom_postgres import (
+    SCHEMA_VERSION,
+    SchemaMigrationError,
+    backfill_park_fences,
+    migrate,
+)
+from psycopg import sql
+
+from loom_core import NewEvent, Redrive, Storage, TimerRecord, open_storage
+
+Opener = Callable[..., Awaitable[Storage]]
+Conn = psycopg.AsyncConnection[tuple[object, ...]]
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
+    """A plain connection whose search_path is the test's schema (created empty)."""
+    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+    yield conn
+    await conn.close()
+
+
+async def _fetch(
+    conn: Conn, query: str, params: tuple[object, ...] | None = None
+) -> list[tuple[object, ...]]:
+    cur = await conn.execute(query, params)
+    return list(await cur.fetchall())
+
+
+BOOT = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from loom_core import NewEvent, open_storage
+
+    async def main(url, schema, start, n):
+        time.sleep(max(0.0, start - time.time()))
+        async with open_storage(url, options={"schema": schema, "pool_min_size": 1}) as st:
+            await st.events.append(f"boot-{n}", [NewEvent("EXECUTION_STARTED")],
+                                   expected_sequence=0)
+        print("booted", n)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])))
+    """
+)
+
+
+async def test_several_processes_booting_at_once_migrate_exactly_once(
+    pg_url: str, schema: str, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    processes = 6
+    start = time.time() + 2.0  # every process imports first, then all open together
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", BOOT, pg_url, schema, str(start), str(n),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        for n in range(processes)
+    ]
+    results = [await p.communicate() for p in procs]
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err.decode()
+        assert b"booted" in out
+    assert await _fetch(admin, "SELECT version FROM loom_schema_version") == [(SCHEMA_VERSION,)]
+    heads = await _fetch(admin, "SELECT count(*) FROM loom_executions")
+    assert heads == [(processes,)]
+
+
+async def test_boot_records_the_schema_version_and_a_second_boot_changes_nothing(
+    open_pg: Opener, schema: str, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    await open_pg(schema=schema)
+    first = await _fetch(admin, "SELECT version, applied_at FROM loom_schema_version")
+    await open_pg(schema=schema)
+    assert await _fetch(admin, "SELECT version, applied_at FROM loom_schema_version") == first
+    assert [row[0] for row in first] == [SCHEMA_VERSION]
+
+
+async def test_migrate_as_a_deploy_step_lets_nodes_boot_without_migrating(
+    pg_url: str, schema: str
+) -> None:
+    with pytest.raises(SchemaMigrationError, match=r"run loom_postgres\.migrate"):
+        await open_storage(pg_url, options={"schema": schema, "migrate": False})
+    report = await migrate(pg_url, schema=schema)
+    assert (report.version_before, report.version_after) == (0, SCHEMA_VERSION)
+    assert report.schema == schema
+    again = await migrate(pg_url, schema=schema)
+    assert (again.version_before, again.backfilled_park_fences) == (SCHEMA_VERSION, None)
+    async with open_storage(pg_url, options={"schema": schema, "migrate": False}) as storage:
+        await storage.events.append("x", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+        assert await storage.events.head("x") == 1
+
+
+# -- the timers table (ADR 0118 D4, review round 1 P3-5) ----------------------------------
+
+OLD_TIMERS = """
+CREATE TABLE loom_timers (
+    execution_id text NOT NULL,
+    wake_at timestamptz NOT NULL,
+    PRIMARY KEY (execution_id, wake_at)
+)
+"""
+
+
+async def test_an_old_timers_table_gains_redrive_and_keeps_its_rows(
+    open_pg: Opener, schema: str, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    await admin.execute(OLD_TIMERS)
+    await admin.execute(
+        "INSERT INTO loom_timers VALUES ('old', '2020-01-01T00:00:00Z')"
+    )
+    storage = await open_pg(schema=schema)
+    rows = await storage.timers.pending("old")
+    assert [(r.execution_id, r.redrive) for r in rows] == [("old", None)]
+    wake = rows[0].wake_at
+    await storage.timers.schedule(TimerRecord("old", wake, Redrive(2)))
+    await storage.timers.schedule(TimerRecord("old", wake))
+    assert (await storage.timers.pending("old"))[0].redrive == Redrive(2)
+
+
+async def test_a_current_timers_table_is_not_locked_by_the_migration(
+    pg_url: str, schema: str, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    # A timers table that already has redrive (and its index), and a session holding a
+    # write lock on it: the boot must check the catalog, not queue for ACCESS EXCLUSIVE.
+    await admin.execute(OLD_TIMERS)
+    await admin.execute("ALTER TABLE loom_timers ADD COLUMN redrive jsonb")
+    await admin.execute("CREATE INDEX loom_timers_due ON loom_timers (wake_at, execution_id)")
+    holder = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await holder.execute("INSERT INTO loom_timers VALUES ('held', now(), NULL)")
+        # holder's transaction stays open (ROW EXCLUSIVE on loom_timers)
+        async with open_storage(
+            pg_url, options={"schema": schema, "migration_lock_timeout": 1.0}
+        ) as storage:
+            await storage.timers.schedule(TimerRecord("new", EPOCH))
+            assert [r.execution_id for r in await storage.timers.due(EPOCH)] == ["new"]
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+async def test_adding_the_column_behind_an_open_transaction_fails_cleanly_then_retries(
+    pg_url: str, schema: str, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    await admin.execute(OLD_TIMERS)
+    holder = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await holder.execute("SELECT count(*) FROM loom_timers")  # ACCESS SHARE, held
+        with pytest.raises(SchemaMigrationError, match="retry the boot"):
+            await open_storage(pg_url, options={"schema": schema, "migration_lock_timeout": 0.3})
+    finally:
+        await holder.rollback()
+        await holder.close()
+    # Nothing half-done was kept: no version recorded, the column still missing...
+    assert await _fetch(admin, "SELECT to_regclass('loom_schema_version')") == [(None,)]
+    # ...and the retried boot succeeds.
+    async with open_storage(pg_url, options={"schema": schema}) as storage:
+        await storage.timers.schedule(TimerRecord("x", EPOCH, Redrive(0)))
+        assert (await storage.timers.pending("x"))[0].redrive == Redrive(0)
+
+
+# -- the park-fence backfill ------------------------------------------------------------
+
+OLD_LOGS: dict[str, list[tuple[str, dict[str, object]]]] = {
+    # parked and unanswered: needs its token-0 row
+    "parked": [("EXECUTION_STARTED", {}), ("EXECUTION_SUSPENDED", {})],
+    # parked, then only an audit append: still unanswered
+    "parked-denied": [("EXECUTION_STARTED", {}), ("EXECUTION_SUSPENDED", {}),
+                      ("EXECUTION_DENIED", {})],
+    # answered parks: no row
+    "answered": [("EXECUTION_STARTED", {}), ("EXECUTION_SUSPENDED", {}),
+                 ("EXECUTION_RESUMED", {})],
+    "answered-by-newer-node": [("EXECUTION_STARTED", {}), ("EXECUTION_SUSPENDED", {}),
+                               ("EXECUTION_FUTURE_KIND", {"kernel": True})],
+    # never parked: no row
+    "running": [("EXECUTION_STARTED", {}), ("STEP_COMPLETED", {})],
+}
+
+
+async def _write_old_logs(conn: psycopg.AsyncConnection[tuple[object, ...]],
+                          logs: dict[str, list[tuple[str, dict[str, object]]]]) -> None:
+    """Logs as a version without token-0 rows wrote them: events only, no fence rows."""
+    for eid, events in logs.items():
+        await conn.execute(
+            "INSERT INTO loom_executions (execution_id, head) VALUES (%s, %s)", (eid, len(events))
+        )
+        for seq, (kind, metadata) in enumerate(events):
+            await conn.execute(
+                "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, "
+                "recorded_at) VALUES (%s, %s, %s, 'null', %s, now())",
+                (eid, seq, kind, json.dumps(metadata)),
+            )
+
+
+async def _fence_rows(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> set[str]:
+    rows = await _fetch(conn, "SELECT execution_id FROM loom_fences WHERE token = 0")
+    return {str(r[0]) for r in rows}
+
+
+async def test_first_boot_backfills_token_0_rows_of_unanswered_parks_once(
+    pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    await migrate(pg_url, schema=schema, backfill_park_fences=False)
+    await _write_old_logs(admin, OLD_LOGS)
+    assert await _fence_rows(admin) == set()
+    await open_pg(schema=schema)
+    assert await _fence_rows(admin) == {"parked", "parked-denied"}
+    # One-time: a later boot does not scan again.
+    await _write_old_logs(admin, {"parked-later": OLD_LOGS["parked"]})
+    await open_pg(schema=schema)
+    assert await _fence_rows(admin) == {"parked", "parked-denied"}
+
+
+async def test_backfill_opt_out_then_the_offline_batched_variant(
+    pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    await migrate(pg_url, schema=schema, backfill_park_fences=False)
+    await _write_old_logs(admin, OLD_LOGS)
+    await open_pg(schema=schema, backfill_park_fences=False)
+    assert await _fence_rows(admin) == set()
+    inserted = await backfill_park_fences(pg_url, schema=schema, batch_size=1)
+    assert inserted == 2
+    assert await _fence_rows(admin) == {"parked", "parked-denied"}
+    # Its temporary index is gone, the marker is written, and a rerun is a no-op.
+    assert await _fetch(admin, "SELECT to_regclass('loom_events_parks')") == [(None,)]
+    assert await backfill_park_fences(pg_url, schema=schema) == 0
+    report = await migrate(pg_url, schema=schema)
+    assert report.backfilled_park_fences is None
+
+
+async def test_backfilled_park_is_safe_against_the_answer_acquire_race(
+    pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    # The backfilled row is the one an answering append locks: after the backfill the
+    # pre-version park behaves like a new one (one side wins, never both).
+    await migrate(pg_url, schema=schema, backfill_park_fences=False)
+    logs = {f"old-{i}": OLD_LOGS["parked"] for i in range(40)}
+    await _write_old_logs(admin, logs)
+    node_a = await open_pg(schema=schema)
+    node_b = await open_pg(schema=schema)
+    from loom_core.errors import StaleFenceError
+
+    for eid in logs:
+        async def answer(eid: str = eid) -> bool:
+            try:
+                await node_a.events.append(eid, [NewEvent("EXECUTION_RESUMED")],
+                                           expected_sequence=2, fence=0)
+            except StaleFenceError:
+                return False
+            return True
+
+        appended, acquired = await asyncio.gather(
+            answer(), node_b.events.acquire_fence_if(eid, fence=0, park_seq=1)
+        )
+        assert appended != acquired.acquired
