@@ -128,7 +128,10 @@ SETTINGS: Final = (
     "max_connections",
     "default_transaction_isolation",
 )
-SHOW_SETTINGS: Final = "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)"
+# current_setting() formats a value with its unit as SHOW does ("64MB", not "8192 8kB").
+SHOW_SETTINGS: Final = (
+    "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name ORDER BY name"
+)
 DATABASE_EXISTS: Final = "SELECT 1 FROM pg_database WHERE datname = %s"
 
 
@@ -137,10 +140,7 @@ async def server_settings(url: str) -> dict[str, object]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cursor = await conn.execute(SHOW_SETTINGS, (list(SETTINGS),))
         rows = await cursor.fetchall()
-    return {
-        f"postgres_{name}": f"{setting}{(' ' + unit) if unit else ''}"
-        for name, setting, unit in rows
-    }
+    return {f"postgres_{name}": str(setting) for name, setting in rows}
 
 
 async def ensure_database(url: str, name: str) -> None:
