@@ -26,6 +26,7 @@ from loom_core.errors import (
     InvalidInputError,
     InvalidSequenceError,
     SequenceConflictError,
+    StorageReadError,
 )
 from loom_core.events import Event, JsonObject, JsonValue, NewEvent
 from loom_core.kinds import is_answering_kind
@@ -205,6 +206,29 @@ def _append_many(
     )
 
 
+def _decode(text: str, execution_id: str, sequence: int, column: str) -> JsonValue:
+    try:
+        value: JsonValue = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        # Only a hand edit of the file (or a damaged page) puts non-JSON here: Loom
+        # validates every payload before it writes.
+        raise StorageReadError(
+            f"event {sequence} of {execution_id!r} has a {column} that is not JSON ({exc}); "
+            "the row was changed outside Loom: restore it from a backup"
+        ) from exc
+    return value
+
+
+def _decode_object(text: str, execution_id: str, sequence: int) -> JsonObject:
+    value = _decode(text, execution_id, sequence, "metadata")
+    if not isinstance(value, dict):
+        raise StorageReadError(
+            f"event {sequence} of {execution_id!r} has metadata that is not a JSON object; "
+            "the row was changed outside Loom: restore it from a backup"
+        )
+    return value
+
+
 def _read(
     raw: sqlite3.Connection, execution_id: str, start: int, end: int, limit: int
 ) -> tuple[Event, ...]:
@@ -213,8 +237,8 @@ def _read(
             execution_id,
             sequence,
             kind,
-            json.loads(payload),
-            json.loads(metadata),
+            _decode(payload, execution_id, sequence, "payload"),
+            _decode_object(metadata, execution_id, sequence),
             from_micros(recorded_at),
         )
         for sequence, kind, payload, metadata, recorded_at in raw.execute(

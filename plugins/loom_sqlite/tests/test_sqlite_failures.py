@@ -234,3 +234,24 @@ async def test_a_closed_storage_refuses_every_call(db_url: str) -> None:
         await storage.timers.pending("e")
     with pytest.raises(DatabaseClosedError):
         await storage.leases.inspect("k")
+
+
+@pytest.mark.parametrize(
+    ("column", "text"), [("payload", "{not json"), ("metadata", "[1, 2]")]
+)
+async def test_a_row_edited_outside_loom_is_a_read_error_naming_the_event(
+    db_path: Path, column: str, text: str
+) -> None:
+    url = url_for(db_path)
+    async with open_storage(url) as storage:
+        await storage.events.append("edited", [NewEvent("k", {"n": 1})], expected_sequence=0)
+    with sqlite3.connect(db_path) as raw:
+        # A hand edit; the column name comes from the test's own constant list.
+        statement = {
+            "payload": "UPDATE loom_events SET payload = ? WHERE execution_id = ?",
+            "metadata": "UPDATE loom_events SET metadata = ? WHERE execution_id = ?",
+        }[column]
+        raw.execute(statement, (text, "edited"))
+    async with open_storage(url) as storage:
+        with pytest.raises(StorageReadError, match=f"event 0 of 'edited' has .*{column}"):
+            await storage.events.read("edited")
