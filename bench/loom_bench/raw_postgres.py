@@ -1,0 +1,233 @@
+"""The PostgreSQL raw floor: the same writes through bare psycopg, no Loom code.
+
+One connection per concurrent execution (``concurrency`` of them, autocommit, psycopg's
+automatic prepared statements), each append its own transaction, into an equivalent table
+(primary key ``(execution_id, sequence)``) in the same database as the store under test.
+The statements are the ones ADR 0118 D1 prescribes, written by hand:
+
+- an append is one ``INSERT``; a park also creates the execution's token-0 fence row in
+  the same statement, so a later answer can lock it;
+- ``acquire_fence`` is an upsert that bumps the token;
+- a fenced append inserts only while its token is current, reading the fence row
+  ``FOR SHARE`` when the event answers a park;
+- ``acquire_fence_if`` is one transaction: lock the fence row ``FOR UPDATE``, then bump it
+  only if the token matches and no answering event exists past the park.
+
+This is the plain-pool loop the PostgreSQL issue measured at about 0.45x of pgbench on
+these machines: no pipelining, no group commit. It is a floor, not a ceiling;
+:mod:`loom_bench.pgbench` gives the ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from loom_bench.drive import RunPlan, Tick, drive_workers
+from loom_bench.scenarios import (
+    PARK,
+    AcquireFence,
+    Append,
+    Scenario,
+    ScenarioError,
+)
+from loom_bench.statistics import Sample
+from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - reported by the runner as "needs psycopg"
+    psycopg = None  # type: ignore[assignment]
+
+__all__ = [
+    "EVENTS_TABLE",
+    "FENCES_TABLE",
+    "SCHEMA",
+    "available",
+    "ensure_database",
+    "measure_raw_postgres",
+    "prepare_raw_postgres",
+    "server_settings",
+]
+
+EVENTS_TABLE: Final = "bench_raw_events"
+FENCES_TABLE: Final = "bench_raw_fences"
+
+SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS bench_raw_events (
+        execution_id text NOT NULL,
+        sequence integer NOT NULL,
+        kind text NOT NULL,
+        payload jsonb NOT NULL,
+        metadata jsonb NOT NULL,
+        recorded_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (execution_id, sequence)
+    )""",
+    """CREATE TABLE IF NOT EXISTS bench_raw_fences (
+        execution_id text PRIMARY KEY,
+        token bigint NOT NULL
+    )""",
+)
+INSERT: Final = (
+    "INSERT INTO bench_raw_events (execution_id, sequence, kind, payload, metadata) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb)"
+)
+INSERT_PARK: Final = (
+    "WITH fence AS (INSERT INTO bench_raw_fences (execution_id, token) VALUES (%s, 0) "
+    "ON CONFLICT (execution_id) DO NOTHING) "
+    "INSERT INTO bench_raw_events (execution_id, sequence, kind, payload, metadata) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb)"
+)
+INSERT_FENCED: Final = (
+    "INSERT INTO bench_raw_events (execution_id, sequence, kind, payload, metadata) "
+    "SELECT %s, %s, %s, %s::jsonb, %s::jsonb WHERE COALESCE("
+    "(SELECT token FROM bench_raw_fences WHERE execution_id = %s), 0) <= %s"
+)
+INSERT_FENCED_ANSWERING: Final = (
+    "INSERT INTO bench_raw_events (execution_id, sequence, kind, payload, metadata) "
+    "SELECT %s, %s, %s, %s::jsonb, %s::jsonb WHERE COALESCE("
+    "(SELECT token FROM bench_raw_fences WHERE execution_id = %s FOR SHARE), 0) <= %s"
+)
+ACQUIRE: Final = (
+    "INSERT INTO bench_raw_fences (execution_id, token) VALUES (%s, 1) "
+    "ON CONFLICT (execution_id) DO UPDATE SET token = bench_raw_fences.token + 1 "
+    "RETURNING token"
+)
+LOCK_FENCE: Final = "SELECT token FROM bench_raw_fences WHERE execution_id = %s FOR UPDATE"
+ACQUIRE_IF: Final = (
+    "UPDATE bench_raw_fences SET token = token + 1 "
+    "WHERE execution_id = %s AND token = %s AND NOT EXISTS ("
+    "SELECT 1 FROM bench_raw_events WHERE execution_id = %s AND sequence > %s AND ("
+    "kind = ANY(%s) OR (kind <> ALL(%s) AND metadata -> 'kernel' = 'true'::jsonb))) "
+    "RETURNING token"
+)
+_ANSWERING: Final = sorted(ANSWERING_KINDS)
+_KERNEL: Final = sorted(KERNEL_KINDS)
+
+
+def available() -> str | None:
+    """None when psycopg is importable, else what to install."""
+    if psycopg is None:
+        return "the PostgreSQL raw floor needs psycopg: pip install 'loom-bench[postgres]'"
+    return None
+
+
+async def prepare_raw_postgres(url: str) -> None:
+    """Create the floor's two tables (once per database; later runs append to them)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for statement in SCHEMA:
+            await conn.execute(statement)
+
+
+SETTINGS: Final = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "wal_sync_method",
+    "shared_buffers",
+    "max_connections",
+    "default_transaction_isolation",
+)
+# current_setting() formats a value with its unit as SHOW does ("64MB", not "8192 8kB").
+SHOW_SETTINGS: Final = (
+    "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name ORDER BY name"
+)
+DATABASE_EXISTS: Final = "SELECT 1 FROM pg_database WHERE datname = %s"
+
+
+async def server_settings(url: str) -> dict[str, object]:
+    """The server settings the figures depend on (durability above all)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(SHOW_SETTINGS, (list(SETTINGS),))
+        rows = await cursor.fetchall()
+    return {f"postgres_{name}": str(setting) for name, setting in rows}
+
+
+async def ensure_database(url: str, name: str) -> None:
+    """Create database ``name`` on the server at ``url`` unless it exists (the sharded
+    stack's second shard). Needs the CREATEDB privilege."""
+    from psycopg import sql
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(DATABASE_EXISTS, (name,))
+        if await cursor.fetchone() is None:
+            # A database name cannot be a bind parameter; Identifier quotes it safely.
+            await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+async def _run_execution(
+    conn: psycopg.AsyncConnection[tuple[int]], execution_id: str, scenario: Scenario
+) -> None:
+    sequence = 0
+    token: int | None = None
+    park_token, park_sequence = 0, -1
+    for step in scenario.steps:
+        if isinstance(step, Append):
+            kind = step.event.kind
+            payload = json.dumps(step.event.payload, separators=(",", ":"))
+            if step.fenced and token is not None:
+                statement = INSERT_FENCED_ANSWERING if kind in ANSWERING_KINDS else INSERT_FENCED
+                cursor = await conn.execute(
+                    statement,
+                    (execution_id, sequence, kind, payload, json.dumps({"fence": token}),
+                     execution_id, token),
+                    prepare=True,
+                )
+                if cursor.rowcount != 1:
+                    raise ScenarioError(f"raw fenced append of {execution_id!r} refused")
+                if kind == PARK.kind:
+                    park_token, park_sequence = token, sequence
+            elif kind == PARK.kind:
+                await conn.execute(
+                    INSERT_PARK,
+                    (execution_id, execution_id, sequence, kind, payload, "{}"),
+                    prepare=True,
+                )
+                park_token, park_sequence = 0, sequence
+            else:
+                await conn.execute(
+                    INSERT, (execution_id, sequence, kind, payload, "{}"), prepare=True
+                )
+            sequence += 1
+        elif isinstance(step, AcquireFence):
+            cursor = await conn.execute(ACQUIRE, (execution_id,), prepare=True)
+            row = await cursor.fetchone()
+            assert row is not None
+            token = row[0]
+        else:
+            async with conn.transaction():
+                await conn.execute(LOCK_FENCE, (execution_id,), prepare=True)
+                cursor = await conn.execute(
+                    ACQUIRE_IF,
+                    (execution_id, park_token, execution_id, park_sequence, _ANSWERING,
+                     _KERNEL),
+                    prepare=True,
+                )
+                row = await cursor.fetchone()
+            if row is None:
+                raise ScenarioError(f"raw acquire_fence_if of {execution_id!r} was stale")
+            token = row[0]
+
+
+async def measure_raw_postgres(
+    url: str, scenario: Scenario, plan: RunPlan, tick: Tick
+) -> Sample:
+    """One timed raw run: ``plan.concurrency`` connections, opened before the clock starts
+    and closed after it stops."""
+    connections: list[psycopg.AsyncConnection[tuple[int]]] = []
+    try:
+        for _ in range(plan.concurrency):
+            connections.append(await psycopg.AsyncConnection.connect(url, autocommit=True))
+
+        async def warm(conn: psycopg.AsyncConnection[tuple[int]], index: int) -> None:
+            await _run_execution(conn, plan.warmup_id(index), scenario)
+
+        async def timed(conn: psycopg.AsyncConnection[tuple[int]], index: int) -> None:
+            await _run_execution(conn, plan.execution_id(index), scenario)
+
+        if plan.warmup:
+            await drive_workers(plan.warmup, connections, warm)
+        return await drive_workers(plan.executions, connections, timed, tick)
+    finally:
+        for conn in connections:
+            await conn.close()

@@ -1,0 +1,344 @@
+"""The benchmark: every row, every repetition, ours and its floors interleaved.
+
+Order matters on a shared machine. Each repetition runs **every** row once (forwards on
+even repetitions, backwards on odd ones) and, within a row, our run and the floors' runs
+back to back (ours first on even repetitions, last on odd ones). So drift (another
+process waking up, the disk cache filling) lands on both sides of every ratio, and the
+ratios between rows (fenced over unfenced, conditional over unconditional) are paired
+per repetition too.
+
+A missing plugin, an unreachable server or a store that lacks a method the scenario needs
+is a row status, never a crash; a run that raises marks its row failed with the error and
+the benchmark goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal, TextIO
+
+from loom_bench import machine
+from loom_bench.backends import Backend, MemoryBackend, PostgresBackend, SqliteBackend
+from loom_bench.drive import RunPlan
+from loom_bench.loom_runs import NotOffered, measure_loom
+from loom_bench.pgbench import find_pgbench
+from loom_bench.progress import Progress
+from loom_bench.raw_sqlite import Synchronous
+from loom_bench.results import (
+    BenchResult,
+    Parameters,
+    RowResult,
+    RowSpec,
+    SideResult,
+    Status,
+)
+from loom_bench.scenarios import Scenario, scenario
+from loom_bench.servers import ServerUnavailable, postgres_server
+from loom_bench.stacks import missing_decorator
+from loom_bench.statistics import Sample, paired_ratios
+from loom_core import PluginHost, default_plugins
+from loom_core.plugins import KNOWN_DISTRIBUTIONS
+
+__all__ = ["BenchConfig", "run_benchmark"]
+
+Side = Literal["ours", "raw", "ceiling"]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """Everything the command line decides."""
+
+    backends: tuple[str, ...] = ("memory", "sqlite", "postgres")
+    concurrency: tuple[int, ...] = (64,)
+    executions: int = 3000
+    runs: int = 5
+    warmup: int = 300
+    scenarios: tuple[str, ...] = (
+        "short",
+        "short-fenced",
+        "park-resume",
+        "park-resume-fence",
+        "park-resume-fence-if",
+    )
+    stacks: tuple[tuple[str, ...], ...] = ()
+    stack_scenario: str = "short"
+    sqlite_synchronous: Synchronous = "NORMAL"
+    postgres_url: str | None = None
+    pgbench: str | None = None
+    raw: bool = True
+    ceiling: bool = True
+    workdir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.executions < 1 or self.runs < 1 or self.warmup < 0:
+            raise ValueError("executions and runs must be at least 1, warmup at least 0")
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ValueError("concurrency must be one or more integers of at least 1")
+        for key in (*self.scenarios, self.stack_scenario):
+            scenario(key)
+
+
+@dataclass(slots=True)
+class _Row:
+    """A row while it is being measured (the mutable twin of RowResult)."""
+
+    spec: RowSpec
+    scenario: Scenario
+    backend: Backend | None
+    runs: int
+    status: Status = "ok"
+    note: str | None = None
+    sides: dict[Side, list[Sample | None]] = field(default_factory=dict)
+    labels: dict[Side, str] = field(default_factory=dict)
+    errors: dict[Side, str] = field(default_factory=dict)
+
+    def enable(self, side: Side, label: str | None) -> None:
+        if label is not None:
+            self.sides[side] = [None] * self.runs
+            self.labels[side] = label
+
+    def active_sides(self, repetition: int) -> list[Side]:
+        order: list[Side] = [s for s in ("ours", "raw", "ceiling") if s in self.sides]
+        order = [s for s in order if s not in self.errors]
+        return order if repetition % 2 == 0 else order[::-1]
+
+    def side_result(self, side: Side) -> SideResult | None:
+        if side not in self.sides:
+            return None
+        return SideResult(self.labels[side], tuple(self.sides[side]), self.errors.get(side))
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _specs(config: BenchConfig) -> list[tuple[RowSpec, Scenario]]:
+    specs: list[tuple[RowSpec, Scenario]] = []
+    for backend in config.backends:
+        for concurrency in config.concurrency:
+            keys = list(config.scenarios)
+            if config.stacks and config.stack_scenario not in keys:
+                keys.append(config.stack_scenario)  # the stacks' undecorated baseline
+            for key in keys:
+                chosen = scenario(key)
+                specs.append((RowSpec(backend, key, chosen.title, (), concurrency), chosen))
+            stack_scenario = scenario(config.stack_scenario)
+            for stack in config.stacks:
+                specs.append(
+                    (
+                        RowSpec(
+                            backend, stack_scenario.key, stack_scenario.title, stack,
+                            concurrency,
+                        ),
+                        stack_scenario,
+                    )
+                )
+    return specs
+
+
+async def run_benchmark(
+    config: BenchConfig,
+    *,
+    plugins: PluginHost | None = None,
+    progress_stream: TextIO | None = None,
+    show_progress: bool = True,
+    command: str = "",
+) -> BenchResult:
+    """Run the benchmark ``config`` describes and return every sample."""
+    host = plugins if plugins is not None else default_plugins()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    machine_info = machine.collect()
+    session = secrets.token_hex(3)
+    async with contextlib.AsyncExitStack() as stack:
+        workdir = config.workdir
+        if workdir is None:
+            workdir = Path(tempfile.mkdtemp(prefix="loom-bench-"))
+            stack.callback(shutil.rmtree, workdir, True)
+        backends, unavailable, postgres_origin = await _backends(config, host, workdir, stack)
+        rows: list[_Row] = []
+        for spec, chosen in _specs(config):
+            backend = backends.get(spec.backend)
+            row = _Row(spec, chosen, backend, config.runs)
+            if backend is None:
+                row.status, row.note = unavailable[spec.backend]
+            elif (missing := missing_decorator(spec.stack, host)) is not None:
+                row.status, row.note = "not installed", missing
+            else:
+                row.enable("ours", "loom")
+                if config.raw:
+                    row.enable("raw", backend.raw_label)
+                if config.ceiling and not spec.stack:
+                    row.enable("ceiling", backend.ceiling_label)
+            rows.append(row)
+        total = sum(len(r.sides) for r in rows if r.status == "ok") * config.runs
+        async with Progress(total, stream=progress_stream, enabled=show_progress) as progress:
+            indexed = list(enumerate(rows))
+            for repetition in range(config.runs):
+                order = indexed if repetition % 2 == 0 else indexed[::-1]
+                for index, row in order:
+                    await _measure_row(
+                        row, index, repetition, config, host, session, progress
+                    )
+        settings = {name: backend.settings() for name, backend in backends.items()}
+    machine_info = {**machine_info, "load_average_after": machine.load_average()}
+    results = _results(rows)
+    parameters = Parameters(
+        backends=config.backends,
+        concurrency=config.concurrency,
+        executions=config.executions,
+        runs=config.runs,
+        warmup=config.warmup,
+        scenarios=config.scenarios,
+        stacks=config.stacks,
+        stack_scenario=config.stack_scenario,
+        sqlite_synchronous=config.sqlite_synchronous,
+        postgres=postgres_origin,
+        command=command,
+    )
+    return BenchResult(
+        parameters=parameters,
+        machine=machine_info,
+        settings=settings,
+        rows=results,
+        started_at=started_at,
+        finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+async def _backends(
+    config: BenchConfig,
+    host: PluginHost,
+    workdir: Path,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[dict[str, Backend], dict[str, tuple[Status, str]], str]:
+    """The reachable backends, and for the others the status and note their rows get."""
+    backends: dict[str, Backend] = {}
+    unavailable: dict[str, tuple[Status, str]] = {}
+    origin = "not requested"
+    installed = host.backends.factories
+    for name in config.backends:
+        candidate: Backend
+        if name == "memory":
+            candidate = MemoryBackend()
+        elif name == "sqlite":
+            candidate = SqliteBackend(workdir / "sqlite", config.sqlite_synchronous)
+        elif name == "postgres":
+            if "postgresql" not in installed and "postgres" not in installed:
+                unavailable[name] = ("not installed", _not_installed("postgresql", host))
+                continue
+            try:
+                url, origin = await stack.enter_async_context(
+                    postgres_server(config.postgres_url)
+                )
+            except ServerUnavailable as exc:
+                unavailable[name] = ("unavailable", str(exc))
+                origin = "unavailable"
+                continue
+            candidate = PostgresBackend(url, find_pgbench(config.pgbench))
+        else:
+            raise ValueError(f"unknown backend {name!r}; known: memory, sqlite, postgres")
+        if candidate.scheme not in installed:
+            unavailable[name] = ("not installed", _not_installed(candidate.scheme, host))
+            continue
+        try:
+            await candidate.prepare()
+        except Exception as exc:
+            unavailable[name] = ("unavailable", _describe(exc))
+            continue
+        backends[name] = candidate
+    return backends, unavailable, origin
+
+
+def _not_installed(scheme: str, host: PluginHost) -> str:
+    """A short note: what to install, or why the installed plugin did not load."""
+    try:
+        host.backend_for(scheme)
+    except Exception as exc:
+        hint = KNOWN_DISTRIBUTIONS.get(scheme)
+        loaded_badly = any(scheme in str(error) for error in host.errors)
+        if hint and not loaded_badly:
+            return f"pip install {hint}"
+        return str(exc)
+    return f"no plugin registers {scheme}://"
+
+
+async def _measure_row(
+    row: _Row,
+    index: int,
+    repetition: int,
+    config: BenchConfig,
+    host: PluginHost,
+    session: str,
+    progress: Progress,
+) -> None:
+    if row.status != "ok" or row.backend is None:
+        return
+    backend = row.backend
+    spec = row.spec
+    for side in row.active_sides(repetition):
+        tag = f"{session}-r{repetition}-{index}-{side}"
+        plan = RunPlan(config.executions, spec.concurrency, config.warmup, prefix=tag)
+        progress.start_run(
+            f"{spec.backend} · {spec.label} · C={spec.concurrency} · {row.labels[side]}",
+            config.executions,
+        )
+        try:
+            if side == "ours":
+                sample = await measure_loom(
+                    backend, spec.stack, row.scenario, plan, tag, progress.tick, host
+                )
+            elif side == "raw":
+                sample = await backend.measure_raw(row.scenario, plan, tag, progress.tick)
+            else:
+                sample = await backend.measure_ceiling(row.scenario, plan, progress.tick)
+        except NotOffered as exc:
+            row.status, row.note = "unsupported", str(exc)
+            progress.finish_run(f"unsupported: {exc}")
+            return
+        except Exception as exc:
+            progress.finish_run(f"failed: {_describe(exc)}")
+            if side == "ours":
+                row.status, row.note = "failed", _describe(exc)
+                return
+            row.errors[side] = _describe(exc)
+            continue
+        finally:
+            backend.forget(tag)
+        row.sides[side][repetition] = sample
+        progress.finish_run(f"{sample.per_second:,.0f}/s, p50 {sample.p50_ms:.1f} ms")
+
+
+def _results(rows: Sequence[_Row]) -> tuple[RowResult, ...]:
+    by_key = {row.spec.key: row for row in rows}
+    results = []
+    for row in rows:
+        ours = row.side_result("ours")
+        vs_bare = None
+        bare = by_key.get(row.spec.bare_key or "")
+        if ours is not None and bare is not None and bare.status == "ok":
+            bare_ours = bare.side_result("ours")
+            if bare_ours is not None:
+                vs_bare = paired_ratios(ours.per_second(), bare_ours.per_second())
+        note = row.note
+        if row.status == "ok" and row.errors:
+            note = "; ".join(f"{row.labels[s]} failed: {e}" for s, e in row.errors.items())
+        results.append(
+            RowResult(
+                spec=row.spec,
+                status=row.status,
+                note=note,
+                ours=ours if row.status == "ok" else None,
+                raw=row.side_result("raw") if row.status == "ok" else None,
+                ceiling=row.side_result("ceiling") if row.status == "ok" else None,
+                vs_bare=vs_bare,
+            )
+        )
+    return tuple(results)

@@ -1,0 +1,58 @@
+"""The issue targets are computed from paired repetitions of the right rows."""
+
+from __future__ import annotations
+
+import pytest
+from loom_bench.results import BenchResult, Parameters, RowResult, RowSpec, SideResult
+from loom_bench.statistics import Sample
+from loom_bench.targets import TargetCheck, evaluate
+
+
+def _side(label: str, *rates: float) -> SideResult:
+    return SideResult(label, tuple(Sample(1000, 1000 / r, 1.0, 2.0) for r in rates))
+
+
+def _row(key: str, ours: SideResult, ceiling: SideResult | None = None) -> RowResult:
+    return RowResult(RowSpec("postgres", key, key, (), 64), "ok", ours=ours, ceiling=ceiling)
+
+
+def _checks(*rows: RowResult) -> dict[str, TargetCheck]:
+    parameters = Parameters(
+        backends=("postgres",), concurrency=(64,), executions=1000, runs=2, warmup=0,
+        scenarios=(), stacks=(), stack_scenario="short", sqlite_synchronous="NORMAL",
+        postgres="given", command="",
+    )
+    result = BenchResult(parameters, {}, {}, rows, "", "")
+    return {check.description.split(" ")[0]: check for check in evaluate(result)}
+
+
+def test_the_conditional_resume_cost_is_paired_per_repetition() -> None:
+    checks = _checks(
+        _row("park-resume-fence", _side("loom", 1100, 2000)),
+        _row("park-resume-fence-if", _side("loom", 1000, 1600)),
+    )
+    conditional = checks["conditional"]
+    assert conditional.measured is not None
+    # Per repetition: 1100/1000 - 1 = 10%, 2000/1600 - 1 = 25%; the median is 17.5%.
+    assert conditional.measured.median == pytest.approx(0.175)
+    assert conditional.measured.minimum == pytest.approx(0.10)
+    assert conditional.met is False
+
+
+def test_fenced_within_ten_percent_of_unfenced_is_met() -> None:
+    checks = _checks(
+        _row("short", _side("loom", 1050, 1000), _side("pgbench", 1200, 1250)),
+        _row("short-fenced", _side("loom", 1000, 1000)),
+    )
+    assert checks["fenced"].met is True
+    pgbench = checks["short"]
+    assert pgbench.measured is not None
+    assert pgbench.measured.median == pytest.approx((1050 / 1200 + 1000 / 1250) / 2)
+    assert pgbench.met is True
+
+
+def test_the_pgbench_target_without_pgbench_says_why() -> None:
+    checks = _checks(_row("short", _side("loom", 1000)))
+    assert checks["short"].met is None
+    assert checks["short"].note == "pgbench not run (not found, or --no-pgbench)"
+    assert "fenced" not in checks  # the fenced row was not asked for: no target row
