@@ -8,6 +8,7 @@ from loom_core.decorating import (
     Forward,
     Implement,
     Refuse,
+    find_layer,
 )
 from loom_core.errors import (
     ConflictError,
@@ -144,6 +145,7 @@ __all__ = [
     "Unsupported",
     "__version__",
     "default_plugins",
+    "find_layer",
     "hookimpl",
     "is_answering",
     "is_answering_kind",

@@ -52,6 +52,7 @@ from loom_core.spi import (
     EventStore,
     OptionalMethod,
 )
+from loom_core.storage import Storage
 
 __all__ = [
     "FORWARD",
@@ -61,9 +62,11 @@ __all__ = [
     "Forward",
     "Implement",
     "Refuse",
+    "find_layer",
 ]
 
 _M = TypeVar("_M", bound=Callable[..., object], covariant=True)
+_D = TypeVar("_D", bound="EventStoreDecorator")
 
 
 @final
@@ -309,3 +312,14 @@ def _require(store: EventStoreDecorator, method: str, requires: frozenset[str]) 
             method,
             f"the inner store {type(store.inner).__name__} does not offer {', '.join(missing)}",
         )
+
+
+def find_layer(target: Storage | EventStore, layer: type[_D]) -> _D | None:
+    """The outermost decorator of class ``layer`` in ``target``'s stack (a Storage or an
+    event store), walking ``inner`` through every decorator above it; None if absent."""
+    store: object = target.events if isinstance(target, Storage) else target
+    while isinstance(store, EventStoreDecorator):
+        if isinstance(store, layer):
+            return store
+        store = store.inner
+    return None

@@ -237,3 +237,15 @@ def test_a_complete_decorator_is_mypy_clean(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_find_layer_walks_the_stack_from_a_storage_or_a_store() -> None:
+    from loom_core import Storage, find_layer
+    from loom_core.memory import MemoryLeaseStore, MemoryTimerStore
+
+    base = MemoryEventStore()
+    stack = Passthrough(Counting(base))
+    storage = Storage(stack, MemoryTimerStore(), MemoryLeaseStore())
+    assert find_layer(storage, Counting) is stack.inner
+    assert find_layer(stack, Passthrough) is stack
+    assert find_layer(base, Counting) is None

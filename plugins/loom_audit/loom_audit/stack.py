@@ -5,6 +5,7 @@ from __future__ import annotations
 from loom_audit.heads import ChainHead
 from loom_audit.store import AuditEventStore
 from loom_audit.verification import Verification
+from loom_core.decorating import find_layer
 from loom_core.errors import InvalidOptionError
 from loom_core.spi import EventStore
 from loom_core.storage import Storage
@@ -15,13 +16,9 @@ __all__ = ["export_head", "find_audit_store", "verify"]
 def find_audit_store(target: Storage | EventStore) -> AuditEventStore:
     """The audit decorator in ``target``'s stack (a Storage or an event store), however
     many decorators wrap it."""
-    store: object = target.events if isinstance(target, Storage) else target
-    for _ in range(64):
-        if isinstance(store, AuditEventStore):
-            return store
-        store = getattr(store, "inner", None)
-        if store is None:
-            break
+    store = find_layer(target, AuditEventStore)
+    if store is not None:
+        return store
     raise InvalidOptionError(
         "no audit decorator in this store's stack; open it with decorators=['audit', ...]"
     )

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core.decorating import find_layer
 from loom_core.errors import InvalidOptionError, SequenceConflictError
 from loom_core.events import Event, NewEvent
 from loom_core.kinds import EventKind
@@ -86,13 +87,9 @@ class _LogState:
 def find_crypto_store(target: Storage | EventStore) -> CryptoEventStore:
     """The crypto decorator in ``target``'s stack (a Storage or an event store), however
     many decorators wrap it."""
-    store: object = target.events if isinstance(target, Storage) else target
-    for _ in range(64):
-        if isinstance(store, CryptoEventStore):
-            return store
-        store = getattr(store, "inner", None)
-        if store is None:
-            break
+    store = find_layer(target, CryptoEventStore)
+    if store is not None:
+        return store
     raise InvalidOptionError(
         "no crypto decorator in this store's stack; open it with decorators=[..., 'crypto']"
     )
