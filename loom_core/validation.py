@@ -28,6 +28,7 @@ __all__ = [
     "MAX_KIND_LENGTH",
     "RESERVED_METADATA_KEYS",
     "canonical_json",
+    "check_append",
     "check_append_requests",
     "check_aware",
     "check_count",
@@ -99,6 +100,17 @@ def check_limit(value: object, what: str = "limit") -> int:
     if value < 1:
         raise InvalidOptionError(f"{what} must be >= 1, got {value}")
     return value
+
+
+def check_append(
+    execution_id: object, events: object, expected_sequence: object
+) -> tuple[str, tuple[NewEvent, ...], int]:
+    """The arguments every append shares (the fence is checked by the caller), in order."""
+    return (
+        check_execution_id(execution_id),
+        check_events(events),
+        check_sequence(expected_sequence, "expected_sequence"),
+    )
 
 
 def check_read(

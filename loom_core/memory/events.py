@@ -38,8 +38,8 @@ from loom_core.spi import (
 )
 from loom_core.validation import (
     canonical_json,
+    check_append,
     check_append_requests,
-    check_events,
     check_execution_id,
     check_fence,
     check_limit,
@@ -181,9 +181,9 @@ class MemoryEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         await self._tick()
@@ -275,9 +275,9 @@ class MemoryEventStore(RefusesUnoffered):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         self._offers("append_if_unchanged")
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
         await self._tick()
         current = self._fences.get(execution_id, 0)

@@ -31,7 +31,7 @@ from loom_core import (
     is_answering,
 )
 from loom_core.validation import (
-    check_events,
+    check_append,
     check_execution_id,
     check_fence,
     check_limit,
@@ -59,9 +59,9 @@ class DictEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         await asyncio.sleep(0)

@@ -51,11 +51,10 @@ from loom_core.errors import (
 from loom_core.events import Event, NewEvent
 from loom_core.spi import AppendRequest, EventStore
 from loom_core.validation import (
+    check_append,
     check_append_requests,
-    check_events,
     check_execution_id,
     check_fence,
-    check_sequence,
 )
 
 __all__ = ["AuditEventStore"]
@@ -121,9 +120,9 @@ class AuditEventStore(EventStoreDecorator):
     ) -> tuple[Event, ...]:
         """Link the events after the actual predecessor, then append. Refuses user metadata
         that sets ``chain`` (InvalidEventError)."""
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         chained = await self._chained(execution_id, checked, expected_sequence, fence)
@@ -171,9 +170,9 @@ class AuditEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
         chained = await self._chained(execution_id, checked, expected_sequence, None)
         written = await self.inner.append_if_unchanged(

@@ -33,12 +33,10 @@ from loom_core.errors import InvalidInputError, InvalidOptionError, PayloadShred
 from loom_core.events import Event, NewEvent
 from loom_core.spi import AppendRequest, EventStore
 from loom_core.validation import (
+    check_append,
     check_append_requests,
-    check_events,
-    check_execution_id,
     check_fence,
     check_key,
-    check_sequence,
 )
 from loom_crypto.errors import KeyDestroyedError
 from loom_crypto.keys import DataKey, KeyStore
@@ -182,9 +180,9 @@ class CryptoEventStore(EventStoreDecorator):
         """Seal each payload for the sequence it will take (``expected_sequence + i``) and
         append. A subject whose key was destroyed is refused
         (:class:`~loom_crypto.KeyDestroyedError`) before anything is written."""
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         sealed, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
@@ -230,9 +228,9 @@ class CryptoEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
         sealed, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
         written = await self.inner.append_if_unchanged(

@@ -56,8 +56,8 @@ from loom_core.spi import (
 )
 from loom_core.validation import (
     canonical_json,
+    check_append,
     check_append_requests,
-    check_events,
     check_execution_id,
     check_fence,
     check_limit,
@@ -576,9 +576,9 @@ class PostgresEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = _check_range(check_fence(fence), "fence")
         self._check_open()
@@ -664,9 +664,9 @@ class PostgresEventStore(RefusesUnoffered):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = _check_range(check_fence(observed_fence, "observed_fence"),
                                       "observed_fence")
         self._check_open()

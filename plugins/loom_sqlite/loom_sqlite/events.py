@@ -34,8 +34,8 @@ from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
 from loom_core.validation import (
     canonical_json,
+    check_append,
     check_append_requests,
-    check_events,
     check_execution_id,
     check_fence,
     check_limit,
@@ -331,9 +331,9 @@ class SqliteEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         op = functools.partial(
@@ -435,9 +435,9 @@ class SqliteEventStore(RefusesUnoffered):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked = check_events(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
         op = functools.partial(
             _append_if_unchanged,
