@@ -155,10 +155,14 @@ class MemoryEventStore(RefusesUnoffered):
                 recorded_at=now,
                 answering=is_answering_kind(event.kind, metadata),
             )
+            # ``events`` are validated copies the caller cannot reach, so the written
+            # events can carry them instead of decoding the JSON just encoded.
+            written.append(
+                Event(execution_id, log.head, event.kind, event.payload, metadata, now)
+            )
             log.events.append(stored)
             log.sequences.append(log.head)
             log.head += 1
-            written.append(self._event(execution_id, stored))
         self._wake(execution_id)
         return tuple(written)
 
