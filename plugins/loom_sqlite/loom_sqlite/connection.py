@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sqlite3
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar, cast, final
 
@@ -165,9 +167,36 @@ async def _stopped(aio: aiosqlite.Connection) -> None:
     await asyncio.to_thread(aio._thread.join, 10)
 
 
+def _switch_to_wal(raw: sqlite3.Connection, settings: Settings) -> object:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
+
+    Switching a rollback-journal file to WAL reads the file (a SHARED lock) and then needs
+    it EXCLUSIVE. When two connections do that at once, each holds what the other waits
+    for, so SQLite answers SQLITE_BUSY at once instead of calling the busy handler (which
+    could only deadlock). This loop is the busy handler for that case: it retries with a
+    short, jittered pause until ``busy_timeout_ms`` has passed, then lets the error out.
+    It runs on the connection's own thread, so the pause blocks nothing else.
+    """
+    deadline = time.monotonic() + settings.busy_timeout_ms / 1000
+    while True:
+        try:
+            row = raw.execute(JOURNAL_MODE_WAL).fetchone()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            busy = isinstance(code, int) and code & 0xFF in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            )
+            if not busy or time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.002, 0.02))
+            continue
+        return None if row is None else row[0]
+
+
 def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
-    mode = raw.execute(JOURNAL_MODE_WAL).fetchone()
-    if mode is None or str(mode[0]).lower() != "wal":
+    mode = _switch_to_wal(raw, settings)
+    if mode is None or str(mode).lower() != "wal":
         raise DatabaseOpenError(
             settings.path,
             f"SQLite could not switch it to WAL mode (journal_mode is {mode!r}); "

@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from loom_sqlite import (
     DatabaseOpenError,
     SqliteEventStore,
 )
+from loom_sqlite.connection import _switch_to_wal
+from loom_sqlite.settings import Settings
 from sqlite_helpers import file_bytes, smash_pages, url_for
 
 from loom_core import (
@@ -60,6 +63,43 @@ async def test_a_lock_held_past_busy_timeout_is_busy_and_writes_nothing(db_path:
         await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
         assert [e.kind for e in await storage.events.read("e")] == ["A", "B"]
         assert await storage.events.acquire_fence("e") == 1
+
+
+def _rollback_journal_file(path: Path) -> sqlite3.Connection:
+    """A file still in rollback-journal mode, and a connection holding it EXCLUSIVE."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    return holder
+
+
+def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path) -> None:
+    # Two connections switching one file to WAL together can each hold what the other
+    # needs; SQLite then answers SQLITE_BUSY at once, without its busy handler. A
+    # connection with no busy handler (timeout 0) gets that same immediate answer, so it
+    # stands in for the deadlocked one here.
+    holder = _rollback_journal_file(db_path)
+    opener = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        assert _switch_to_wal(opener, Settings(str(db_path), busy_timeout_ms=5000)) == "wal"
+    finally:
+        release.join()
+        opener.close()
+        holder.close()
+
+
+def test_the_switch_to_wal_gives_up_after_busy_timeout(db_path: Path) -> None:
+    holder = _rollback_journal_file(db_path)
+    opener = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _switch_to_wal(opener, Settings(str(db_path), busy_timeout_ms=50))
+    finally:
+        opener.close()
+        holder.execute("COMMIT")
+        holder.close()
 
 
 async def test_a_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:

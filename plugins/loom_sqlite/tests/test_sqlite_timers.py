@@ -125,7 +125,9 @@ async def test_two_processes_opening_a_file_together_both_start(
     if existing == "old-shape file":
         _old_shape_file(db_path)
     url = url_for(db_path)
-    workers = [spawn("open", url) for _ in range(2)]
+    # Four at once: switching a rollback-journal file to WAL deadlocks two readers that
+    # both want it EXCLUSIVE, and SQLite answers that with an immediate SQLITE_BUSY.
+    workers = [spawn("open", url) for _ in range(4)]
     try:
         for worker in workers:  # both are up and blocked on stdin: release them at once
             send(worker, "go")
@@ -141,4 +143,4 @@ async def test_two_processes_opening_a_file_together_both_start(
         due = await storage.timers.due(at(0))
         old = [r.redrive for r in due if r.execution_id == "old"]
         assert old == ([None] if existing == "old-shape file" else [])
-        assert sorted(r.redrive.attempt for r in due if r.redrive is not None) == [0, 0]
+        assert sorted(r.redrive.attempt for r in due if r.redrive is not None) == [0] * 4
