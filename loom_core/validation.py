@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, cast
 
 from loom_core.errors import (
     InvalidEventError,
@@ -134,40 +134,76 @@ def check_aware(value: object, what: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def _check_json(value: object, path: str, depth: int = 0) -> JsonValue:
+# Where a value sits inside an event: the root's name, or (parent, key or index). Built as
+# tuples while walking and spelled out only for an error, so a valid payload costs no
+# string formatting.
+_Where = str | tuple["_Where", str | int]
+
+
+def _where(path: _Where) -> str:
+    steps: list[str] = []
+    while isinstance(path, tuple):
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    steps.append(path)
+    return "".join(reversed(steps))
+
+
+def _check_json(value: object, path: _Where, depth: int = 0) -> JsonValue:
     if depth > 200:
-        raise InvalidEventError(f"{path} nests deeper than 200 levels")
-    if value is None or isinstance(value, bool | str):
-        if isinstance(value, str):
-            _check_text(value, path)
+        raise InvalidEventError(f"{_where(path)} nests deeper than 200 levels")
+    kind = type(value)
+    if kind is str:
+        _check_text(cast(str, value), path)
+        return cast(str, value)
+    if value is None or kind is bool or kind is int:
+        return cast(JsonValue, value)
+    if kind is dict or (kind is not list and isinstance(value, Mapping)):
+        out: dict[str, JsonValue] = {}
+        for k, v in cast(Mapping[object, object], value).items():
+            if type(k) is not str:
+                raise InvalidEventError(
+                    f"{_where(path)} has a non-string key {k!r}; JSON keys are strings"
+                )
+            _check_text(k, (path, "key"), key=True)
+            out[k] = _check_json(v, (path, k), depth + 1)
+        return out
+    if kind is list or isinstance(value, list | tuple):
+        return [
+            _check_json(v, (path, i), depth + 1)
+            for i, v in enumerate(cast(Sequence[object], value))
+        ]
+    if isinstance(value, str):
+        _check_text(value, path)
         return value
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidEventError(f"{path} is {value!r}, which JSON cannot represent")
+            raise InvalidEventError(f"{_where(path)} is {value!r}, which JSON cannot represent")
         return value
-    if isinstance(value, list | tuple):
-        return [_check_json(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        out: dict[str, JsonValue] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidEventError(f"{path} has a non-string key {k!r}; JSON keys are strings")
-            _check_text(k, f"{path} key")
-            out[k] = _check_json(v, f"{path}.{k}", depth + 1)
-        return out
-    raise InvalidEventError(f"{path} is a {type(value).__name__}, which is not a JSON value")
+    raise InvalidEventError(
+        f"{_where(path)} is a {type(value).__name__}, which is not a JSON value"
+    )
 
 
-def _check_text(value: str, path: str) -> None:
+def _check_text(value: str, path: _Where, *, key: bool = False) -> None:
     if "\x00" in value:
         # PostgreSQL jsonb cannot store U+0000; refuse it everywhere so stores agree.
-        raise InvalidEventError(f"{path} contains U+0000, which JSON stores cannot hold")
+        raise InvalidEventError(
+            f"{_label(path, key)} contains U+0000, which JSON stores cannot hold"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidEventError(f"{path} contains a lone surrogate") from None
+        raise InvalidEventError(f"{_label(path, key)} contains a lone surrogate") from None
+
+
+def _label(path: _Where, key: bool) -> str:
+    if key:  # (parent, "key"): the key of a member of parent
+        assert isinstance(path, tuple)
+        return f"{_where(path[0])} key"
+    return _where(path)
 
 
 def check_json(value: object, what: str) -> JsonValue:
@@ -221,10 +257,15 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
     return tuple(out)
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_CANONICAL: Final = json.JSONEncoder(
+    separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: JsonValue) -> str:
     """Compact JSON text with sorted keys (what SQL stores persist)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
-                      allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def now_utc() -> datetime:

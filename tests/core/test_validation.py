@@ -64,6 +64,26 @@ async def test_events_that_are_not_json_are_refused_and_nothing_is_written(
     assert await store.read("e") == ()
 
 
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"a": [1, {"b": math.inf}]}, "events[1].payload.a[1].b is inf"),
+        ([[{"x\x00": 1}]], "events[1].payload[0][0] key contains U+0000"),
+        ({"deep": ("t", "\ud800")}, "events[1].payload.deep[1] contains a lone surrogate"),
+    ],
+)
+async def test_a_refusal_names_where_in_the_payload_the_bad_value_is(
+    payload: object, where: str
+) -> None:
+    store = MemoryEventStore()
+    with pytest.raises(InvalidEventError) as caught:
+        await store.append(
+            "e", [NewEvent("ok"), NewEvent("k", payload)], expected_sequence=0  # type: ignore[arg-type]
+        )
+    assert str(caught.value).startswith(where)
+    assert await store.head("e") == 0
+
+
 async def test_events_must_be_a_non_empty_sequence_of_new_events() -> None:
     store = MemoryEventStore()
     with pytest.raises(InvalidEventError, match="must not be empty"):

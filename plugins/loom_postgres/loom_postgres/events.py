@@ -81,8 +81,8 @@ OpKind = Literal["a", "u", "f", "c"]
 
 BATCH: Final = (
     'SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_batch('
-    '%s::"char"[], %s::text[], %s::bigint[], %s::bigint[], %s::boolean[], %s::boolean[], '
-    "%s::integer[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint, "
+    '%s::"char"[], %b::text[], %b::bigint[], %b::bigint[], %b::boolean[], %b::boolean[], '
+    "%b::integer[], %b::text[], %b::text[], %b::text[], %b::text[], %s::bigint, "
     "%s::text[], %s::text[], %s::float8)"
 )
 

@@ -57,7 +57,7 @@ class PostgresOptions:
     migration_lock_timeout: float = 10.0
     lock_timeout: float | None = None
     max_batch: int = 256
-    max_inflight_batches: int = 4
+    max_inflight_batches: int = 2
     reconnect_timeout: float = 15.0
     subscribe_poll_interval: float = 5.0
     connect_timeout: float = 10.0

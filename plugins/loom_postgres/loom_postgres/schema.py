@@ -36,7 +36,7 @@ __all__ = [
     "schema_state",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 BACKFILL_TASK: Final = "park-fences-backfill"
 PARK_KIND: Final = EventKind.EXECUTION_SUSPENDED.value
 
@@ -156,6 +156,13 @@ DECLARE
     loc tid;
     checked boolean := false;
     room boolean;
+    k integer;
+    -- The events of the appends that passed their guards, written by one INSERT (see
+    -- loom_write_events): an element per event, not per write.
+    w_event integer[] := '{}';
+    w_id text[] := '{}';
+    w_seq bigint[] := '{}';
+    w_at timestamptz[] := '{}';
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_op), 0) LOOP
         n := p_count[i];
@@ -183,6 +190,12 @@ BEGIN
                                'READ COMMITTED transaction (or autocommit)';
                 END IF;
                 checked := true;
+            END IF;
+            -- The scan below must see the answering events this batch appended so far.
+            IF cardinality(w_event) > 0 THEN
+                PERFORM loom_write_events(w_event, w_id, w_seq, w_at, p_kind, p_payload,
+                                          p_metadata, p_writer);
+                w_event := '{}'; w_id := '{}'; w_seq := '{}'; w_at := '{}';
             END IF;
             -- Waits for in-flight answering appends (they hold FOR SHARE), blocks new ones.
             SELECT f.ctid, f.token INTO loc, cur
@@ -268,11 +281,12 @@ BEGIN
         END IF;
 
         o_at := clock_timestamp();
-        INSERT INTO loom_events
-            (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
-        SELECT p_id[i], p_seq[i] + k, p_kind[ev + k], p_payload[ev + k]::json,
-               p_metadata[ev + k]::json, o_at, p_writer
-        FROM generate_series(0, n - 1) AS k;
+        FOR k IN 0 .. n - 1 LOOP
+            w_event := w_event || (ev + k);
+            w_id := w_id || p_id[i];
+            w_seq := w_seq || (p_seq[i] + k);
+            w_at := w_at || o_at;
+        END LOOP;
         IF p_park[i] THEN
             -- A park creates its token-0 fence row, so an answering append always finds
             -- a row to lock before anyone can answer or acquire for this park.
@@ -293,7 +307,30 @@ BEGIN
         RETURN NEXT;
         ev := ev + n;
     END LOOP;
+    IF cardinality(w_event) > 0 THEN
+        PERFORM loom_write_events(w_event, w_id, w_seq, w_at, p_kind, p_payload, p_metadata,
+                                  p_writer);
+    END IF;
 END
+$loom$
+"""
+
+# The events of a batch's appends in one INSERT: a statement per write cost several
+# times the guard itself. Its rows are the batch's event arrays (p_kind, p_payload,
+# p_metadata) picked by position.
+_WRITE_EVENTS: Final = """
+CREATE OR REPLACE FUNCTION loom_write_events(
+    p_event integer[], p_id text[], p_seq bigint[], p_at timestamptz[], p_kind text[],
+    p_payload text[], p_metadata text[], p_writer bigint
+) RETURNS void
+LANGUAGE sql VOLATILE AS $loom$
+    INSERT INTO loom_events
+        (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
+    SELECT w.execution_id, w.sequence, e.kind, e.payload::json, e.metadata::json,
+           w.recorded_at, p_writer
+    FROM unnest(p_event, p_id, p_seq, p_at) AS w(event, execution_id, sequence, recorded_at)
+    JOIN unnest(p_kind, p_payload, p_metadata) WITH ORDINALITY
+         AS e(kind, payload, metadata, event) ON e.event = w.event
 $loom$
 """
 
@@ -452,6 +489,7 @@ _STEP_1: Final = (
     """,
     _TIMERS,
     _RETRY_UNLESS,
+    _WRITE_EVENTS,
     _BATCH,
     _ACQUIRE_FENCE_IF,
     _DELETE,
@@ -461,6 +499,7 @@ _STEP_1: Final = (
 
 MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (1, "events, fences, timers (with redrive), leases; loom_batch", _STEP_1),
+    (2, "loom_batch writes a batch's events in one INSERT", (_WRITE_EVENTS, _BATCH)),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 

@@ -10,6 +10,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from typing import cast
 
 import psycopg
 import pytest
@@ -78,7 +79,9 @@ async def test_several_processes_booting_at_once_migrate_exactly_once(
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err.decode()
         assert b"booted" in out
-    assert await _fetch(admin, "SELECT version FROM loom_schema_version") == [(SCHEMA_VERSION,)]
+    assert await _fetch(admin, "SELECT version FROM loom_schema_version ORDER BY version") == [
+        (version,) for version in range(1, SCHEMA_VERSION + 1)
+    ]
     heads = await _fetch(admin, "SELECT count(*) FROM loom_executions")
     assert heads == [(processes,)]
 
@@ -90,7 +93,7 @@ async def test_boot_records_the_schema_version_and_a_second_boot_changes_nothing
     first = await _fetch(admin, "SELECT version, applied_at FROM loom_schema_version")
     await open_pg(schema=schema)
     assert await _fetch(admin, "SELECT version, applied_at FROM loom_schema_version") == first
-    assert [row[0] for row in first] == [SCHEMA_VERSION]
+    assert sorted(cast(int, row[0]) for row in first) == list(range(1, SCHEMA_VERSION + 1))
 
 
 async def test_migrate_as_a_deploy_step_lets_nodes_boot_without_migrating(
@@ -106,6 +109,28 @@ async def test_migrate_as_a_deploy_step_lets_nodes_boot_without_migrating(
     async with open_storage(pg_url, options={"schema": schema, "migrate": False}) as storage:
         await storage.events.append("x", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
         assert await storage.events.head("x") == 1
+
+
+async def test_a_version_1_schema_is_migrated_to_the_batched_event_insert(
+    pg_url: str, schema: str, admin: Conn
+) -> None:
+    async with open_storage(pg_url, options={"schema": schema}) as storage:
+        await storage.events.append("old", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+    # What a version 1 database lacks: step 2 and the function its loom_batch calls.
+    await admin.execute("DELETE FROM loom_schema_version WHERE version >= 2")
+    await admin.execute("DROP FUNCTION loom_write_events")
+    with pytest.raises(SchemaMigrationError, match=r"at version 1,"):
+        await open_storage(pg_url, options={"schema": schema, "migrate": False})
+    report = await migrate(pg_url, schema=schema)
+    assert (report.version_before, report.version_after) == (1, SCHEMA_VERSION)
+    async with open_storage(pg_url, options={"schema": schema, "migrate": False}) as storage:
+        await storage.events.append(
+            "old", [NewEvent("STEP_COMPLETED"), NewEvent("EXECUTION_COMPLETED")],
+            expected_sequence=1,
+        )
+        assert [e.kind for e in await storage.events.read("old")] == [
+            "EXECUTION_STARTED", "STEP_COMPLETED", "EXECUTION_COMPLETED"
+        ]
 
 
 # -- the timers table (ADR 0118 D4, review round 1 P3-5) ----------------------------------
