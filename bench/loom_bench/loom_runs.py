@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from loom_bench.backends import Backend
 from loom_bench.drive import RunPlan, Tick, drive_concurrently
-from loom_bench.scenarios import Scenario, run_execution
+from loom_bench.scenarios import Scenario, run_execution, run_setup
 from loom_bench.stacks import StackOpening
 from loom_bench.statistics import Sample
 from loom_core import PluginHost, open_storage
@@ -49,13 +49,19 @@ async def measure_loom(
                 raise NotOffered(f"the store does not offer {', '.join(missing)}")
 
             async def warm(index: int) -> None:
+                await run_setup(events, plan.warmup_id(index), scenario)
                 await run_execution(events, plan.warmup_id(index), scenario)
+
+            async def set_up(index: int) -> None:
+                await run_setup(events, plan.execution_id(index), scenario)
 
             async def timed(index: int) -> None:
                 await run_execution(events, plan.execution_id(index), scenario)
 
             if plan.warmup:
                 await drive_concurrently(plan.warmup, plan.concurrency, warm)
+            if scenario.setup:
+                await drive_concurrently(plan.executions, plan.concurrency, set_up)
             return await drive_concurrently(plan.executions, plan.concurrency, timed, tick)
     finally:
         await opening.close()

@@ -87,7 +87,12 @@ def script_for(scenario: Scenario) -> tuple[str, dict[str, str]]:
         "kernel": "{" + ",".join(sorted(KERNEL_KINDS)) + "}",
     }
     sequence = 0
-    fenced_yet = False
+    # pgbench draws its ids at random, so a setup cannot run on them before the clock:
+    # the script presents the token the setup would leave, and its fence lookups find no
+    # row (the same index probe as finding one).
+    fenced_yet = scenario.held_token is not None
+    if scenario.held_token is not None:
+        variables["token"] = str(scenario.held_token)
     park_sequence = -1
     park_token = "0"
     for index, step in enumerate(scenario.steps):

@@ -159,7 +159,7 @@ async def _run_execution(
     conn: psycopg.AsyncConnection[tuple[int]], execution_id: str, scenario: Scenario
 ) -> None:
     sequence = 0
-    token: int | None = None
+    token = scenario.held_token
     park_token, park_sequence = 0, -1
     for step in scenario.steps:
         if isinstance(step, Append):
@@ -219,14 +219,24 @@ async def measure_raw_postgres(
         for _ in range(plan.concurrency):
             connections.append(await psycopg.AsyncConnection.connect(url, autocommit=True))
 
+        setup = scenario.setup_only
+
         async def warm(conn: psycopg.AsyncConnection[tuple[int]], index: int) -> None:
+            if setup is not None:
+                await _run_execution(conn, plan.warmup_id(index), setup)
             await _run_execution(conn, plan.warmup_id(index), scenario)
+
+        async def set_up(conn: psycopg.AsyncConnection[tuple[int]], index: int) -> None:
+            assert setup is not None
+            await _run_execution(conn, plan.execution_id(index), setup)
 
         async def timed(conn: psycopg.AsyncConnection[tuple[int]], index: int) -> None:
             await _run_execution(conn, plan.execution_id(index), scenario)
 
         if plan.warmup:
             await drive_workers(plan.warmup, connections, warm)
+        if setup is not None:
+            await drive_workers(plan.executions, connections, set_up)
         return await drive_workers(plan.executions, connections, timed, tick)
     finally:
         for conn in connections:

@@ -93,7 +93,7 @@ class RawSqliteFloor:
         """Write one execution of ``scenario``; raises ScenarioError if a guard refuses."""
         db = self._db
         sequence = 0
-        token: int | None = None
+        token = scenario.held_token
         park_token, park_sequence = 0, -1
         for step in scenario.steps:
             if isinstance(step, Append):
@@ -146,11 +146,18 @@ async def measure_raw_sqlite(
     """One timed raw run in a fresh file, in a worker thread (the loop keeps drawing the
     progress line). ``plan.concurrency`` does not apply: the floor is one writer loop."""
 
+    setup = scenario.setup_only
+
     def run() -> Sample:
         floor = RawSqliteFloor(path, synchronous=synchronous)
         try:
             for index in range(plan.warmup):
+                if setup is not None:
+                    floor.run_execution(plan.warmup_id(index), setup)
                 floor.run_execution(plan.warmup_id(index), scenario)
+            if setup is not None:
+                for index in range(plan.executions):
+                    floor.run_execution(plan.execution_id(index), setup)
             return drive_sequentially(
                 plan.executions,
                 lambda index: floor.run_execution(plan.execution_id(index), scenario),

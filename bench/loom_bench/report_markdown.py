@@ -180,15 +180,18 @@ def _targets_section(checks: Sequence[TargetCheck]) -> list[str]:
     lines = []
     for check in checks:
         formatter = format_ratio if check.kind == "ratio" else format_overhead
-        bound = (
-            f"{check.threshold:.2f}{_TIMES}" if check.kind == "ratio" else f"{check.threshold:+.0%}"
-        )
-        verdict = {True: "yes", False: "**no**", None: _DASH}[check.met]
+        if check.threshold is None:  # a reference figure, not a target
+            target, verdict = check.description, "(reference)"
+        else:
+            bound = (
+                f"{check.threshold:.2f}{_TIMES}" if check.kind == "ratio"
+                else f"{check.threshold:+.0%}"
+            )
+            target = f"{check.description} {check.comparison} {bound}"
+            verdict = {True: "yes", False: "**no**", None: _DASH}[check.met]
         measured = formatter(check.measured) if check.measured else f"not measured: {check.note}"
-        lines.append(
-            [check.issue, check.backend, str(check.concurrency),
-             f"{check.description} {check.comparison} {bound}", measured, verdict]
-        )
+        lines.append([check.issue, check.backend, str(check.concurrency), target, measured,
+                      verdict])
     return ["### Targets", "", *_table(header, lines), ""]
 
 

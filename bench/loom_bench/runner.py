@@ -39,7 +39,7 @@ from loom_bench.results import (
     SideResult,
     Status,
 )
-from loom_bench.scenarios import Scenario, scenario
+from loom_bench.scenarios import SCENARIOS, Scenario, scenario
 from loom_bench.servers import ServerUnavailable, postgres_server
 from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
@@ -60,13 +60,7 @@ class BenchConfig:
     executions: int = 3000
     runs: int = 5
     warmup: int = 300
-    scenarios: tuple[str, ...] = (
-        "short",
-        "short-fenced",
-        "park-resume",
-        "park-resume-fence",
-        "park-resume-fence-if",
-    )
+    scenarios: tuple[str, ...] = tuple(SCENARIOS)
     stacks: tuple[tuple[str, ...], ...] = ()
     stack_scenario: str = "short"
     sqlite_synchronous: Synchronous = "NORMAL"

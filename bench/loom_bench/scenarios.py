@@ -15,6 +15,13 @@ The five rows of ADR 0118's acceptance table:
 - ``park-resume-fence-if``: the same, but the resumer takes
   ``acquire_fence_if(fence=<the park's token>, park_seq=<the park's sequence>)``.
 
+One more row measures what issue 4's "fenced appends" target names, the appends alone:
+
+- ``short-fenced-appends``: the three appends of ``short-fenced`` under a token the
+  execution already holds; its ``acquire_fence`` is the scenario's *setup*, run for every
+  execution id before the clock starts (as a runtime acquires once per ownership, then
+  appends many times).
+
 The park is written unfenced (token 0), as a parent parked by the supervisor's unfenced
 first try is (ADR 0118, "Implementation (as built)").
 """
@@ -38,6 +45,7 @@ __all__ = [
     "Step",
     "expected_log",
     "run_execution",
+    "run_setup",
     "scenario",
 ]
 
@@ -85,16 +93,31 @@ class Scenario:
     key: str
     title: str
     steps: tuple[Step, ...]
+    setup: tuple[AcquireFence, ...] = ()
+    """Run on every execution id before the clock starts (untimed, not counted)."""
 
     @property
     def appends(self) -> int:
         return sum(isinstance(step, Append) for step in self.steps)
 
     @property
+    def held_token(self) -> int | None:
+        """The token an execution holds when its timed steps begin: what the setup's
+        acquires leave on a fresh id (None: no setup, nothing held)."""
+        return len(self.setup) or None
+
+    @property
+    def setup_only(self) -> Scenario | None:
+        """The setup as a scenario of its own, for a driver to run before the clock."""
+        if not self.setup:
+            return None
+        return Scenario(f"{self.key}:setup", f"{self.title} (setup)", self.setup)
+
+    @property
     def requires(self) -> frozenset[OptionalMethod]:
         """The optional SPI methods the script calls."""
         needed: set[OptionalMethod] = set()
-        for step in self.steps:
+        for step in (*self.setup, *self.steps):
             if isinstance(step, AcquireFence):
                 needed.add("acquire_fence")
             elif isinstance(step, AcquireFenceIf):
@@ -128,6 +151,16 @@ SCENARIOS: Final[Mapping[str, Scenario]] = {
             ),
         ),
         Scenario(
+            "short-fenced-appends",
+            "fenced appends (token taken before the clock)",
+            (
+                Append(START, fenced=True),
+                Append(STEP, fenced=True),
+                Append(COMPLETE, fenced=True),
+            ),
+            setup=(AcquireFence(),),
+        ),
+        Scenario(
             "park-resume",
             "park/resume, unfenced",
             (Append(START), Append(PARK), Append(RESUME), Append(COMPLETE)),
@@ -156,7 +189,8 @@ SCENARIOS: Final[Mapping[str, Scenario]] = {
         ),
     )
 }
-"""Every scenario, in the order of the original's table."""
+"""Every scenario: the original's table, with the fenced appends alone after its fenced
+column."""
 
 
 def scenario(key: str) -> Scenario:
@@ -191,10 +225,11 @@ async def run_execution(events: EventStore, execution_id: str, scenario: Scenari
     """Run one execution of ``scenario`` through the SPI.
 
     Every execution id is fresh and driven by one task, so nothing may refuse: a stale
-    conditional acquire raises :class:`ScenarioError` rather than being counted.
+    conditional acquire raises :class:`ScenarioError` rather than being counted. The
+    scenario's setup must have run on ``execution_id`` first (see :func:`run_setup`).
     """
     sequence = 0
-    token: int | None = None
+    token = scenario.held_token
     park_token = 0
     park_sequence = -1
     for step in scenario.steps:
@@ -220,11 +255,19 @@ async def run_execution(events: EventStore, execution_id: str, scenario: Scenari
             token = outcome.fence
 
 
+async def run_setup(events: EventStore, execution_id: str, scenario: Scenario) -> None:
+    """Run the scenario's untimed setup on ``execution_id`` (nothing when it has none)."""
+    setup = scenario.setup_only
+    if setup is not None:
+        await run_execution(events, execution_id, setup)
+
+
 def expected_log(scenario: Scenario) -> tuple[tuple[str, int], ...]:
-    """The (kind, fence token) of each event one execution of ``scenario`` leaves; an
-    unfenced append reads as token 0. Lets a test check what a floor or a store wrote."""
-    token = 0
-    held: int | None = None
+    """The (kind, fence token) of each event one execution of ``scenario`` (after its
+    setup) leaves; an unfenced append reads as token 0. Lets a test check what a floor or
+    a store wrote."""
+    token = len(scenario.setup)
+    held = scenario.held_token
     log: list[tuple[str, int]] = []
     for step in scenario.steps:
         if isinstance(step, Append):

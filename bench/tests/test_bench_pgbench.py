@@ -69,3 +69,11 @@ def test_a_report_without_figures_is_refused() -> None:
 def test_latencies_are_read_from_the_transaction_log_in_seconds() -> None:
     lines = ["0 0 1500 0 1700000000 123", "1 0 2500 0 1700000000 456", "garbage"]
     assert parse_latencies(lines) == [0.0015, 0.0025]
+
+
+def test_the_fenced_appends_script_presents_the_setup_token_and_acquires_nothing() -> None:
+    script, variables = script_for(SCENARIOS["short-fenced-appends"])
+    assert variables["token"] == "1"
+    assert "bench_raw_fences (execution_id, token)" not in script  # no acquire, no park
+    fenced = [line for line in script.splitlines() if "<= :token::bigint" in line]
+    assert len(fenced) == 3

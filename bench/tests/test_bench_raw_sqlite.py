@@ -92,3 +92,18 @@ async def test_a_timed_raw_run_writes_warmup_and_timed_executions(tmp_path: Path
         ids = {row[0] for row in db.execute("SELECT execution_id FROM events")}
     assert count == (5 + 2) * 4
     assert ids == {"p-0", "p-1", "p-2", "p-3", "p-4", "p-w0", "p-w1"}
+
+
+async def test_a_setup_takes_every_token_before_the_clock(tmp_path: Path) -> None:
+    path = tmp_path / "setup.db"
+    ticks: list[int] = []
+    plan = RunPlan(executions=4, concurrency=64, warmup=1, prefix="f")
+    sample = await measure_raw_sqlite(
+        path, "NORMAL", SCENARIOS["short-fenced-appends"], plan, lambda: ticks.append(1)
+    )
+    assert sample.executions == 4
+    assert len(ticks) == 4
+    with sqlite3.connect(path) as db:
+        tokens = dict(db.execute("SELECT execution_id, token FROM fences").fetchall())
+    assert tokens == {"f-0": 1, "f-1": 1, "f-2": 1, "f-3": 1, "f-w0": 1}
+    assert _log(path, "f-2") == list(expected_log(SCENARIOS["short-fenced-appends"]))

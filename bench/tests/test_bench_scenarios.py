@@ -10,10 +10,12 @@ from loom_bench.drive import RunPlan, drive_concurrently
 from loom_bench.loom_runs import NotOffered, measure_loom
 from loom_bench.scenarios import (
     SCENARIOS,
+    AcquireFence,
     Scenario,
     ScenarioError,
     expected_log,
     run_execution,
+    run_setup,
     scenario,
 )
 
@@ -24,6 +26,7 @@ from loom_core import PluginHost, open_storage
 async def test_one_execution_writes_exactly_the_expected_events(key: str) -> None:
     chosen = SCENARIOS[key]
     async with open_storage("memory://") as storage:
+        await run_setup(storage.events, "e-1", chosen)
         await run_execution(storage.events, "e-1", chosen)
         events = await storage.events.read("e-1")
         assert [(e.kind, e.fence) for e in events] == list(expected_log(chosen))
@@ -31,10 +34,11 @@ async def test_one_execution_writes_exactly_the_expected_events(key: str) -> Non
         assert await storage.events.list_executions() == ("e-1",)
 
 
-def test_the_table_rows_are_the_originals_five_with_their_append_counts() -> None:
+def test_the_table_rows_are_the_originals_five_and_the_fenced_appends() -> None:
     assert {key: s.appends for key, s in SCENARIOS.items()} == {
         "short": 3,
         "short-fenced": 3,
+        "short-fenced-appends": 3,
         "park-resume": 4,
         "park-resume-fence": 4,
         "park-resume-fence-if": 4,
@@ -42,6 +46,23 @@ def test_the_table_rows_are_the_originals_five_with_their_append_counts() -> Non
     assert SCENARIOS["park-resume-fence-if"].requires == {"acquire_fence_if"}
     assert SCENARIOS["short"].requires == frozenset()
     assert SCENARIOS["park-resume"].park_sequence == 1
+    # The fenced appends hold the token their untimed setup took; nothing timed acquires.
+    appends_only = SCENARIOS["short-fenced-appends"]
+    assert appends_only.requires == {"acquire_fence"}
+    assert appends_only.held_token == 1
+    assert not any(isinstance(step, AcquireFence) for step in appends_only.steps)
+    assert SCENARIOS["short-fenced"].held_token is None
+
+
+async def test_a_setup_runs_before_the_clock_and_is_not_counted() -> None:
+    ticks: list[int] = []
+    plan = RunPlan(executions=5, concurrency=2, warmup=1, prefix="s")
+    sample = await measure_loom(
+        MemoryBackend(), (), SCENARIOS["short-fenced-appends"], plan, "s",
+        lambda: ticks.append(1), PluginHost(entry_points=False),
+    )
+    assert sample.executions == 5
+    assert len(ticks) == 5
 
 
 def test_an_unknown_scenario_is_refused_naming_the_known_ones() -> None:
