@@ -27,6 +27,12 @@ Where the server comes from:
 Under ``CI=true`` a missing server or a failed start fails the run; it never skips. Outside
 CI a machine with no PostgreSQL at all skips the tests that need it, with a reason.
 
+A started cluster is watched by a small reaper process (``/bin/sh``, as the cluster's
+user, in its own session): when the process that started the cluster is gone without
+destroying it (a test run killed with SIGKILL, or SIGTERM, which skips ``atexit``), the
+reaper stops the server (``-m immediate``) and deletes its directory within about a
+second, so no throwaway server outlives its test run.
+
 The cluster is tuned for tests, not for safety against power loss: ``fsync=off`` and
 ``full_page_writes=off`` (a process crash, ``pg_ctl stop -m immediate`` included, still
 loses nothing that was committed, because the operating system keeps the written pages;
@@ -184,6 +190,7 @@ class ThrowawayCluster:
     _owner: tuple[int, int] | None = None
     _initialised: bool = False
     _running: bool = False
+    _reaper: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -285,9 +292,27 @@ class ThrowawayCluster:
                 continue
             self.port = port
             self._running = True
+            self._watch()
             return
         assert last is not None
         raise last
+
+    def _watch(self) -> None:
+        """Start the reaper (once per cluster) that cleans up if this process dies."""
+        if self._reaper is not None and self._reaper.poll() is None:
+            return
+        assert self.bindir is not None
+        assert self.root is not None
+        kwargs: dict[str, object] = {}
+        if self._owner is not None:
+            uid, gid = self._owner
+            kwargs.update(user=uid, group=gid, extra_groups=[])
+        self._reaper = subprocess.Popen(  # type: ignore[call-overload]
+            ["/bin/sh", "-c", _REAPER, "loom-pg-reaper", str(os.getpid()),
+             str(self.bindir / "pg_ctl"), str(self.data_dir), str(self.root)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True, **kwargs,
+        )
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server; ``mode="immediate"`` is a crash (no shutdown checkpoint)."""
@@ -298,6 +323,10 @@ class ThrowawayCluster:
 
     def destroy(self) -> None:
         """Stop (fast) and delete the cluster's directory. Safe to call twice."""
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
         try:
             if self._running:
                 try:
@@ -316,6 +345,17 @@ class ThrowawayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+# Watches the process that owns a cluster ($1) and, once it has gone, stops the server
+# and deletes its directory. /proc/<pid> is checked first because ``kill -0`` from the
+# unprivileged cluster user to a root-owned process fails even while it is alive.
+_REAPER: Final = """
+parent=$1 pg_ctl=$2 data=$3 root=$4
+while [ -d "/proc/$parent" ] || kill -0 "$parent" 2>/dev/null; do sleep 1; done
+"$pg_ctl" -D "$data" -m immediate -w -t 30 stop >/dev/null 2>&1
+rm -rf "$root"
+"""
 
 
 def _quote_setting(value: str) -> str:

@@ -191,8 +191,9 @@ BEGIN
                 END IF;
                 checked := true;
             END IF;
-            -- The scan below must see the answering events this batch appended so far.
-            IF cardinality(w_event) > 0 THEN
+            -- The scan below must see the events this batch gathered for this execution
+            -- so far (other executions' events can wait for the end).
+            IF p_id[i] = ANY (w_id) THEN
                 PERFORM loom_write_events(w_event, w_id, w_seq, w_at, p_kind, p_payload,
                                           p_metadata, p_writer);
                 w_event := '{}'; w_id := '{}'; w_seq := '{}'; w_at := '{}';
@@ -317,20 +318,23 @@ $loom$
 
 # The events of a batch's appends in one INSERT: a statement per write cost several
 # times the guard itself. Its rows are the batch's event arrays (p_kind, p_payload,
-# p_metadata) picked by position.
+# p_metadata) picked by position. plpgsql, not LANGUAGE sql: plpgsql keeps the INSERT's
+# plan for the session, where a SQL function would plan it again on every call.
 _WRITE_EVENTS: Final = """
 CREATE OR REPLACE FUNCTION loom_write_events(
     p_event integer[], p_id text[], p_seq bigint[], p_at timestamptz[], p_kind text[],
     p_payload text[], p_metadata text[], p_writer bigint
 ) RETURNS void
-LANGUAGE sql VOLATILE AS $loom$
+LANGUAGE plpgsql VOLATILE AS $loom$
+BEGIN
     INSERT INTO loom_events
         (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
     SELECT w.execution_id, w.sequence, e.kind, e.payload::json, e.metadata::json,
            w.recorded_at, p_writer
     FROM unnest(p_event, p_id, p_seq, p_at) AS w(event, execution_id, sequence, recorded_at)
     JOIN unnest(p_kind, p_payload, p_metadata) WITH ORDINALITY
-         AS e(kind, payload, metadata, event) ON e.event = w.event
+         AS e(kind, payload, metadata, event) ON e.event = w.event;
+END
 $loom$
 """
 

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
-from loom_conformance.postgres import PostgresServer
+from loom_conformance.postgres import PostgresServer, find_postgres_bindir, in_ci
 from loom_postgres import PostgresEventStore
+from loom_postgres.events import BATCH
+from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
@@ -171,6 +176,31 @@ async def test_acquire_fence_if_function_refuses_repeatable_read(
             )
 
 
+async def test_a_conditional_acquire_sees_an_answer_earlier_in_its_own_batch(
+    open_pg: Opener, pg_url: str, schema: str
+) -> None:
+    storage = await open_pg(schema=schema)
+    park = [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")]
+    for execution_id in ("x", "y", "z"):
+        await storage.events.append(execution_id, park, expected_sequence=0)
+    # One loom_batch: x is answered and then conditionally acquired (stale: the answer is
+    # part of the same batch); y is answered and z, untouched, is acquired.
+    ops = ["a", "c", "a", "c"]
+    ids = ["x", "x", "y", "z"]
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        cursor = await conn.execute(
+            BATCH,
+            (ops, ids, [2, 1, 2, 1], [None, 0, None, 0], [True, False, True, False],
+             [False] * 4, [1, 0, 1, 0], ["EXECUTION_RESUMED"] * 2, ["null"] * 2,
+             ["{}"] * 2, [None] * 4, 7, ANSWERING_LITERAL, KERNEL_LITERAL, 0.5),
+        )
+        rows = await cursor.fetchall()
+    assert [(row[0], row[2]) for row in rows] == [(0, 0), (3, 0), (0, 0), (0, 1)]
+    assert [e.kind for e in await storage.events.read("x")][-1] == "EXECUTION_RESUMED"
+    assert await storage.events.acquire_fence("x") == 1  # the stale acquire changed nothing
+
+
 async def test_a_server_defaulting_to_repeatable_read_still_fences_correctly(
     loom_postgres_server: PostgresServer,
 ) -> None:
@@ -305,6 +335,38 @@ def test_the_throwaway_server_runs_unprivileged_on_loopback(
     with psycopg.connect(cluster.url) as conn:
         row = conn.execute("SELECT current_setting('listen_addresses')").fetchone()
     assert row == ("127.0.0.1",)
+
+
+KILLED_OWNER = """
+import os, signal
+from loom_conformance.postgres import ThrowawayCluster
+
+cluster = ThrowawayCluster()
+cluster.start()
+print(cluster.root, cluster.port, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no teardown, no atexit
+"""
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_cluster_whose_owner_is_killed_is_stopped_and_deleted() -> None:
+    if find_postgres_bindir() is None and not in_ci():
+        pytest.skip("no PostgreSQL binaries on this machine")
+    owner = subprocess.run(
+        [sys.executable, "-c", KILLED_OWNER], capture_output=True, text=True, timeout=120
+    )
+    assert owner.returncode == -9, owner.stderr
+    root, port = owner.stdout.split()
+    deadline = time.monotonic() + 30
+    while (Path(root).exists() or _accepts(int(port))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _accepts(int(port)), "the server outlived the process that started it"
+    assert not Path(root).exists(), "the cluster's directory was left behind"
 
 
 HARNESS_PROBE = """
