@@ -15,6 +15,7 @@ from loom_core import (
     ConflictError,
     EventKind,
     EventStore,
+    ExecutionAlreadyExistsError,
     FenceAcquired,
     FenceStale,
     InvalidEventError,
@@ -88,6 +89,20 @@ class EventStoreFencingContract:
             await loom_events.append("exec-later", [app()], expected_sequence=0, fence=token - 1)
         assert caught.value.current_fence == token
         assert await loom_events.head("exec-later") == 0
+
+    @requires.fencing
+    async def test_a_moved_head_is_reported_before_a_stale_token(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-1", [app(), app()], expected_sequence=0)
+        await bump_token(loom_events, "exec-1")
+        before = await snapshot(loom_events)
+        with pytest.raises(SequenceConflictError) as moved:
+            await loom_events.append("exec-1", [app()], expected_sequence=1, fence=0)
+        assert moved.value.actual_head == 2
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await loom_events.append("exec-1", [app()], expected_sequence=0, fence=0)
+        assert await snapshot(loom_events) == before
 
     # -- acquire_fence ------------------------------------------------------------------
 
