@@ -203,7 +203,7 @@ async def subscribe(a: Storage, me: str, i: str, _: int, check: CheckRead, audit
         return
     subscription = a.events.subscribe(i, from_sequence=0)
     try:
-        first = await asyncio.wait_for(anext(subscription), 1)
+        first = await asyncio.wait_for(anext(subscription), 10)
     finally:
         await subscription.aclose()  # type: ignore[attr-defined]
     await check(me, "subscribe", (first,))

@@ -144,7 +144,7 @@ async def test_subscribe_sees_only_the_tenants_log_live(shared: Storage) -> None
     await asyncio.sleep(0.01)
     assert not waiting.done()
     await acme.events.append("order-1", [NewEvent("LIVE", {"owner": "acme"})], expected_sequence=1)
-    live = await asyncio.wait_for(waiting, 1)
+    live = await asyncio.wait_for(waiting, 10)
     assert (live.execution_id, live.kind, live.sequence) == ("order-1", "LIVE", 1)
 
 
