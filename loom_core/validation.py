@@ -165,7 +165,7 @@ def _check_json(value: object, path: _Where, depth: int = 0) -> JsonValue:
                 raise InvalidEventError(
                     f"{_where(path)} has a non-string key {k!r}; JSON keys are strings"
                 )
-            _check_text(k, (path, "key"), key=True)
+            _check_text(k, path, key=True)
             out[k] = _check_json(v, (path, k), depth + 1)
         return out
     if kind is list or isinstance(value, list | tuple):
@@ -200,10 +200,8 @@ def _check_text(value: str, path: _Where, *, key: bool = False) -> None:
 
 
 def _label(path: _Where, key: bool) -> str:
-    if key:  # (parent, "key"): the key of a member of parent
-        assert isinstance(path, tuple)
-        return f"{_where(path[0])} key"
-    return _where(path)
+    # A key is named by the object it belongs to: "events[0].payload.a key".
+    return f"{_where(path)} key" if key else _where(path)
 
 
 def check_json(value: object, what: str) -> JsonValue:
