@@ -78,8 +78,8 @@ class Backend(Protocol):
 
     async def measure_ceiling(self, scenario: Scenario, plan: RunPlan, tick: Tick) -> Sample: ...
 
-    def forget(self, tag: str) -> None:
-        """Remove what run ``tag`` left on disk."""
+    async def forget(self, tag: str) -> None:
+        """Remove what run ``tag`` left behind, so the next run starts as it did."""
         ...
 
     def settings(self) -> dict[str, object]:
@@ -112,7 +112,7 @@ class MemoryBackend:
     async def measure_ceiling(self, scenario: Scenario, plan: RunPlan, tick: Tick) -> Sample:
         raise NotImplementedError("memory has no pgbench")
 
-    def forget(self, tag: str) -> None:
+    async def forget(self, tag: str) -> None:
         return None
 
     def settings(self) -> dict[str, object]:
@@ -153,7 +153,7 @@ class SqliteBackend:
     async def measure_ceiling(self, scenario: Scenario, plan: RunPlan, tick: Tick) -> Sample:
         raise NotImplementedError("sqlite has no pgbench")
 
-    def forget(self, tag: str) -> None:
+    async def forget(self, tag: str) -> None:
         for path in self.workdir.glob(f"{tag}*.db*"):
             path.unlink(missing_ok=True)
 
@@ -223,8 +223,11 @@ class PostgresBackend:
         run = PgbenchRun(self.pgbench, self.url, threads=os.cpu_count() or 1)
         return await measure_pgbench(run, scenario, plan, tick)
 
-    def forget(self, tag: str) -> None:
-        return None
+    async def forget(self, tag: str) -> None:
+        checkpointed = True
+        for url in (self.url, *self._extra.values()):
+            checkpointed = await raw_postgres.settle(url) and checkpointed
+        self._server["checkpoint_between_runs"] = checkpointed
 
     def settings(self) -> dict[str, object]:
         return {"pgbench": self.pgbench, **self._server}

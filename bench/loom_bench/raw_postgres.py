@@ -47,6 +47,7 @@ __all__ = [
     "ensure_database",
     "measure_raw_postgres",
     "prepare_raw_postgres",
+    "settle",
     "server_settings",
 ]
 
@@ -117,6 +118,46 @@ async def prepare_raw_postgres(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         for statement in SCHEMA:
             await conn.execute(statement)
+
+
+# The tables runs write into: our store's and the floor's (pgbench writes the floor's).
+RUN_TABLES: Final = (
+    "loom_events",
+    "loom_executions",
+    "loom_fences",
+    EVENTS_TABLE,
+    FENCES_TABLE,
+)
+EXISTING_TABLES: Final = (
+    "SELECT name FROM unnest(%s::text[]) AS name "
+    "WHERE to_regclass(quote_ident(current_schema()) || '.' || quote_ident(name)) IS NOT NULL "
+    "ORDER BY name"
+)
+
+
+async def settle(url: str) -> bool:
+    """Vacuum the tables runs write into, then checkpoint, so the next run starts as this
+    one did: no dead rows for autovacuum to clean up in the middle of it, no dirty buffers
+    left over, and (the checkpoint restarts ``checkpoint_timeout``) no checkpoint inside
+    its timed part. pgbench vacuums before its runs by default for the same reason.
+
+    The tables keep their rows: plans and caches stay those of a store in use. Returns
+    False when the role may not ``CHECKPOINT`` (the vacuum still ran)."""
+    from psycopg import errors, sql
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cursor = await conn.execute(EXISTING_TABLES, (list(RUN_TABLES),))
+        names = [str(row[0]) for row in await cursor.fetchall()]
+        if names:
+            # Table names cannot be bind parameters; they are our constants, quoted.
+            await conn.execute(
+                sql.SQL("VACUUM {}").format(sql.SQL(", ").join(map(sql.Identifier, names)))
+            )
+        try:
+            await conn.execute("CHECKPOINT")
+        except errors.InsufficientPrivilege:
+            return False
+    return True
 
 
 SETTINGS: Final = (

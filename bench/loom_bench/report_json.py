@@ -20,7 +20,7 @@ __all__ = ["SCHEMA", "render_json", "to_json_data"]
 SCHEMA: Final = "loom-bench/1"
 
 
-def _spread(spread: Spread | None) -> dict[str, float | int] | None:
+def _spread(spread: Spread | None) -> dict[str, object] | None:
     return None if spread is None else dataclasses.asdict(spread)
 
 
@@ -83,6 +83,7 @@ def to_json_data(result: BenchResult) -> dict[str, object]:
                 "threshold": check.threshold,
                 "measured": _spread(check.measured),
                 "met": check.met,
+                "verdict": check.verdict,
                 "note": check.note,
             }
             for check in evaluate(result)

@@ -175,24 +175,50 @@ def _stacks_section(rows: Sequence[RowResult], many: bool) -> list[str]:
     ]
 
 
+_VERDICTS: dict[str, str] = {
+    "met": "yes",
+    "not met": "**no**",
+    "undecided": "undecided (runs too noisy or too few)",
+    "not measured": _DASH,
+    "reference": "(reference)",
+}
+
+
+def _bound(kind: str, value: float) -> str:
+    return f"{value:.2f}{_TIMES}" if kind == "ratio" else f"{value:+.1%}"
+
+
 def _targets_section(checks: Sequence[TargetCheck]) -> list[str]:
-    header = ["issue", "backend", "C", "target", "measured", "met"]
+    header = ["issue", "backend", "C", "target", "measured", "interval of the median", "met"]
     lines = []
     for check in checks:
         formatter = format_ratio if check.kind == "ratio" else format_overhead
-        if check.threshold is None:  # a reference figure, not a target
-            target, verdict = check.description, "(reference)"
+        if check.threshold is None:
+            target = check.description
         else:
-            bound = (
-                f"{check.threshold:.2f}{_TIMES}" if check.kind == "ratio"
-                else f"{check.threshold:+.0%}"
-            )
-            target = f"{check.description} {check.comparison} {bound}"
-            verdict = {True: "yes", False: "**no**", None: _DASH}[check.met]
+            target = f"{check.description} {check.comparison} {_bound(check.kind, check.threshold)}"
         measured = formatter(check.measured) if check.measured else f"not measured: {check.note}"
+        interval = check.measured.interval if check.measured is not None else None
+        shown = _DASH
+        if interval is not None:
+            shown = (
+                f"{_bound(check.kind, interval.low)} {_TO} {_bound(check.kind, interval.high)} "
+                f"({interval.confidence:.0%})"
+            )
         lines.append([check.issue, check.backend, str(check.concurrency), target, measured,
-                      verdict])
-    return ["### Targets", "", *_table(header, lines), ""]
+                      shown, _VERDICTS[check.verdict]])
+    return [
+        "### Targets",
+        "",
+        *_table(header, lines),
+        "",
+        "A target is met when the whole confidence interval of its median meets it, and "
+        "not met when none of it does; otherwise it is undecided, and more `--runs` "
+        "narrow the interval. The interval comes from order statistics alone, so it "
+        "assumes nothing about how runs are distributed; with five runs it is the whole "
+        "range.",
+        "",
+    ]
 
 
 def render_markdown(result: BenchResult) -> str:

@@ -305,9 +305,21 @@ async def _measure_row(
             row.errors[side] = _describe(exc)
             continue
         finally:
-            backend.forget(tag)
+            await _forget(backend, tag, row)
+        if row.status != "ok":
+            progress.finish_run(f"failed: {row.note}")
+            return
         row.sides[side][repetition] = sample
         progress.finish_run(f"{sample.per_second:,.0f}/s, p50 {sample.p50_ms:.1f} ms")
+
+
+async def _forget(backend: Backend, tag: str, row: _Row) -> None:
+    """Clear run ``tag``'s traces; a failure fails the row rather than the benchmark, and
+    no later run of it is measured on what was left behind."""
+    try:
+        await backend.forget(tag)
+    except Exception as exc:
+        row.status, row.note = "failed", f"clearing after a run: {_describe(exc)}"
 
 
 def _results(rows: Sequence[_Row]) -> tuple[RowResult, ...]:

@@ -15,7 +15,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Sample", "Spread", "paired_ratios", "percentile", "sample_from", "spread"]
+__all__ = [
+    "Interval",
+    "Sample",
+    "Spread",
+    "median_interval",
+    "paired_ratios",
+    "percentile",
+    "sample_from",
+    "spread",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +42,34 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
+class Interval:
+    """The median lies within ``low``..``high`` with probability ``confidence``."""
+
+    low: float
+    high: float
+    confidence: float
+
+    def shifted(self, by: float) -> Interval:
+        return Interval(self.low + by, self.high + by, self.confidence)
+
+
+@dataclass(frozen=True, slots=True)
 class Spread:
-    """The median of several values, with the smallest and largest."""
+    """The median of several values, with the smallest and largest, and (when built by
+    :func:`spread`) the confidence interval of the median."""
 
     median: float
     minimum: float
     maximum: float
     count: int
+    interval: Interval | None = None
+
+    def shifted(self, by: float) -> Spread:
+        """Every figure plus ``by`` (a ratio turned into an overhead: ``by=-1``)."""
+        return Spread(
+            self.median + by, self.minimum + by, self.maximum + by, self.count,
+            None if self.interval is None else self.interval.shifted(by),
+        )
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -59,12 +89,41 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[low] * (1.0 - weight) + ordered[high] * weight
 
 
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """The distribution-free confidence interval of the median of ``values``.
+
+    Each value falls below the true median with probability one half, so the number that
+    do is binomial(n, 1/2); the interval runs from the k-th smallest to the k-th largest
+    value for the largest k whose tails together stay within ``1 - confidence``. With
+    fewer than six values no k reaches 95%: the interval is then the whole range, and its
+    (lower) confidence is the one reported.
+    """
+    if not values:
+        raise ValueError("an interval of no values")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be within 0..1, got {confidence}")
+    ordered = sorted(values)
+    n = len(ordered)
+    below = 0.0  # P(fewer than k values fall below the median), for k = 1, 2, ...
+    k = 1
+    for candidate in range(1, n // 2 + 1):
+        below += math.comb(n, candidate - 1) / 2**n
+        if 2 * below > 1.0 - confidence:
+            break
+        k = candidate
+    tail = sum(math.comb(n, j) for j in range(k)) / 2**n
+    return Interval(ordered[k - 1], ordered[n - k], max(0.0, 1.0 - 2 * tail))
+
+
 def spread(values: Sequence[float]) -> Spread:
     """Median, minimum and maximum of ``values`` (the median of an even count is the mean
-    of the middle two)."""
+    of the middle two), with the median's confidence interval."""
     if not values:
         raise ValueError("spread of no values")
-    return Spread(percentile(values, 0.5), min(values), max(values), len(values))
+    return Spread(
+        percentile(values, 0.5), min(values), max(values), len(values),
+        median_interval(values),
+    )
 
 
 def sample_from(latencies_seconds: Sequence[float], wall_seconds: float) -> Sample:

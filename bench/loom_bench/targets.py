@@ -13,8 +13,10 @@ Beside them, for reference and without a threshold, the cost of the ``short-fenc
 original's "fenced" column) over ``short``.
 
 A cost "over" another row is ``their throughput / ours - 1`` (the extra time per
-execution), paired per repetition. A target is met when the median meets it; min and max
-are printed beside it because the machine is noisy.
+execution), paired per repetition. A target is judged on the median's confidence
+interval (:func:`loom_bench.statistics.median_interval`): **met** when the whole interval
+meets it, **not met** when none of it does, and **undecided** when the interval straddles
+the threshold, i.e. the runs are too noisy, or too few, to tell; more ``--runs`` narrow it.
 """
 
 from __future__ import annotations
@@ -25,18 +27,20 @@ from typing import Final, Literal
 from loom_bench.results import BenchResult, RowResult
 from loom_bench.statistics import Spread, paired_ratios
 
-__all__ = ["TargetCheck", "evaluate"]
+__all__ = ["TargetCheck", "Verdict", "evaluate"]
 
 SQLITE_FLOOR_RATIO: Final = 0.7
 POSTGRES_OVERHEAD: Final = 0.10
 PGBENCH_RATIO: Final = 0.8
 PGBENCH_CONCURRENCY: Final = 64
 
+Verdict = Literal["met", "not met", "undecided", "not measured", "reference"]
+
 
 @dataclass(frozen=True, slots=True)
 class TargetCheck:
-    """One target: what is compared, the measured spread, and whether the median meets
-    it (None when it could not be measured; ``note`` says why)."""
+    """One target: what is compared, the measured spread, and the verdict (``note``
+    says why a target could not be measured)."""
 
     issue: str
     backend: str
@@ -49,12 +53,31 @@ class TargetCheck:
     measured: Spread | None
     note: str | None = None
 
+    def _meets(self, value: float) -> bool:
+        assert self.threshold is not None
+        return value >= self.threshold if self.comparison == ">=" else value <= self.threshold
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.threshold is None:
+            return "reference"
+        if self.measured is None:
+            return "not measured"
+        interval = self.measured.interval
+        low, high = (
+            (interval.low, interval.high) if interval is not None
+            else (self.measured.median, self.measured.median)
+        )
+        if self._meets(low) and self._meets(high):
+            return "met"
+        if not self._meets(low) and not self._meets(high):
+            return "not met"
+        return "undecided"
+
     @property
     def met(self) -> bool | None:
-        if self.measured is None or self.threshold is None:
-            return None
-        value = self.measured.median
-        return value >= self.threshold if self.comparison == ">=" else value <= self.threshold
+        """True or False once decided; None when not measured, undecided or a reference."""
+        return {"met": True, "not met": False}.get(self.verdict)
 
 
 def _overhead(cheap: RowResult | None, dear: RowResult | None) -> Spread | None:
@@ -62,9 +85,7 @@ def _overhead(cheap: RowResult | None, dear: RowResult | None) -> Spread | None:
     if cheap is None or dear is None or cheap.ours is None or dear.ours is None:
         return None
     ratios = paired_ratios(cheap.ours.per_second(), dear.ours.per_second())
-    if ratios is None:
-        return None
-    return Spread(ratios.median - 1, ratios.minimum - 1, ratios.maximum - 1, ratios.count)
+    return None if ratios is None else ratios.shifted(-1.0)
 
 
 def _why_missing(*rows: RowResult | None) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from loom_bench.backends import MemoryBackend
 from loom_bench.cli import main, redact
 from loom_bench.runner import BenchConfig, run_benchmark
 
@@ -165,3 +166,21 @@ def test_comparing_a_file_that_is_not_a_report_is_refused(tmp_path: Path) -> Non
     with pytest.raises(SystemExit) as exit_info:
         main(["--compare", str(other), str(other)])
     assert exit_info.value.code == 2
+
+
+async def test_a_run_whose_traces_cannot_be_cleared_fails_its_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def cannot_clear(self: MemoryBackend, tag: str) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(MemoryBackend, "forget", cannot_clear)
+    result = await run_benchmark(
+        _config(tmp_path, backends=("memory",), scenarios=("short",)),
+        plugins=PluginHost(entry_points=False),
+        show_progress=False,
+    )
+    (row,) = result.rows
+    assert row.status == "failed"
+    assert row.note == "clearing after a run: OSError: disk gone"
+    assert row.ours is None  # no figure from a run measured on what another left behind

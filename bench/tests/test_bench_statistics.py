@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
-from loom_bench.statistics import Sample, paired_ratios, percentile, sample_from, spread
+from loom_bench.statistics import (
+    Sample,
+    median_interval,
+    paired_ratios,
+    percentile,
+    sample_from,
+    spread,
+)
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:
@@ -66,3 +74,39 @@ def test_paired_ratios_with_no_common_repetition_are_none() -> None:
 def test_paired_ratios_refuse_sides_of_different_lengths() -> None:
     with pytest.raises(ValueError, match="one value per repetition"):
         paired_ratios([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("n", "low_rank", "high_rank"),
+    # The classic table of order-statistic intervals for the median at 95%.
+    [(6, 1, 6), (9, 2, 8), (15, 4, 12), (21, 6, 16), (31, 10, 22)],
+)
+def test_median_interval_picks_the_textbook_ranks(n: int, low_rank: int, high_rank: int) -> None:
+    values = [float(v) for v in range(1, n + 1)]
+    random.Random(n).shuffle(values)
+    interval = median_interval(values)
+    assert (interval.low, interval.high) == (low_rank, high_rank)
+    assert interval.confidence >= 0.95
+
+
+def test_median_interval_of_few_runs_is_the_range_with_its_lower_confidence() -> None:
+    interval = median_interval([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (interval.low, interval.high) == (1.0, 5.0)
+    assert interval.confidence == pytest.approx(1 - 2 / 32)
+
+
+def test_median_interval_covers_the_median_about_as_often_as_it_says() -> None:
+    rng = random.Random(7)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        interval = median_interval([rng.gauss(0.0, 1.0) for _ in range(15)])
+        covered += interval.low <= 0.0 <= interval.high
+    assert 0.95 <= covered / trials <= 0.985  # it claims 96.5%
+
+
+def test_an_overhead_shifts_the_interval_with_the_median() -> None:
+    overhead = spread([1.02, 1.05, 1.08, 1.11, 1.04, 1.06]).shifted(-1.0)
+    assert overhead.median == pytest.approx(0.055)
+    assert overhead.interval is not None
+    assert overhead.interval.low == pytest.approx(0.02)
+    assert overhead.interval.high == pytest.approx(0.11)
