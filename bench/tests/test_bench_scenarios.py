@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 from loom_bench.backends import MemoryBackend
-from loom_bench.drive import RunPlan, drive_concurrently
+from loom_bench.drive import RunPlan, drive_concurrently, drive_sequentially
 from loom_bench.loom_runs import NotOffered, measure_loom
 from loom_bench.scenarios import (
     SCENARIOS,
@@ -129,3 +130,22 @@ async def test_drive_raises_the_first_failure_itself_not_a_group() -> None:
 
     with pytest.raises(ScenarioError, match="boom"):
         await drive_concurrently(10, 2, execute)
+
+
+async def test_garbage_left_before_the_clock_is_collected_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+
+    def collect() -> int:
+        events.append("collect")
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+
+    async def execute(index: int) -> None:
+        events.append(f"run {index}")
+
+    await drive_concurrently(2, 1, execute)
+    drive_sequentially(1, lambda index: events.append(f"alone {index}"))
+    assert events == ["collect", "run 0", "run 1", "collect", "alone 0"]
