@@ -246,6 +246,18 @@ class _Write:
     channel: str | None = None
 
 
+def _encode_metadata(metadata: JsonObject) -> str:
+    """Canonical JSON of ``metadata``, without the encoder for the two shapes nearly every
+    append has: nothing, or only the stamped token."""
+    if not metadata:
+        return "{}"
+    if len(metadata) == 1:
+        fence = metadata.get("fence")
+        if type(fence) is int:
+            return f'{{"fence":{fence}}}'
+    return canonical_json(metadata)
+
+
 def _check_range(value: int, what: str) -> int:
     if value > _MAX_BIGINT:
         raise InvalidSequenceError(f"{what} {value} does not fit a 64-bit sequence")
@@ -291,12 +303,15 @@ class PostgresEventStore(RefusesUnoffered):
     ) -> _Write:
         _check_range(expected_sequence + len(events), "expected_sequence + len(events)")
         stamped: list[NewEvent] = []
+        encoded: list[str] = []
         answering = park = False
+        stamping = stamp and fence is not None
         for event in events:
             metadata: JsonObject = dict(event.metadata)
-            if stamp and fence is not None:
+            if stamping:
                 metadata["fence"] = fence
             stamped.append(NewEvent(event.kind, event.payload, metadata))
+            encoded.append(_encode_metadata(metadata))
             answering = answering or is_answering_kind(event.kind, metadata)
             park = park or event.kind == PARK_KIND
         return _Write(
@@ -308,7 +323,7 @@ class PostgresEventStore(RefusesUnoffered):
             park=park,
             events=tuple(stamped),
             payloads=tuple(canonical_json(e.payload) for e in stamped),
-            metadata=tuple(canonical_json(dict(e.metadata)) for e in stamped),
+            metadata=tuple(encoded),
             channel=self._listener.channel(execution_id),
         )
 

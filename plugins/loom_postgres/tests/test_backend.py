@@ -24,6 +24,7 @@ from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
     Event,
+    JsonValue,
     NewEvent,
     PluginHost,
     Storage,
@@ -37,6 +38,7 @@ from loom_core.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from loom_core.validation import canonical_json
 
 Opener = Callable[..., Awaitable[Storage]]
 
@@ -161,6 +163,37 @@ async def test_a_failing_write_does_not_take_its_batch_mates_down(
 
 
 # -- the READ COMMITTED guard -----------------------------------------------------------
+
+
+async def test_stored_metadata_is_canonical_json_whatever_its_shape(
+    open_pg: Opener, pg_url: str, schema: str
+) -> None:
+    storage = await open_pg(schema=schema)
+    token = await storage.events.acquire_fence("m")
+    # Fenced on odd sequences: the token is stamped beside the caller's keys, in order.
+    shapes: list[dict[str, JsonValue]] = [
+        {},
+        {},
+        {"kernel": True},
+        {"zeta": 1, "alpha": ["é", None, 2.5]},
+        {"fencing": 3},
+    ]
+    for sequence, metadata in enumerate(shapes):
+        await storage.events.append(
+            "m", [NewEvent("STEP_COMPLETED", None, metadata)], expected_sequence=sequence,
+            fence=token if sequence % 2 else None,
+        )
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        cursor = await conn.execute(
+            "SELECT metadata::text FROM loom_events WHERE execution_id = 'm' ORDER BY sequence"
+        )
+        stored = [str(row[0]) for row in await cursor.fetchall()]
+    expected = [
+        canonical_json({**m, "fence": token} if i % 2 else m) for i, m in enumerate(shapes)
+    ]
+    assert stored == expected
+    assert stored[:2] == ["{}", f'{{"fence":{token}}}']
 
 
 async def test_acquire_fence_if_function_refuses_repeatable_read(
