@@ -128,10 +128,16 @@ RUN_TABLES: Final = (
     EVENTS_TABLE,
     FENCES_TABLE,
 )
-EXISTING_TABLES: Final = (
-    "SELECT name FROM unnest(%s::text[]) AS name "
-    "WHERE to_regclass(quote_ident(current_schema()) || '.' || quote_ident(name)) IS NOT NULL "
-    "ORDER BY name"
+# Only tables that hold something: VACUUM records an empty table as known to be empty,
+# and the planner then reads its primary key lookups as sequential scans and keeps those
+# plans while the next run fills it (measured: a first fenced run at a fifth of the rate
+# of the others). A table never vacuumed is assumed to have ten pages and gets index scans.
+TABLES_TO_VACUUM: Final = (
+    "SELECT t.name FROM unnest(%s::text[]) AS t(name), "
+    "LATERAL (SELECT to_regclass(quote_ident(current_schema()) || '.' || quote_ident(t.name)) "
+    "AS oid) AS r "
+    "WHERE r.oid IS NOT NULL AND pg_relation_size(r.oid) > 0 "
+    "ORDER BY t.name"
 )
 
 
@@ -146,7 +152,7 @@ async def settle(url: str) -> bool:
     from psycopg import errors, sql
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cursor = await conn.execute(EXISTING_TABLES, (list(RUN_TABLES),))
+        cursor = await conn.execute(TABLES_TO_VACUUM, (list(RUN_TABLES),))
         names = [str(row[0]) for row in await cursor.fetchall()]
         if names:
             # Table names cannot be bind parameters; they are our constants, quoted.
