@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from loom_bench.results import BenchResult, RowResult, SideResult
 from loom_bench.statistics import Spread
-from loom_bench.targets import TargetCheck, evaluate
+from loom_bench.targets import TargetCheck, Verdict, evaluate
 
 __all__ = ["format_overhead", "format_rate", "format_ratio", "render_markdown"]
 
@@ -175,7 +175,7 @@ def _stacks_section(rows: Sequence[RowResult], many: bool) -> list[str]:
     ]
 
 
-_VERDICTS: dict[str, str] = {
+_VERDICTS: dict[Verdict, str] = {
     "met": "yes",
     "not met": "**no**",
     "undecided": "undecided (runs too noisy or too few)",
