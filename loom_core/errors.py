@@ -7,6 +7,7 @@ The tree::
     │   ├── InvalidExecutionIdError
     │   ├── InvalidEventError                  kind, payload or metadata is not acceptable
     │   ├── InvalidSequenceError               negative, non-integer or out-of-range sequence
+    │   ├── FenceNotIssuedError                .current_fence; a token above any ever issued
     │   ├── InvalidOptionError (TypeError)     an option of the wrong type or value
     │   └── InvalidURLError
     │       └── UnknownSchemeError             no installed backend serves the URL scheme
@@ -21,8 +22,10 @@ The tree::
     │   └── LeaseNotHeldError                  renew/release by a non-holder or after expiry
     ├── StorageError                           the backend failed
     │   ├── StorageWriteError                  a write that could not be made durable
+    │   │   └── WriteOutcomeUnknownError       the write was sent; whether it landed is unknown
     │   ├── StorageReadError
     │   └── StorageUnavailableError            the backend (or one shard of it) is unreachable
+    │       └── StoreClosedError               a call on a store after its close()
     ├── PayloadShreddedError                   the payload's key was destroyed (crypto)
     └── PluginError
         ├── PluginLoadError                    .plugin; one broken plugin, reported by name
@@ -45,6 +48,7 @@ __all__ = [
     "DuplicateRegistrationError",
     "ExecutionAlreadyExistsError",
     "ExecutionNotFoundError",
+    "FenceNotIssuedError",
     "InvalidEventError",
     "InvalidExecutionIdError",
     "InvalidInputError",
@@ -64,8 +68,10 @@ __all__ = [
     "StorageReadError",
     "StorageUnavailableError",
     "StorageWriteError",
+    "StoreClosedError",
     "UnknownSchemeError",
     "Unsupported",
+    "WriteOutcomeUnknownError",
 ]
 
 
@@ -95,6 +101,25 @@ class InvalidEventError(InvalidInputError):
 
 class InvalidSequenceError(InvalidInputError):
     """A sequence or fence argument that is not a non-negative integer, or out of range."""
+
+
+class FenceNotIssuedError(InvalidSequenceError):
+    """A fence token above the execution's current token: no acquire ever returned it.
+
+    Only a token an acquire returned (or 0, the token of a never-fenced execution) can be
+    presented; a larger number is a caller's bug, and accepting it would let that caller
+    outrank every later acquire. Nothing was written and no token moved.
+    """
+
+    def __init__(self, execution_id: str, presented_fence: int, current_fence: int) -> None:
+        self.execution_id = execution_id
+        self.presented_fence = presented_fence
+        self.current_fence = current_fence
+        super().__init__(
+            f"fence {presented_fence} for execution {execution_id!r} was never issued: the "
+            f"current token is {current_fence}; present the token acquire_fence or "
+            "acquire_fence_if returned (or the one the park was written under)"
+        )
 
 
 class InvalidOptionError(InvalidInputError, TypeError):
@@ -231,7 +256,24 @@ class StorageError(LoomError):
 
 
 class StorageWriteError(StorageError):
-    """A write that could not be made durable; it may or may not have landed."""
+    """A write that could not be made durable. Unless it is a
+    :class:`WriteOutcomeUnknownError`, nothing was written; see each backend's table of
+    write outcomes (docs/operations.md)."""
+
+
+class WriteOutcomeUnknownError(StorageWriteError):
+    """The write was sent but its outcome could not be learned (the connection was lost
+    after the commit was sent and the store could not check). Re-read the log before
+    acting: the write may or may not be there, whole or not at all."""
+
+    def __init__(self, operation: str, execution_id: str, cause: str) -> None:
+        self.operation = operation
+        self.execution_id = execution_id
+        super().__init__(
+            f"{operation} on {execution_id!r}: the connection was lost after the write was "
+            f"sent and the outcome could not be checked ({cause}); it may or may not have "
+            "landed: re-read the log before deciding"
+        )
 
 
 class StorageReadError(StorageError):
@@ -240,6 +282,15 @@ class StorageReadError(StorageError):
 
 class StorageUnavailableError(StorageError):
     """The backend, or the shard that owns the execution, cannot be reached."""
+
+
+class StoreClosedError(StorageUnavailableError):
+    """A call on a store (event, timer or lease) after its storage was closed. Nothing was
+    read or written: open the storage again."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        super().__init__(f"{store} is closed; nothing was done: open the storage again")
 
 
 class PayloadShreddedError(LoomError):

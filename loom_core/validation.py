@@ -25,6 +25,8 @@ from loom_core.spi import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
     "MAX_ID_BYTES",
+    "MAX_INT_BITS",
+    "MAX_POSITION",
     "MAX_KIND_LENGTH",
     "RESERVED_METADATA_KEYS",
     "canonical_json",
@@ -44,6 +46,13 @@ __all__ = [
 ]
 
 MAX_ID_BYTES: Final = 512
+MAX_POSITION: Final = 2**63 - 1
+"""The largest sequence, fence, count or limit any call accepts: what every backend can
+store (a signed 64-bit integer). A larger value is refused, never clamped."""
+MAX_INT_BITS: Final = 14_000
+"""The largest JSON integer an event may carry, in bits (about 4,200 decimal digits):
+below the 4,300 digits Python will format as text by default, so every store can encode
+what the check accepts."""
 MAX_KIND_LENGTH: Final = 200
 MAX_EVENTS_PER_APPEND: Final = 10_000
 RESERVED_METADATA_KEYS: Final = frozenset({"fence"})
@@ -77,6 +86,10 @@ def _check_int(value: object, what: str, minimum: int) -> int:
         raise InvalidSequenceError(f"{what} must be an int, not {type(value).__name__}")
     if value < minimum:
         raise InvalidSequenceError(f"{what} must be >= {minimum}, got {value}")
+    if value > MAX_POSITION:
+        raise InvalidSequenceError(
+            f"{what} must be at most 2**63 - 1 (a signed 64-bit integer), got {value}"
+        )
     return value
 
 
@@ -99,6 +112,11 @@ def check_limit(value: object, what: str = "limit") -> int:
         raise InvalidOptionError(f"{what} must be an int, not {type(value).__name__}")
     if value < 1:
         raise InvalidOptionError(f"{what} must be >= 1, got {value}")
+    if value > MAX_POSITION:
+        raise InvalidOptionError(
+            f"{what} must be at most 2**63 - 1 (a signed 64-bit integer), got {value}; "
+            "pass None for no limit where the method allows it"
+        )
     return value
 
 
@@ -156,7 +174,11 @@ def _check_json(value: object, path: _Where, depth: int = 0) -> JsonValue:
     if kind is str:
         _check_text(cast(str, value), path)
         return cast(str, value)
-    if value is None or kind is bool or kind is int:
+    if kind is int:
+        if cast(int, value).bit_length() > MAX_INT_BITS:
+            raise InvalidEventError(_too_big(path))
+        return cast(int, value)
+    if value is None or kind is bool:
         return cast(JsonValue, value)
     if kind is dict or (kind is not list and isinstance(value, Mapping)):
         out: dict[str, JsonValue] = {}
@@ -177,6 +199,8 @@ def _check_json(value: object, path: _Where, depth: int = 0) -> JsonValue:
         _check_text(value, path)
         return value
     if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise InvalidEventError(_too_big(path))
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -184,6 +208,13 @@ def _check_json(value: object, path: _Where, depth: int = 0) -> JsonValue:
         return value
     raise InvalidEventError(
         f"{_where(path)} is a {type(value).__name__}, which is not a JSON value"
+    )
+
+
+def _too_big(path: _Where) -> str:
+    return (
+        f"{_where(path)} is an integer of more than {MAX_INT_BITS} bits (about 4,200 "
+        "digits), which not every store can encode; store it as a string"
     )
 
 

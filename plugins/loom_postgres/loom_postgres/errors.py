@@ -3,7 +3,8 @@
     LoomError
     └── StorageError
         ├── StorageWriteError
-        │   └── WriteOutcomeUnknownError    the connection died after COMMIT was sent
+        │   └── WriteOutcomeUnknownError    (the kernel's, re-exported here) the connection
+        │                                   died after COMMIT was sent
         └── StorageUnavailableError
             ├── LockTimeoutError           lock_timeout expired; nothing was written
             └── SchemaMigrationError       the boot could not migrate; retry the boot
@@ -14,7 +15,7 @@ Every other failure is one of the kernel's own errors (``StorageWriteError``,
 
 from __future__ import annotations
 
-from loom_core.errors import StorageUnavailableError, StorageWriteError
+from loom_core.errors import StorageUnavailableError, WriteOutcomeUnknownError
 
 __all__ = ["LockTimeoutError", "SchemaMigrationError", "WriteOutcomeUnknownError"]
 
@@ -31,21 +32,6 @@ class LockTimeoutError(StorageUnavailableError):
         super().__init__(
             f"{operation}{target} gave up waiting for a lock ({detail}); nothing was "
             "written; retry, or raise lock_timeout if another session holds it for long"
-        )
-
-
-class WriteOutcomeUnknownError(StorageWriteError):
-    """The connection was lost after the write was sent and the store could not find out
-    whether it committed (the server stayed unreachable). Re-read the log before acting:
-    the write may or may not be there."""
-
-    def __init__(self, operation: str, execution_id: str, cause: str) -> None:
-        self.operation = operation
-        self.execution_id = execution_id
-        super().__init__(
-            f"{operation} on {execution_id!r}: the connection was lost after the write was "
-            f"sent and the outcome could not be checked ({cause}); it may or may not have "
-            "landed: re-read the log before deciding"
         )
 
 

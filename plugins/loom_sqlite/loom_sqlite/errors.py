@@ -11,7 +11,8 @@ The SQLite-specific errors refine the kernel's storage errors, so a caller that 
     └── StorageUnavailableError
         ├── DatabaseBusyError          another connection held the write lock too long
         ├── DatabaseOpenError          the file cannot be opened (missing directory, …)
-        └── DatabaseClosedError        the storage was closed
+        └── StoreClosedError
+            └── DatabaseClosedError    the storage was closed
 
 Every write runs in one transaction, so each of these means the write that raised it
 left the file exactly as it was (a failed ``COMMIT`` is rolled back); the message says
@@ -28,6 +29,7 @@ from loom_core.errors import (
     StorageReadError,
     StorageUnavailableError,
     StorageWriteError,
+    StoreClosedError,
 )
 
 __all__ = [
@@ -68,12 +70,12 @@ class DatabaseOpenError(StorageUnavailableError):
         super().__init__(f"cannot open SQLite database {path!r}: {reason}")
 
 
-class DatabaseClosedError(StorageUnavailableError):
+class DatabaseClosedError(StoreClosedError):
     """An operation on a storage after :meth:`~loom_core.storage.Storage.close`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        super().__init__(f"SQLite storage {path!r} is closed; open it again to use it")
+        super().__init__(f"SQLite storage {path!r}")
 
 
 class DatabaseReadOnlyError(StorageWriteError):
