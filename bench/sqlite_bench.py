@@ -107,7 +107,7 @@ async def run_store(
 def raw_append(raw: sqlite3.Connection, eid: str, seq: int, kind: str, token: int | None) -> None:
     metadata: JsonObject = {} if token is None else {"fence": token}
     raw.execute("BEGIN IMMEDIATE")
-    head, current = raw.execute(sql.SELECT_STATE, (eid,)).fetchone()
+    head, current = raw.execute(fencing.SELECT_STATE, (eid,)).fetchone()
     if (head or 0) != seq or (token is not None and token < (current or 0)):
         raise AssertionError("the raw loop's writes conflicted")
     raw.execute(

@@ -1,13 +1,14 @@
 """The SQLite event store: a fenced, append-only log per execution, every optional method.
 
-Each public method validates its arguments on the caller's side (a refused call touches
-nothing), prepares the rows (JSON text, the ADR 0118 ``answering`` flag, the ``fence``
-stamp), and hands one *operation* to :class:`~loom_sqlite.transactions.TransactionRunner`:
-a function that does all of that method's SQL on the connection's thread, inside one
-``BEGIN IMMEDIATE`` transaction for a write. The operation checks first and writes last;
-a refusal (:class:`~loom_core.errors.SequenceConflictError`,
-:class:`~loom_core.errors.StaleFenceError`, …) raised from it is rolled back with it, so a
-refused append leaves the file exactly as it was. Semantics match the in-memory reference
+Each public method validates its arguments on the caller's side with the kernel's checks
+(:mod:`loom_core.validation`: a refused call touches nothing), prepares the rows (JSON
+text, the ADR 0118 ``answering`` flag, the ``fence`` stamp), and hands one *operation* to
+:class:`~loom_sqlite.transactions.TransactionRunner`: a function that does all of that
+method's SQL on the connection's thread, inside one ``BEGIN IMMEDIATE`` transaction for a
+write. The operation checks first and writes last; a refusal
+(:class:`~loom_core.errors.SequenceConflictError`, :class:`~loom_core.errors.StaleFenceError`,
+…) raised from it is rolled back with it, so a refused append leaves the file exactly as
+it was. Semantics match the in-memory reference
 store, :class:`loom_core.memory.MemoryEventStore`.
 """
 
@@ -33,6 +34,7 @@ from loom_core.kinds import is_answering_kind
 from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
 from loom_core.validation import (
+    MAX_POSITION,
     canonical_json,
     check_append,
     check_append_requests,
@@ -52,10 +54,6 @@ from loom_sqlite.transactions import TransactionRunner
 
 __all__ = ["SqliteEventStore"]
 
-SELECT_STATE: Final = """
-SELECT (SELECT head FROM loom_executions WHERE execution_id = ?1),
-       (SELECT token FROM loom_fences WHERE execution_id = ?1)
-"""
 SELECT_HEAD: Final = "SELECT head FROM loom_executions WHERE execution_id = ?"
 UPSERT_HEAD: Final = """
 INSERT INTO loom_executions (execution_id, head) VALUES (?, ?)
@@ -86,7 +84,6 @@ WHERE execution_id = ? AND sequence <= ?
 """
 TRUNCATE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ? AND sequence < ?"
 
-_NO_UPPER: Final = 2**63 - 1  # SQLite's largest integer, past any real sequence
 _NO_LIMIT: Final = -1  # SQLite: a negative LIMIT means none
 
 
@@ -124,11 +121,6 @@ def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
 # -- operations: run on the connection's thread -----------------------------------------
 
 
-def _state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
-    head, token = raw.execute(SELECT_STATE, (execution_id,)).fetchone()
-    return (0 if head is None else int(head)), (0 if token is None else int(token))
-
-
 def _check_head(execution_id: str, expected: int, head: int) -> None:
     if expected != head:
         if expected == 0:
@@ -164,7 +156,7 @@ def _append(
     fence: int | None,
     clock: Clock,
 ) -> tuple[Event, ...]:
-    head, token = _state(raw, execution_id)
+    head, token = fencing.state(raw, execution_id)
     _check_head(execution_id, expected, head)
     if fence is not None:
         fencing.check_presented(execution_id, fence, token)
@@ -181,7 +173,7 @@ def _append_if_unchanged(
     clock: Clock,
 ) -> tuple[Event, ...]:
     fencing.check_unchanged(raw, execution_id, observed)
-    head, _ = _state(raw, execution_id)
+    head, _ = fencing.state(raw, execution_id)
     _check_head(execution_id, expected, head)
     return _insert(raw, execution_id, head, rows, now_micros(clock))
 
@@ -194,7 +186,7 @@ def _append_many(
 ) -> tuple[tuple[Event, ...], ...]:
     heads = []
     for request, _ in requests:
-        head, token = _state(raw, request.execution_id)
+        head, token = fencing.state(raw, request.execution_id)
         _check_head(request.execution_id, request.expected_sequence, head)
         if request.fence is not None:
             fencing.check_presented(request.execution_id, request.fence, token)
@@ -359,13 +351,11 @@ class SqliteEventStore(RefusesUnoffered):
         execution_id, from_sequence, to_sequence, limit = check_read(
             execution_id, from_sequence, to_sequence, limit
         )
-        if from_sequence > _NO_UPPER:
-            return ()  # no sequence gets that far (and SQLite integers stop at 2**63 - 1)
         return await self._read(
             execution_id,
             from_sequence,
-            _NO_UPPER if to_sequence is None else min(to_sequence, _NO_UPPER),
-            _NO_LIMIT if limit is None else min(limit, _NO_UPPER),
+            MAX_POSITION if to_sequence is None else to_sequence,
+            _NO_LIMIT if limit is None else limit,
         )
 
     async def _read(
@@ -391,7 +381,7 @@ class SqliteEventStore(RefusesUnoffered):
         limit = check_limit(limit)
         # Every id is non-empty, so "after the empty string" is "from the start".
         return await self._open().read(
-            functools.partial(_list, after=after or "", limit=min(limit, _NO_UPPER)),
+            functools.partial(_list, after=after or "", limit=limit),
             doing="listing executions",
         )
 
@@ -422,7 +412,7 @@ class SqliteEventStore(RefusesUnoffered):
                 fencing.acquire_if,
                 execution_id=execution_id,
                 fence=fence,
-                park_seq=min(park_seq, _NO_UPPER),  # the same scan; SQLite ints are 64-bit
+                park_seq=park_seq,
             ),
             doing=f"acquiring a conditional fence on {execution_id!r}",
         )
@@ -499,7 +489,7 @@ class SqliteEventStore(RefusesUnoffered):
         return self._subscriptions.follow(
             execution_id,
             from_sequence,
-            lambda eid, start, limit: self._read(eid, start, _NO_UPPER, limit),
+            lambda eid, start, limit: self._read(eid, start, MAX_POSITION, limit),
         )
 
     # -- SQLite only --------------------------------------------------------------------

@@ -9,19 +9,17 @@ writer — task, thread or process — can run: the check and the bump of
 ``acquire_fence_if`` are one atomic step, as ADR 0118 D1 requires, and a fenced append's
 token check cannot be overtaken by an acquire.
 
-A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1.
-A row outlives ``delete_execution`` once its token is above 0, so a zombie writer of a
-deleted and re-created id stays fenced out.
+A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1;
+nothing else creates one, so a refusal never leaves a fence row behind. A row outlives
+``delete_execution`` once its token is above 0, so a zombie writer of a deleted and
+re-created id stays fenced out. A token presented to a fenced append above the current one
+was never issued (:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let
+a caller with a wrong number outrank every later acquire.
 
 The answered-park scan (condition (b) of ADR 0118 D1) reads the ``answering`` column, set
-by the writer from :func:`loom_core.kinds.is_answering_kind` when the event is appended,
-instead of re-classifying in SQL. The classification then lives in one place (the
-kernel's total mapping), and the JSON pitfalls of the SQL form disappear:
-``json_extract(metadata, '$.kernel') = 1`` is also true for the *number* 1, so the SQL form
-would have to be ``json_type(metadata, '$.kernel') = 'true'`` to refuse both the number 1
-and the string ``"true"``, as D1 requires. The partial index ``loom_events_answering``
-keeps the scan to the answering events past the park, however many ignorable events
-(an application's emits, unfenced audit appends) follow it.
+by the writer from :func:`loom_core.kinds.is_answering_kind` when the event is appended.
+The partial index ``loom_events_answering`` keeps the scan to the answering events past
+the park.
 """
 
 from __future__ import annotations
@@ -29,7 +27,12 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from loom_core.errors import StaleFenceError
+from loom_core.errors import (
+    ExecutionNotFoundError,
+    FenceNotIssuedError,
+    InvalidSequenceError,
+    StaleFenceError,
+)
 from loom_core.spi import ConditionalFence, FenceAcquired, FenceStale
 
 __all__ = [
@@ -39,8 +42,13 @@ __all__ = [
     "check_unchanged",
     "current_token",
     "drop_unacquired",
+    "state",
 ]
 
+SELECT_STATE: Final = """
+SELECT (SELECT head FROM loom_executions WHERE execution_id = ?1),
+       (SELECT token FROM loom_fences WHERE execution_id = ?1)
+"""
 SELECT_TOKEN: Final = "SELECT token FROM loom_fences WHERE execution_id = ?"
 BUMP_TOKEN: Final = """
 INSERT INTO loom_fences (execution_id, token) VALUES (?, 1)
@@ -53,6 +61,12 @@ WHERE execution_id = ? AND sequence > ? AND answering = 1
 LIMIT 1
 """
 DROP_UNACQUIRED: Final = "DELETE FROM loom_fences WHERE execution_id = ? AND token = 0"
+
+
+def state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
+    """The execution's head (0: no log) and token (0: never fenced), in one statement."""
+    head, token = raw.execute(SELECT_STATE, (execution_id,)).fetchone()
+    return (0 if head is None else int(head)), (0 if token is None else int(token))
 
 
 def current_token(raw: sqlite3.Connection, execution_id: str) -> int:
@@ -69,23 +83,43 @@ def acquire_if(
     raw: sqlite3.Connection, execution_id: str, fence: int, park_seq: int
 ) -> ConditionalFence:
     """ADR 0118 D1: bump only if the token is ``fence`` and no answering event exists
-    past ``park_seq``; otherwise change nothing and return the current token."""
-    current = current_token(raw, execution_id)
-    if current != fence:
-        return FenceStale(current)
-    if raw.execute(ANSWERED_AFTER, (execution_id, park_seq)).fetchone() is not None:
+    past ``park_seq``; otherwise change nothing and return the current token.
+
+    Refuses, changing nothing, an execution with no log (``ExecutionNotFoundError``) and
+    a park at or past the head (``InvalidSequenceError``), in that order. A ``fence``
+    above the current token is stale, not refused: a park copied by ``copy_prefix``
+    carries its source's token while the copy's is 0, and the resumer retries with the
+    token this returns.
+    """
+    head, current = state(raw, execution_id)
+    if head == 0:
+        raise ExecutionNotFoundError(execution_id)
+    if park_seq >= head:
+        raise InvalidSequenceError(
+            f"park_seq {park_seq} is at or past the head of {execution_id!r} ({head}); "
+            "pass the sequence of the park being answered"
+        )
+    if current != fence or _answered_after(raw, execution_id, park_seq, head):
         return FenceStale(current)
     return FenceAcquired(acquire(raw, execution_id))
 
 
+def _answered_after(raw: sqlite3.Connection, execution_id: str, park_seq: int, head: int) -> bool:
+    return raw.execute(ANSWERED_AFTER, (execution_id, park_seq)).fetchone() is not None
+
+
 def check_presented(execution_id: str, presented: int, current: int) -> None:
-    """A fenced append: refuse a token below the execution's (a newer writer holds it)."""
+    """A fenced append: refuse a token below the execution's (a newer writer holds it)
+    and one above it (no acquire returned it)."""
     if presented < current:
         raise StaleFenceError(execution_id, presented, current)
+    if presented > current:
+        raise FenceNotIssuedError(execution_id, presented, current)
 
 
 def check_unchanged(raw: sqlite3.Connection, execution_id: str, observed: int) -> None:
-    """``append_if_unchanged``: refuse unless the token still equals ``observed``."""
+    """``append_if_unchanged``: refuse unless the token still equals ``observed`` (above
+    it too is stale: this never presents a token, it compares one it read)."""
     current = current_token(raw, execution_id)
     if current != observed:
         raise StaleFenceError(execution_id, observed, current)

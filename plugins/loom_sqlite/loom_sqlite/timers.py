@@ -55,7 +55,6 @@ ORDER BY wake_at
 """
 DELETE_ONE: Final = "DELETE FROM loom_timers WHERE execution_id = ? AND wake_at = ?"
 DELETE_ALL: Final = "DELETE FROM loom_timers WHERE execution_id = ?"
-_MAX_LIMIT: Final = 2**63 - 1
 
 
 def _record(execution_id: str, wake_at: int, redrive: str | None) -> TimerRecord:
@@ -107,7 +106,7 @@ class SqliteTimerStore:
             functools.partial(
                 _rows,
                 sql=DUE if redrive else DUE_PLAIN,
-                params=(to_micros(now), min(limit, _MAX_LIMIT)),  # SQLite ints are 64-bit
+                params=(to_micros(now), limit),
             ),
             doing="reading due timers",
         )
