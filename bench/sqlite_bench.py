@@ -39,7 +39,6 @@ from loom_sqlite.clock import to_micros
 from loom_sqlite.schema import ensure_schema
 
 from loom_core import FenceAcquired, JsonObject, JsonValue, NewEvent, Storage, open_storage
-from loom_core.kinds import is_answering_kind
 from loom_core.validation import canonical_json
 
 PAYLOAD: JsonValue = {"order": 42, "lines": [{"sku": "A-1", "qty": 2}], "note": "benchmark"}
@@ -113,7 +112,7 @@ def raw_append(raw: sqlite3.Connection, eid: str, seq: int, kind: str, token: in
     raw.execute(
         sql.INSERT_EVENT,
         (eid, seq, kind, canonical_json(PAYLOAD), canonical_json(metadata),
-         to_micros(datetime.now(UTC)), int(is_answering_kind(kind, metadata))),
+         to_micros(datetime.now(UTC))),
     )
     raw.execute(sql.UPSERT_HEAD, (eid, seq + 1))
     raw.execute("COMMIT")

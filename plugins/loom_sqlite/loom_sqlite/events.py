@@ -2,7 +2,7 @@
 
 Each public method validates its arguments on the caller's side with the kernel's checks
 (:mod:`loom_core.validation`: a refused call touches nothing), prepares the rows (JSON
-text, the ADR 0118 ``answering`` flag, the ``fence`` stamp), and hands one *operation* to
+text, the ``fence`` stamp), and hands one *operation* to
 :class:`~loom_sqlite.transactions.TransactionRunner`: a function that does all of that
 method's SQL on the connection's thread, inside one ``BEGIN IMMEDIATE`` transaction for a
 write. The operation checks first and writes last; a refusal
@@ -10,6 +10,11 @@ write. The operation checks first and writes last; a refusal
 …) raised from it is rolled back with it, so a refused append leaves the file exactly as
 it was. Semantics match the in-memory reference
 store, :class:`loom_core.memory.MemoryEventStore`.
+
+The log of an execution is its rows below the head stored in ``loom_executions``: every
+read is bounded by that head in the same statement, so a row written into
+``loom_events`` at or past the head (outside Loom: an append moves both in one
+transaction) is never returned.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from loom_core.errors import (
     StorageReadError,
 )
 from loom_core.events import Event, JsonObject, JsonValue, NewEvent
-from loom_core.kinds import is_answering_kind
 from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
 from loom_core.validation import (
@@ -60,15 +64,15 @@ INSERT INTO loom_executions (execution_id, head) VALUES (?, ?)
 ON CONFLICT (execution_id) DO UPDATE SET head = excluded.head
 """
 INSERT_EVENT: Final = """
-INSERT INTO loom_events
-    (execution_id, sequence, kind, payload, metadata, recorded_at, answering)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, recorded_at)
+VALUES (?, ?, ?, ?, ?, ?)
 """
 SELECT_EVENTS: Final = """
 SELECT sequence, kind, payload, metadata, recorded_at FROM loom_events
-WHERE execution_id = ? AND sequence >= ? AND sequence <= ?
+WHERE execution_id = ?1 AND sequence >= ?2 AND sequence <= ?3
+  AND sequence < (SELECT head FROM loom_executions WHERE execution_id = ?1)
 ORDER BY sequence
-LIMIT ?
+LIMIT ?4
 """
 LIST_EXECUTIONS: Final = """
 SELECT execution_id FROM loom_executions WHERE execution_id > ?
@@ -77,9 +81,8 @@ ORDER BY execution_id LIMIT ?
 DELETE_EXECUTION: Final = "DELETE FROM loom_executions WHERE execution_id = ?"
 DELETE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ?"
 COPY_EVENTS: Final = """
-INSERT INTO loom_events
-    (execution_id, sequence, kind, payload, metadata, recorded_at, answering)
-SELECT ?, sequence, kind, payload, metadata, recorded_at, answering FROM loom_events
+INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, recorded_at)
+SELECT ?, sequence, kind, payload, metadata, recorded_at FROM loom_events
 WHERE execution_id = ? AND sequence <= ?
 """
 TRUNCATE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ? AND sequence < ?"
@@ -96,7 +99,6 @@ class _Row:
     metadata: JsonObject
     payload_text: str
     metadata_text: str
-    answering: int
 
 
 def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
@@ -112,7 +114,6 @@ def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
                 metadata=metadata,
                 payload_text=canonical_json(event.payload),
                 metadata_text=canonical_json(metadata),
-                answering=int(is_answering_kind(event.kind, metadata)),
             )
         )
     return tuple(rows)
@@ -133,7 +134,7 @@ def _insert(
 ) -> tuple[Event, ...]:
     recorded_at = from_micros(now)
     values = [
-        (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now, r.answering)
+        (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now)
         for i, r in enumerate(rows)
     ]
     if len(values) == 1:

@@ -16,10 +16,18 @@ re-created id stays fenced out. A token presented to a fenced append above the c
 was never issued (:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let
 a caller with a wrong number outrank every later acquire.
 
-The answered-park scan (condition (b) of ADR 0118 D1) reads the ``answering`` column, set
-by the writer from :func:`loom_core.kinds.is_answering_kind` when the event is appended.
-The partial index ``loom_events_answering`` keeps the scan to the answering events past
-the park.
+The answered-park scan (condition (b) of ADR 0118 D1) classifies each event past the park
+from its ``kind`` and ``metadata`` when it runs, exactly as
+:func:`loom_core.kinds.is_answering_kind` does: a kind in the kernel's answering list, or
+a kind that is not a kernel kind at all whose ``metadata.kernel`` is JSON ``true``
+(``json_type(...) = 'true'``: the number 1 and the string ``"true"`` do not count, while
+``json_extract(...) = 1`` would take the number). The two kind lists are bound as JSON
+arrays, built from the kernel's own sets, so there is one classification. Nothing derived
+is stored: a flag written beside the event could be flipped in the file without touching
+the columns an audit chain covers, and the acquire would then win over an answered park.
+The scan reads the primary key from the park to the head: the events after a park are
+few (a denial, an annotation, the answer), and the head bounds it, so a row forged past
+the head is not part of the log here either.
 """
 
 from __future__ import annotations
@@ -33,7 +41,10 @@ from loom_core.errors import (
     InvalidSequenceError,
     StaleFenceError,
 )
+from loom_core.events import JsonValue
+from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
 from loom_core.spi import ConditionalFence, FenceAcquired, FenceStale
+from loom_core.validation import canonical_json
 
 __all__ = [
     "acquire",
@@ -56,11 +67,23 @@ ON CONFLICT (execution_id) DO UPDATE SET token = token + 1
 RETURNING token
 """
 ANSWERED_AFTER: Final = """
-SELECT 1 FROM loom_events INDEXED BY loom_events_answering
-WHERE execution_id = ? AND sequence > ? AND answering = 1
+SELECT 1 FROM loom_events
+WHERE execution_id = ?1 AND sequence > ?2 AND sequence < ?3
+  AND (kind IN (SELECT value FROM json_each(?4))
+       OR (kind NOT IN (SELECT value FROM json_each(?5))
+           AND json_type(metadata, '$.kernel') = 'true'))
 LIMIT 1
 """
 DROP_UNACQUIRED: Final = "DELETE FROM loom_fences WHERE execution_id = ? AND token = 0"
+
+
+def _json_list(kinds: frozenset[str]) -> str:
+    listed: list[JsonValue] = [*sorted(kinds)]
+    return canonical_json(listed)
+
+
+ANSWERING_KINDS_JSON: Final = _json_list(ANSWERING_KINDS)
+KERNEL_KINDS_JSON: Final = _json_list(KERNEL_KINDS)
 
 
 def state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
@@ -105,7 +128,8 @@ def acquire_if(
 
 
 def _answered_after(raw: sqlite3.Connection, execution_id: str, park_seq: int, head: int) -> bool:
-    return raw.execute(ANSWERED_AFTER, (execution_id, park_seq)).fetchone() is not None
+    params = (execution_id, park_seq, head, ANSWERING_KINDS_JSON, KERNEL_KINDS_JSON)
+    return raw.execute(ANSWERED_AFTER, params).fetchone() is not None
 
 
 def check_presented(execution_id: str, presented: int, current: int) -> None:

@@ -6,10 +6,9 @@ file can be shared with an application's own tables.
 
 - ``loom_executions``: one row per log; ``head`` is the next sequence (the number of events
   ever appended), kept here because prefix truncation removes events but not the head.
-- ``loom_events``: the log. ``answering`` is ADR 0118 D1's classification of the event,
-  computed by the writer with :func:`loom_core.kinds.is_answering_kind` (see
-  :mod:`loom_sqlite.fencing`), with a partial index so the conditional fence's scan
-  reads only answering events past the park.
+- ``loom_events``: the log, the rows of an execution below its head. Nothing derived
+  from an event is stored beside it: ADR 0118 D1's classification is computed from
+  ``kind`` and ``metadata`` when the conditional fence scans (:mod:`loom_sqlite.fencing`).
 - ``loom_fences``: one row per fenced execution; outlives the log when its token is > 0.
 - ``loom_timers``: ADR 0118 D4, keyed by (execution_id, wake_at); ``redrive`` is JSON.
 - ``loom_leases``: runbook section 2.
@@ -18,10 +17,22 @@ Times are INTEGER microseconds since the epoch (:mod:`loom_sqlite.clock`).
 
 Opening is safe when several processes open one file together: every change runs in one
 ``BEGIN IMMEDIATE`` transaction (one process at a time), is written to be a no-op when it
-is already done (``IF NOT EXISTS``), and the one migration there is (a timer table from
-before ADR 0118 D4 lacks ``redrive``) checks the column and adds it in that same
-transaction, tolerating a duplicate column in case another writer got there first. A file
-already at :data:`SCHEMA_VERSION` is not written at all, so a read-only copy opens.
+is already done (``IF NOT EXISTS``), and each migration looks at the columns first, in
+that same transaction. There are two:
+
+- a timer table from before ADR 0118 D4 lacks ``redrive``: the column is added
+  (tolerating a duplicate column in case a tool outside Loom added it meanwhile);
+- an event table of schema 1 carries a derived ``answering`` column and its partial
+  index ``loom_events_answering``: both are dropped. A flag stored beside the event could
+  be flipped in the file without touching ``kind`` or ``metadata`` (what an audit chain
+  covers), and the conditional fence would trust it; it is now derived when it is needed.
+  ``DROP COLUMN`` rewrites the table once, under the write lock: another process opening
+  the file meanwhile waits (up to its ``busy_timeout_ms``) and then finds it done. A
+  process of an older loom-sqlite still writing the file fails its appends with a
+  ``StorageWriteError`` (no such column), writing nothing: upgrade every process that
+  shares a file together.
+
+A file already at :data:`SCHEMA_VERSION` is not written at all, so a read-only copy opens.
 """
 
 from __future__ import annotations
@@ -31,13 +42,14 @@ from typing import Final
 
 __all__ = ["SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """``PRAGMA user_version`` of a file whose schema is complete. 0 is a new file or one
-written before the version was recorded (possibly with an old-shape timer table)."""
+written before the version was recorded (possibly with an old-shape timer table); 1 has
+the derived ``answering`` column on ``loom_events``."""
 
 READ_VERSION: Final = "PRAGMA user_version"
 # PRAGMA takes no bind parameters; the version is a constant of this module.
-WRITE_VERSION: Final = "PRAGMA user_version = 1"
+WRITE_VERSION: Final = "PRAGMA user_version = 2"
 
 CREATE_EXECUTIONS: Final = """
 CREATE TABLE IF NOT EXISTS loom_executions (
@@ -54,15 +66,13 @@ CREATE TABLE IF NOT EXISTS loom_events (
     payload TEXT NOT NULL,
     metadata TEXT NOT NULL,
     recorded_at INTEGER NOT NULL,
-    answering INTEGER NOT NULL,
     PRIMARY KEY (execution_id, sequence)
 ) WITHOUT ROWID
 """
 
-CREATE_ANSWERING_INDEX: Final = """
-CREATE INDEX IF NOT EXISTS loom_events_answering
-    ON loom_events (execution_id, sequence) WHERE answering = 1
-"""
+EVENT_COLUMNS: Final = "SELECT name FROM pragma_table_info('loom_events')"
+DROP_ANSWERING_INDEX: Final = "DROP INDEX IF EXISTS loom_events_answering"
+DROP_ANSWERING: Final = "ALTER TABLE loom_events DROP COLUMN answering"
 
 CREATE_FENCES: Final = """
 CREATE TABLE IF NOT EXISTS loom_fences (
@@ -108,7 +118,6 @@ CREATE TABLE IF NOT EXISTS loom_leases (
 _CREATE: Final = (
     CREATE_EXECUTIONS,
     CREATE_EVENTS,
-    CREATE_ANSWERING_INDEX,
     CREATE_FENCES,
     CREATE_TIMERS,
     CREATE_TIMERS_DUE_INDEX,
@@ -129,6 +138,13 @@ def _add_redrive_column(raw: sqlite3.Connection) -> None:
             raise
 
 
+def _drop_answering_column(raw: sqlite3.Connection) -> None:
+    # The index first: SQLite refuses to drop a column an index uses.
+    raw.execute(DROP_ANSWERING_INDEX)
+    if "answering" in {row[0] for row in raw.execute(EVENT_COLUMNS)}:
+        raw.execute(DROP_ANSWERING)
+
+
 def ensure_schema(raw: sqlite3.Connection) -> bool:
     """Create or migrate the tables; True if anything was written.
 
@@ -145,6 +161,7 @@ def ensure_schema(raw: sqlite3.Connection) -> bool:
         for statement in _CREATE:
             raw.execute(statement)
         _add_redrive_column(raw)
+        _drop_answering_column(raw)
         raw.execute(WRITE_VERSION)
         raw.execute("COMMIT")
     except BaseException:

@@ -305,7 +305,7 @@ async def test_copy_prefix_branches_and_refuses_an_existing_target(storage: Stor
     assert await storage.events.head("other") == 0
 
 
-async def test_copy_keeps_the_answering_flag(storage: Storage) -> None:
+async def test_a_copied_answer_still_answers_the_copied_park(storage: Storage) -> None:
     token = await _park(storage, "p")
     await storage.events.append("p", [NewEvent("EXECUTION_RESUMED")], expected_sequence=2)
     await storage.events.copy_prefix("p", "branch", through_sequence=2)
