@@ -17,6 +17,7 @@ from loom_core import (
     Decisions,
     DecoratorDefinitionError,
     Event,
+    EventStore,
     EventStoreDecorator,
     Implement,
     NewEvent,
@@ -249,3 +250,71 @@ async def test_find_layer_walks_the_stack_from_a_storage_or_a_store() -> None:
     assert find_layer(storage, Counting) is stack.inner
     assert find_layer(stack, Passthrough) is stack
     assert find_layer(base, Counting) is None
+
+
+class FanOut(EventStoreDecorator):
+    """A test fan-out: wraps several stores, and says so through ``wrapped``."""
+
+    def __init__(self, branches: Sequence[EventStore]) -> None:
+        super().__init__(branches[0])
+        self.branches = tuple(branches)
+
+    @property
+    def wrapped(self) -> tuple[EventStore, ...]:
+        return self.branches
+
+    decisions = ALL_FORWARD
+
+
+def test_a_decorator_over_one_store_wraps_exactly_that_store() -> None:
+    base = MemoryEventStore()
+    stack = Passthrough(base)
+    assert stack.wrapped == (base,)
+    assert stack.inner is base
+
+
+def test_base_stores_are_every_store_at_the_bottom_of_the_stack_in_order() -> None:
+    from loom_core.decorating import base_stores
+
+    first, second, third = MemoryEventStore(), MemoryEventStore(), MemoryEventStore()
+    stack = Passthrough(FanOut([Counting(first), FanOut([second, third])]))
+    assert base_stores(stack) == (first, second, third)
+    assert base_stores(first) == (first,)
+    shared = FanOut([Passthrough(first), Counting(first)])  # one store reached twice
+    assert base_stores(shared) == (first,)
+
+
+async def test_find_layers_finds_the_layer_on_every_branch_of_a_fan_out() -> None:
+    from loom_core import Storage
+    from loom_core.decorating import find_layers
+    from loom_core.memory import MemoryLeaseStore, MemoryTimerStore
+
+    left, right = Counting(MemoryEventStore()), Counting(MemoryEventStore())
+    fan = FanOut([Passthrough(left), right, MemoryEventStore()])
+    storage = Storage(Passthrough(fan), MemoryTimerStore(), MemoryLeaseStore())
+    assert find_layers(storage, Counting) == (left, right)
+    assert find_layers(fan, FanOut) == (fan,)  # the outermost of a kind, not what it wraps
+    assert find_layers(MemoryEventStore(), Counting) == ()
+
+
+def test_find_layer_above_a_fan_out_is_the_one_every_call_passes() -> None:
+    from loom_core import find_layer
+
+    counting = Counting(FanOut([MemoryEventStore(), MemoryEventStore()]))
+    assert find_layer(Passthrough(counting), Counting) is counting
+    assert find_layer(counting, Passthrough) is None
+
+
+def test_find_layer_below_a_fan_out_is_refused_not_guessed() -> None:
+    from loom_core import InvalidOptionError, find_layer
+    from loom_core.decorating import LayerBelowFanOutError
+
+    on_shard_0 = Counting(MemoryEventStore())
+    fan = FanOut([on_shard_0, MemoryEventStore(), Counting(MemoryEventStore())])
+    with pytest.raises(LayerBelowFanOutError) as caught:
+        find_layer(Passthrough(fan), Counting)
+    assert isinstance(caught.value, InvalidOptionError)
+    assert caught.value.fan_out is fan
+    assert caught.value.found == (on_shard_0, fan.branches[2])
+    assert "find_layers" in str(caught.value)
+    assert "3 stores" in str(caught.value)

@@ -33,7 +33,10 @@ class ShardedEventStore(EventStoreDecorator):
       cannot be re-created by appends).
 
     Every shard must offer the same optional methods (checked here), so ``capabilities``
-    is true for every execution. ``inner`` is shard 0; :meth:`close` closes every shard.
+    is true for every execution. :attr:`wrapped` is every shard's store in shard order, so
+    whatever walks a stack (``find_layer``, ``find_layers``, ``loom_sqlite.backup``) sees
+    all of them; ``inner`` is only shard 0, the store the decorator base's defaults would
+    use (every method is routed here instead). :meth:`close` closes every shard.
     """
 
     def __init__(
@@ -61,6 +64,11 @@ class ShardedEventStore(EventStoreDecorator):
 
     def __repr__(self) -> str:
         return f"ShardedEventStore({len(self.placement.stores)} shards)"
+
+    @property
+    def wrapped(self) -> tuple[EventStore, ...]:
+        """Every shard's event store, shard 0 first (the order of ``shard_of``)."""
+        return self.placement.stores
 
     def shard_of(self, execution_id: str) -> int:
         """The index of the shard that owns ``execution_id``."""
