@@ -1,11 +1,13 @@
 """Over real SQLite files as shards: the kit through sharded (three files per storage,
-``colocate="-"`` as ``conformance_options`` gives), and a shard whose database is closed."""
+``colocate="-"`` as ``conformance_options`` gives), a shard whose database is closed, and a
+backup that covers every shard or refuses."""
 
 import itertools
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
+import loom_sqlite
 import pytest
 from loom_conformance import StorageFactory
 from loom_conformance.suites import (
@@ -14,8 +16,10 @@ from loom_conformance.suites import (
     TestTimerStoreContract,
 )
 from loom_sharded import ShardedEventStore, ShardUnavailableError, sharded_storage
+from loom_sqlite import SeveralDatabasesError
 
-from loom_core import NewEvent, Storage, TimerRecord, open_storage
+from loom_core import NewEvent, Storage, TimerRecord, find_layer, open_storage
+from loom_core.decorating import base_stores
 
 __all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
 
@@ -74,3 +78,51 @@ async def test_a_closed_sqlite_shard_fails_only_its_own_executions(tmp_path: Pat
             await storage.events.list_executions()
         due = await storage.timers.due(T0 + timedelta(days=1), limit=100)
         assert sorted(r.execution_id for r in due) == sorted(owned[0] + owned[2])
+
+
+async def _twenty_over_three_files(tmp_path: Path) -> Storage:
+    shards = [await open_storage(sqlite_url(tmp_path / f"shard{i}.db")) for i in range(3)]
+    storage = sharded_storage(shards)
+    for n in range(20):
+        await storage.events.append(f"order-{n}", [NewEvent("A", {"n": n})], expected_sequence=0)
+    return storage
+
+
+async def test_the_sharded_store_wraps_every_shard_and_find_layer_does_not_guess(
+    tmp_path: Path,
+) -> None:
+    storage = await _twenty_over_three_files(tmp_path)
+    async with storage:
+        events = storage.events
+        assert isinstance(events, ShardedEventStore)
+        assert events.wrapped == events.placement.stores
+        assert [s.path for s in events.wrapped] == [  # type: ignore[attr-defined]
+            str(tmp_path / f"shard{i}.db") for i in range(3)
+        ]
+        assert base_stores(storage) == events.wrapped
+        assert find_layer(storage, ShardedEventStore) is events
+
+
+async def test_backup_of_a_sharded_storage_is_refused_not_partial(tmp_path: Path) -> None:
+    storage = await _twenty_over_three_files(tmp_path)
+    async with storage:
+        with pytest.raises(SeveralDatabasesError, match="3 SQLite databases"):
+            await loom_sqlite.backup(storage, tmp_path / "copy.db")
+    assert not (tmp_path / "copy.db").exists()
+
+
+async def test_backup_all_of_a_sharded_storage_restores_every_execution(tmp_path: Path) -> None:
+    storage = await _twenty_over_three_files(tmp_path)
+    out = tmp_path / "backups"
+    out.mkdir()
+    async with storage:
+        written = await loom_sqlite.backup_all(storage, out)
+        before = {n: await storage.events.read(f"order-{n}") for n in range(20)}
+    assert list(written.values()) == [str(out / f"{i}-shard{i}.db") for i in range(3)]
+    # Restored in shard order (the routing names come with it), the copies are the storage.
+    copies = [await open_storage(sqlite_url(Path(path))) for path in written.values()]
+    async with sharded_storage(copies) as restored:
+        ids = await restored.events.list_executions(limit=100)
+        assert sorted(ids) == sorted(f"order-{n}" for n in range(20))
+        for n in range(20):
+            assert await restored.events.read(f"order-{n}") == before[n]

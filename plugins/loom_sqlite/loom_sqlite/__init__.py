@@ -6,21 +6,19 @@
 
 from __future__ import annotations
 
-import os
-
-from loom_core.errors import InvalidOptionError
-from loom_core.storage import Storage
 from loom_sqlite.errors import (
     DatabaseBusyError,
     DatabaseClosedError,
     DatabaseCorruptError,
     DatabaseOpenError,
     DatabaseReadOnlyError,
+    SeveralDatabasesError,
 )
 from loom_sqlite.events import SqliteEventStore
 from loom_sqlite.leases import SqliteLeaseStore
 from loom_sqlite.plugin import open_sqlite
 from loom_sqlite.settings import Settings, Synchronous
+from loom_sqlite.stacks import backup, backup_all
 from loom_sqlite.timers import SqliteTimerStore
 
 __version__ = "0.1.0"
@@ -31,6 +29,7 @@ __all__ = [
     "DatabaseCorruptError",
     "DatabaseOpenError",
     "DatabaseReadOnlyError",
+    "SeveralDatabasesError",
     "Settings",
     "SqliteEventStore",
     "SqliteLeaseStore",
@@ -38,25 +37,6 @@ __all__ = [
     "Synchronous",
     "__version__",
     "backup",
+    "backup_all",
     "open_sqlite",
 ]
-
-_MAX_DEPTH = 32
-
-
-async def backup(storage: Storage, target_path: str | os.PathLike[str]) -> None:
-    """Back up a SQLite ``storage`` to ``target_path`` online (SQLite's backup API).
-
-    Finds the SQLite event store under any decorators (through their ``inner``); refuses
-    with :class:`~loom_core.errors.InvalidOptionError` a storage that is not SQLite.
-    """
-    store: object = storage.events
-    for _ in range(_MAX_DEPTH):
-        if isinstance(store, SqliteEventStore):
-            await store.backup(os.fspath(target_path))
-            return
-        inner = getattr(store, "inner", None)
-        if inner is None:
-            break
-        store = inner
-    raise InvalidOptionError(f"{storage!r} is not a SQLite storage; backup() needs sqlite:///")

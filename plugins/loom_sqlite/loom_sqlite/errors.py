@@ -3,6 +3,9 @@
 The SQLite-specific errors refine the kernel's storage errors, so a caller that handles
 ``StorageError`` (or one of its three kinds) handles these too::
 
+    InvalidInputError
+    └── InvalidOptionError
+        └── SeveralDatabasesError      backup() of a storage spanning several databases
     StorageError
     ├── StorageWriteError
     │   └── DatabaseReadOnlyError      the file or its directory cannot be written
@@ -25,6 +28,7 @@ import sqlite3
 from typing import Final
 
 from loom_core.errors import (
+    InvalidOptionError,
     StorageError,
     StorageReadError,
     StorageUnavailableError,
@@ -38,6 +42,7 @@ __all__ = [
     "DatabaseCorruptError",
     "DatabaseOpenError",
     "DatabaseReadOnlyError",
+    "SeveralDatabasesError",
     "translate",
 ]
 
@@ -100,6 +105,21 @@ class DatabaseCorruptError(StorageReadError):
         super().__init__(
             f"SQLite database {path!r} is not a database or is damaged ({detail}) while "
             f"{doing}; restore it from a backup (see the loom-sqlite docs, 'Backup')"
+        )
+
+
+class SeveralDatabasesError(InvalidOptionError):
+    """``backup()`` of a storage whose stack spans several SQLite databases (a sharded
+    storage: one per shard); one file cannot hold them. ``paths`` lists the databases, in
+    shard order. Nothing was written: use ``loom_sqlite.backup_all(storage, directory)``,
+    which writes one file per database."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self.paths = paths
+        super().__init__(
+            f"this storage spans {len(paths)} SQLite databases ({', '.join(paths)}), and "
+            "backup() writes one file: nothing was written. Back them all up with "
+            "loom_sqlite.backup_all(storage, directory), one file per database"
         )
 
 

@@ -9,10 +9,21 @@ from pathlib import Path
 
 import loom_sqlite
 import pytest
-from loom_sqlite import DatabaseOpenError, SqliteEventStore
+from loom_sqlite import DatabaseOpenError, SeveralDatabasesError, SqliteEventStore
 from sqlite_helpers import expect_line, file_bytes, names_in, spawn, url_for
 
-from loom_core import Event, InvalidOptionError, NewEvent, Storage, open_storage
+from loom_core import (
+    FORWARD,
+    Decisions,
+    Event,
+    EventStore,
+    EventStoreDecorator,
+    InvalidOptionError,
+    NewEvent,
+    Storage,
+    StoreClosedError,
+    open_storage,
+)
 
 
 async def test_a_backup_taken_while_writing_opens_as_a_consistent_copy(
@@ -99,3 +110,119 @@ async def test_subscribe_sees_an_append_made_by_another_process(
         other.kill()
         other.wait()
     assert [(e.kind, e.payload) for e in received] == [("order.shipped", {"from": "other"})]
+
+
+class _Shards(EventStoreDecorator):
+    """A minimal fan-out (what loom-sharded is, without its routing): every store it
+    wraps is named in ``wrapped``; ``inner`` is only the first."""
+
+    def __init__(self, branches: list[EventStore]) -> None:
+        super().__init__(branches[0])
+        self.branches = tuple(branches)
+
+    @property
+    def wrapped(self) -> tuple[EventStore, ...]:
+        return self.branches
+
+    decisions = Decisions(
+        acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,
+        append_many=FORWARD, delete_execution=FORWARD, copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD, subscribe=FORWARD,
+    )
+
+
+async def _fanned_out(tmp_path: Path, count: int) -> tuple[Storage, list[Storage]]:
+    shards = [await open_storage(url_for(tmp_path / f"shard{i}.db")) for i in range(count)]
+    for i, shard in enumerate(shards):
+        for n in range(i + 1):  # shard i holds i + 1 logs
+            await shard.events.append(f"s{i}-{n}", [NewEvent("A", {"n": n})], expected_sequence=0)
+
+    async def close_all() -> None:
+        for shard in shards:
+            await shard.close()
+
+    storage = Storage(
+        _Shards([s.events for s in shards]), shards[0].timers, shards[0].leases,
+        on_close=close_all,
+    )
+    return storage, shards
+
+
+async def test_backup_refuses_a_storage_spanning_several_databases(tmp_path: Path) -> None:
+    storage, _ = await _fanned_out(tmp_path, 3)
+    async with storage:
+        with pytest.raises(SeveralDatabasesError, match="backup_all") as caught:
+            await loom_sqlite.backup(storage, tmp_path / "copy.db")
+    assert caught.value.paths == tuple(str(tmp_path / f"shard{i}.db") for i in range(3))
+    assert isinstance(caught.value, InvalidOptionError)
+    assert not (tmp_path / "copy.db").exists()
+
+
+async def test_backup_all_copies_every_database_under_a_fan_out(tmp_path: Path) -> None:
+    storage, _ = await _fanned_out(tmp_path, 3)
+    out = tmp_path / "backups"
+    out.mkdir()
+    async with storage:
+        written = await loom_sqlite.backup_all(storage, out)
+    assert list(written.items()) == [
+        (str(tmp_path / f"shard{i}.db"), str(out / f"{i}-shard{i}.db")) for i in range(3)
+    ]
+    for i in range(3):
+        async with open_storage(url_for(out / f"{i}-shard{i}.db")) as copy:
+            ids = await copy.events.list_executions()
+            assert ids == tuple(f"s{i}-{n}" for n in range(i + 1))
+            assert (await copy.events.read(ids[-1]))[0].payload == {"n": i}
+
+
+async def test_backup_all_of_a_plain_storage_is_one_file(storage: Storage, tmp_path: Path) -> None:
+    await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+    out = tmp_path / "backups"
+    out.mkdir()
+    assert await loom_sqlite.backup_all(storage, out) == {
+        str(tmp_path / "loom.db"): str(out / "0-loom.db")
+    }
+
+
+async def test_backup_all_writes_nothing_when_one_shard_is_not_sqlite(tmp_path: Path) -> None:
+    sqlite_shard = await open_storage(url_for(tmp_path / "shard0.db"))
+    memory_shard = await open_storage("memory://")
+    storage = Storage(
+        _Shards([sqlite_shard.events, memory_shard.events]), sqlite_shard.timers,
+        sqlite_shard.leases,
+    )
+    out = tmp_path / "backups"
+    out.mkdir()
+    try:
+        for attempt in (loom_sqlite.backup(storage, out / "copy.db"),
+                        loom_sqlite.backup_all(storage, out)):
+            with pytest.raises(InvalidOptionError, match=r"store 1 \(MemoryEventStore\)"):
+                await attempt
+    finally:
+        await sqlite_shard.close()
+        await memory_shard.close()
+    assert names_in(out) == []
+
+
+async def test_backup_all_removes_its_copies_when_a_later_one_fails(tmp_path: Path) -> None:
+    storage, shards = await _fanned_out(tmp_path, 3)
+    out = tmp_path / "backups"
+    out.mkdir()
+    await shards[2].close()  # the last database cannot be copied
+    async with storage:
+        with pytest.raises(StoreClosedError):
+            await loom_sqlite.backup_all(storage, out)
+    assert names_in(out) == []
+
+
+async def test_backup_all_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
+    storage, _ = await _fanned_out(tmp_path, 2)
+    out = tmp_path / "backups"
+    out.mkdir()
+    (out / "1-shard1.db").write_bytes(b"keep me")
+    async with storage:
+        with pytest.raises(InvalidOptionError, match="exist"):
+            await loom_sqlite.backup_all(storage, out)
+        with pytest.raises(DatabaseOpenError, match="does not exist"):
+            await loom_sqlite.backup_all(storage, tmp_path / "missing")
+    assert names_in(out) == ["1-shard1.db"]
+    assert file_bytes(out / "1-shard1.db") == b"keep me"

@@ -127,12 +127,14 @@ def test_the_public_api_is_pinned() -> None:
         "DatabaseOpenError",
         "DatabaseReadOnlyError",
         "Settings",
+        "SeveralDatabasesError",
         "SqliteEventStore",
         "SqliteLeaseStore",
         "SqliteTimerStore",
         "Synchronous",
         "__version__",
         "backup",
+        "backup_all",
         "open_sqlite",
     ]
     for name in loom_sqlite.__all__:
