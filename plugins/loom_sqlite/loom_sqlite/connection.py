@@ -167,7 +167,9 @@ async def _stopped(aio: aiosqlite.Connection) -> None:
     await asyncio.to_thread(aio._thread.join, 10)
 
 
-def _switch_to_wal(raw: sqlite3.Connection, settings: Settings) -> object:
+def _switch_to_wal(
+    raw: sqlite3.Connection, settings: Settings, pause: Callable[[float], None] = time.sleep
+) -> object:
     """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
 
     Switching a rollback-journal file to WAL reads the file (a SHARED lock) and then needs
@@ -175,7 +177,8 @@ def _switch_to_wal(raw: sqlite3.Connection, settings: Settings) -> object:
     for, so SQLite answers SQLITE_BUSY at once instead of calling the busy handler (which
     could only deadlock). This loop is the busy handler for that case: it retries with a
     short, jittered pause until ``busy_timeout_ms`` has passed, then lets the error out.
-    It runs on the connection's own thread, so the pause blocks nothing else.
+    It runs on the connection's own thread, so the pause blocks nothing else. (``pause``
+    is there for the test that releases the lock at the first pause.)
     """
     deadline = time.monotonic() + settings.busy_timeout_ms / 1000
     while True:
@@ -189,7 +192,7 @@ def _switch_to_wal(raw: sqlite3.Connection, settings: Settings) -> object:
             )
             if not busy or time.monotonic() >= deadline:
                 raise
-            time.sleep(random.uniform(0.002, 0.02))
+            pause(random.uniform(0.002, 0.02))
             continue
         return None if row is None else row[0]
 

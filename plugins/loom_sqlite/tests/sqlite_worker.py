@@ -5,9 +5,11 @@ line per fact the test needs, flushed as soon as it is true.
 
 - ``open URL``: open the storage (creating or migrating it) once told ``go`` on stdin,
   schedule a re-drive timer, print ``opened``.
-- ``race URL ROLE ID... ``: for each id, wait for ``go``, then either ``resume`` (append an
-  EXECUTION_RESUMED fenced with the park's token) or ``acquire`` (acquire_fence_if on the
-  park); print ``<id> ok`` or ``<id> stale <token>``.
+- ``race URL ROLE ID... ``: for each id, wait for ``go``, read the park, print
+  ``<id> read``, then either ``resume`` (append an EXECUTION_RESUMED fenced with the park's
+  token) or ``acquire`` (acquire_fence_if on the park); print ``<id> ok`` or
+  ``<id> stale <token>``. The test may hold the file's write lock until both racers have
+  read, so both judge the same park and both writes wait on the lock together.
 - ``fenced URL ID ROUNDS NAME``: acquire a fence and append under it, over and over,
   printing ``ack <seq> <token>`` for every append the store accepted.
 - ``append URL ID SEQ``: append one application event at SEQ.
@@ -72,6 +74,7 @@ async def role_race(url: str, role: str, ids: Sequence[str]) -> None:
             # The park is at sequence 1 (the test wrote STARTED, SUSPENDED); the rival's
             # answer may already follow it.
             (park,) = await events.read(execution_id, from_sequence=1, to_sequence=1)
+            say(f"{execution_id} read")
             if role == "resume":
                 try:
                     await events.append(

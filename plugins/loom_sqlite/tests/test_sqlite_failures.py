@@ -14,7 +14,6 @@ import shutil
 import sqlite3
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,16 +76,26 @@ def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path
     # Two connections switching one file to WAL together can each hold what the other
     # needs; SQLite then answers SQLITE_BUSY at once, without its busy handler. A
     # connection with no busy handler (timeout 0) gets that same immediate answer, so it
-    # stands in for the deadlocked one here.
+    # stands in for the deadlocked one here. The holder lets go at the opener's first
+    # pause, so the first attempt is refused every time and the retry succeeds, however
+    # the machine schedules it: no timer decides it.
     holder = _rollback_journal_file(db_path)
     opener = sqlite3.connect(db_path, isolation_level=None, timeout=0)
-    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
-    release.start()
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if holder.in_transaction:
+            holder.execute("COMMIT")
+
     try:
-        assert _switch_to_wal(opener, Settings(str(db_path), busy_timeout_ms=5000)) == "wal"
+        settings = Settings(str(db_path), busy_timeout_ms=600_000)
+        assert _switch_to_wal(opener, settings, pause) == "wal"
+        assert len(pauses) == 1
     finally:
-        release.join()
         opener.close()
+        if holder.in_transaction:
+            holder.execute("COMMIT")
         holder.close()
 
 
