@@ -14,12 +14,14 @@ from loom_core import (
     EventKind,
     EventStore,
     FenceAcquired,
+    FenceNotIssuedError,
     JsonValue,
     NewEvent,
 )
 
 __all__ = [
     "GUARD_SECONDS",
+    "PROBE_FENCE",
     "Snapshot",
     "app",
     "bump_token",
@@ -28,6 +30,7 @@ __all__ = [
     "kernel",
     "park",
     "snapshot",
+    "token_of",
 ]
 
 GUARD_SECONDS: Final = 10.0
@@ -74,17 +77,42 @@ async def snapshot(store: EventStore, *also: str) -> Snapshot:
     return Snapshot(tuple(listed), heads, logs)
 
 
+PROBE_FENCE: Final = 2**62
+"""A token no test ever reaches: presenting it must raise FenceNotIssuedError."""
+
+
+async def token_of(store: EventStore, execution_id: str) -> int:
+    """The execution's current token, read without changing anything: an append under a
+    token that was never issued is refused with the current one (and writes nothing)."""
+    head = await store.head(execution_id)
+    try:
+        written = await store.append(
+            execution_id, [NewEvent("loom.kit.token-probe")], expected_sequence=head,
+            fence=PROBE_FENCE,
+        )
+    except FenceNotIssuedError as refused:
+        return refused.current_fence
+    raise AssertionError(
+        f"append(fence={PROBE_FENCE}) to {execution_id!r} was accepted ({len(written)} "
+        "event(s) written): a token above the current one must raise FenceNotIssuedError"
+    )
+
+
 async def bump_token(store: EventStore, execution_id: str) -> int:
     """Raise the execution's token by one with whichever acquire the store offers."""
     if "acquire_fence" in store.capabilities:
         return await store.acquire_fence(execution_id)
     if "acquire_fence_if" not in store.capabilities:
         pytest.skip("the store offers neither acquire_fence nor acquire_fence_if")
-    # Past the head nothing can answer, so only the token decides; learn it from a stale.
-    park_seq = await store.head(execution_id)
-    result = await store.acquire_fence_if(execution_id, fence=0, park_seq=park_seq)
-    if not isinstance(result, FenceAcquired):
-        result = await store.acquire_fence_if(execution_id, fence=result.fence, park_seq=park_seq)
+    head = await store.head(execution_id)
+    if head == 0:
+        pytest.skip(
+            "only acquire_fence gives a token to an execution with no log "
+            "(acquire_fence_if refuses one), and the store does not offer it"
+        )
+    # Nothing sits past the newest event, so only the token decides.
+    current = await token_of(store, execution_id)
+    result = await store.acquire_fence_if(execution_id, fence=current, park_seq=head - 1)
     assert isinstance(result, FenceAcquired), f"acquire_fence_if with the current token: {result}"
     return result.fence
 
