@@ -154,8 +154,9 @@ class _Link:
                 self.swriter.write(message)
                 victim = self.victim
                 if kind == b"S" and victim is not None and not victim.request_forwarded:
-                    await self.swriter.drain()
+                    # Handed to the transport, which sends it before any close: forwarded.
                     victim.request_forwarded = True
+                    await self.swriter.drain()
                     if victim.cut in (Cut.BLOCKED, Cut.IN_FLIGHT):
                         if victim.before_cut is not None:
                             assert self.pid is not None
