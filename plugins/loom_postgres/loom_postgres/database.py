@@ -46,12 +46,15 @@ _TRANSIENT_ATTEMPTS: Final = 5
 # to the given milliseconds for it to exit). Only a session of this role on this database
 # is a candidate: a pid that another role or database has since taken is left alone, and
 # means ours is gone.
-END_SESSION: Final = """
-SELECT pg_terminate_backend(a.pid, %s::bigint)
+_OURS: Final = """
 FROM pg_stat_activity a
 WHERE a.pid = %s AND a.pid <> pg_backend_pid()
   AND a.usename = session_user AND a.datname = current_database()
 """
+END_SESSION: Final = "SELECT pg_terminate_backend(a.pid, %s::bigint)" + _OURS
+# pg_terminate_backend is false both when the wait timed out and when the session exited
+# between the scan and the signal; a new statement (a new snapshot) tells them apart.
+SESSION_ALIVE: Final = "SELECT 1" + _OURS
 
 
 class LostWriteError(WriteOutcomeUnknownError):
@@ -204,9 +207,12 @@ class Database:
         wait_ms = max(1, round((deadline - time.monotonic()) * 1000))
         try:
             rows = await self.fetch(END_SESSION, (wait_ms, pid), what="ending a lost session")
+            if not rows or bool(rows[0][0]):
+                return True
+            rows = await self.fetch(SESSION_ALIVE, (pid,), what="ending a lost session")
         except StorageError:
             return False
-        return not rows or bool(rows[0][0])
+        return not rows
 
     def error(
         self, exc: BaseException, what: str, execution_id: str | None, *, write: bool
