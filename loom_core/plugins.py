@@ -91,6 +91,14 @@ class PluginHost:
         except Exception as exc:
             self._fail(PluginLoadError(name, source, exc))
             return
+        try:
+            # A hook implementation no spec knows (a misspelled hook name) would otherwise
+            # register nothing and say nothing.
+            self.manager.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.manager.unregister(name=name)
+            self._fail(PluginLoadError(name, source, exc))
+            return
         self._sources[name] = source or name
         self._dirty = True
 
