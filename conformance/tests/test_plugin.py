@@ -191,3 +191,68 @@ def test_an_inclusive_after_fails_the_paging_test_instead_of_hanging(
     )
     assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*`after` is exclusive, so paging would repeat forever*"])
+
+
+BROKEN_DECORATORS_CONFTEST = """
+from loom_core import (
+    FORWARD, Decisions, EventStoreDecorator, Refuse, Storage, default_plugins, hookimpl,
+)
+
+
+class Liar(EventStoreDecorator):
+    decisions = Decisions(
+        acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,
+        append_many=FORWARD, delete_execution=Refuse("liars keep logs"), copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD, subscribe=FORWARD,
+    )
+
+    @property
+    def capabilities(self):
+        return super().capabilities | {"delete_execution"}
+
+
+class Wrapping:
+    def __init__(self, name, wrap):
+        self.name = name
+        self._wrap = wrap
+
+    async def decorate(self, storage, options):
+        return Storage(self._wrap(storage.events), storage.timers, storage.leases,
+                       url=storage.url, on_close=storage.close)
+
+    async def conformance_options(self, open_inner):
+        return {}
+
+
+class Plugin:
+    @hookimpl
+    def loom_register_decorators(self, registry):
+        registry.add_decorator(Wrapping("liar", Liar))
+        registry.add_decorator(Wrapping("unwrapped", lambda events: events))
+
+
+default_plugins().register(Plugin(), name="broken-decorators", source="broken decorators")
+"""
+
+
+@pytest.mark.parametrize(
+    ("decorator", "failing", "message"),
+    [
+        ("liar", "test_every_offered_method_is_served_not_refused",
+         "*offered in capabilities but refused when called*delete_execution*"),
+        ("unwrapped", "test_decorator_returns_an_event_store_decorator",
+         "*which is not an EventStoreDecorator*"),
+    ],
+)
+def test_a_broken_decorator_fails_the_decorator_contract(
+    pytester: pytest.Pytester, decorator: str, failing: str, message: str
+) -> None:
+    pytester.makeini(f"[pytest]\nloom_decorators = {decorator}\n")
+    pytester.makeconftest(BROKEN_DECORATORS_CONFTEST)
+    pytester.makepyfile(
+        test_decorators="from loom_conformance.suites import TestDecoratorContract\n"
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", failing)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([message])
