@@ -270,6 +270,14 @@ class _Opening:
     def __await__(self) -> Generator[Any, None, Storage]:
         return _open(*self._args).__await__()
 
+    def __repr__(self) -> str:
+        # What asyncio.run(open_storage(url)) prints in its "a coroutine was expected" error.
+        return (
+            f"open_storage({self._args[0]!r}), which is not a coroutine: inside an async "
+            "function, `await open_storage(...)` or `async with open_storage(...) as "
+            "storage:`, and pass that function's coroutine to asyncio.run"
+        )
+
     async def __aenter__(self) -> Storage:
         self._storage = await _open(*self._args)
         return self._storage

@@ -74,6 +74,16 @@ async def test_memory_is_built_in_and_opens_with_await_or_async_with() -> None:
         assert await other.events.head("e") == 0  # a fresh store each time
 
 
+def test_asyncio_run_of_open_storage_says_to_await_it_or_use_async_with() -> None:
+    import asyncio
+
+    opening = open_storage("memory://")
+    with pytest.raises(ValueError, match="coroutine") as caught:
+        asyncio.run(opening)  # type: ignore[arg-type]
+    assert "async with open_storage" in str(caught.value)
+    assert "await open_storage" in str(caught.value)
+
+
 async def test_unknown_scheme_lists_installed_and_names_the_distribution() -> None:
     host = PluginHost(entry_points=False)
     with pytest.raises(UnknownSchemeError) as caught:
