@@ -110,6 +110,8 @@ async def _call_optional(
         return await store.copy_prefix(eid, "copy-target", through_sequence=0)
     if method == "truncate_prefix_keeping":
         return await store.truncate_prefix_keeping(eid, keep_from_sequence=0)
+    if method != "subscribe":
+        raise ValueError(f"_call_optional does not know the optional method {method!r}")
     iterator = store.subscribe(eid, from_sequence=0)
     try:
         if first_item:
