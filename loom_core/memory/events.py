@@ -340,10 +340,9 @@ class MemoryEventStore(RefusesUnoffered):
         self._offers("delete_execution")
         execution_id = check_execution_id(execution_id)
         await self._tick()
-        existed = self._logs.pop(execution_id, None) is not None
-        if self._fences.get(execution_id) == 0:
-            del self._fences[execution_id]
-        return existed
+        # The token stays: a zombie writer of a re-created id stays fenced out. (This store
+        # never holds a token-0 entry, so there is nothing inert to drop.)
+        return self._logs.pop(execution_id, None) is not None
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         self._offers("copy_prefix")

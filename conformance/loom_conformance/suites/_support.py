@@ -28,6 +28,7 @@ __all__ = [
     "close_iterator",
     "guard",
     "kernel",
+    "list_pages",
     "park",
     "snapshot",
     "token_of",
@@ -61,16 +62,35 @@ class Snapshot:
     logs: tuple[tuple[Event, ...], ...]
 
 
+MAX_PAGES: Final = 1_000
+"""More pages than any kit test writes: a listing that is still going is looping."""
+
+
+async def list_pages(store: EventStore, *, limit: int = 100) -> list[tuple[str, ...]]:
+    """Every page of ``list_executions``, following ``after``; fails (never hangs) when a
+    page does not move strictly forward, naming the page that repeated."""
+    pages: list[tuple[str, ...]] = []
+    after: str | None = None
+    for _ in range(MAX_PAGES):
+        page = await store.list_executions(after=after, limit=limit)
+        if not page:
+            return pages
+        assert len(page) <= limit, f"list_executions(limit={limit}) returned {len(page)} ids"
+        if after is not None and page[0] <= after:
+            raise AssertionError(
+                f"list_executions(after={after!r}) returned {page!r}, which starts at or "
+                f"before {after!r}: `after` is exclusive, so paging would repeat forever"
+            )
+        pages.append(page)
+        if len(page) < limit:
+            return pages
+        after = page[-1]
+    raise AssertionError(f"list_executions still returned ids after {MAX_PAGES} pages")
+
+
 async def snapshot(store: EventStore, *also: str) -> Snapshot:
     """The listed executions (plus ``also``, which may not exist) with heads and logs."""
-    listed: list[str] = []
-    after: str | None = None
-    while True:
-        page = await store.list_executions(after=after, limit=100)
-        listed.extend(page)
-        if len(page) < 100:
-            break
-        after = page[-1]
+    listed = [i for page in await list_pages(store) for i in page]
     ids = sorted({*listed, *also})
     heads = tuple([await store.head(i) for i in ids])
     logs = tuple([await store.read(i) for i in ids])

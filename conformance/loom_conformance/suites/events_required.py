@@ -18,6 +18,7 @@ from loom_conformance.suites._support import (
     close_iterator,
     guard,
     kernel,
+    list_pages,
     snapshot,
 )
 from loom_core import (
@@ -109,6 +110,8 @@ async def _call_optional(
         return await store.copy_prefix(eid, "copy-target", through_sequence=0)
     if method == "truncate_prefix_keeping":
         return await store.truncate_prefix_keeping(eid, keep_from_sequence=0)
+    if method != "subscribe":
+        raise ValueError(f"_call_optional does not know the optional method {method!r}")
     iterator = store.subscribe(eid, from_sequence=0)
     try:
         if first_item:
@@ -328,7 +331,8 @@ class EventStoreRequiredContract:
     ) -> None:
         async def writer(n: int) -> None:
             for i in range(3):
-                while True:
+                # Each conflict means another writer landed; 12 appends in all bound them.
+                for _ in range(100):
                     head = await loom_events.head("exec-g")
                     try:
                         await loom_events.append(
@@ -337,6 +341,10 @@ class EventStoreRequiredContract:
                         break
                     except ConflictError:
                         await asyncio.sleep(0)
+                else:
+                    raise AssertionError(
+                        f"writer {n} was refused 100 times at the head it had just read"
+                    )
 
         await guard(asyncio.gather(*(writer(n) for n in range(4))))
         log = await loom_events.read("exec-g")
@@ -362,15 +370,7 @@ class EventStoreRequiredContract:
         for execution_id in reversed(ids):
             await loom_events.append(execution_id, [app()], expected_sequence=0)
 
-        pages: list[tuple[str, ...]] = []
-        after: str | None = None
-        while True:
-            page = await loom_events.list_executions(after=after, limit=5)
-            if not page:
-                break
-            assert len(page) <= 5
-            pages.append(page)
-            after = page[-1]
+        pages = await list_pages(loom_events, limit=5)
         assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
         assert [i for p in pages for i in p] == ids
         assert await loom_events.list_executions(after="page-010", limit=2) == (
