@@ -37,9 +37,9 @@ kernel therefore breaks every decorator that has not decided it, on purpose.
 
 **Walking a stack.** A decorator names every store it wraps in
 :attr:`EventStoreDecorator.wrapped`: ``(inner,)`` for one that wraps one store, every
-branch for a *fan-out* (the sharded decorator wraps one store per shard). Whatever walks a stack walks ``wrapped``, never
-``inner`` alone (a fan-out's ``inner`` is only its first branch, the store its forwarded
-defaults would use):
+branch for a *fan-out* (the sharded decorator wraps one store per shard). Whatever walks
+a stack walks ``wrapped``, never ``inner`` alone (a fan-out's ``inner`` is only its first
+branch, the store its forwarded defaults would use):
 
 - :func:`find_layer`: the one decorator of a class that every call of the stack passes
   through, or None; a layer that exists only below a fan-out is refused with
