@@ -60,7 +60,9 @@ class ShardedEventStore(EventStoreDecorator):
                     "execution or for none"
                 )
         super().__init__(shards[0])
-        self.placement: Placement[EventStore] = Placement(shards, router, shard_info)
+        self.placement: Placement[EventStore] = Placement(
+            shards, router, shard_info, "the sharded event store"
+        )
 
     def __repr__(self) -> str:
         return f"ShardedEventStore({len(self.placement.stores)} shards)"

@@ -7,7 +7,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from loom_core.errors import InvalidOptionError, LoomError, StorageError, StorageUnavailableError
+from loom_core.errors import (
+    InvalidOptionError,
+    LoomError,
+    StorageError,
+    StorageUnavailableError,
+    StoreClosedError,
+)
 from loom_core.validation import check_key
 from loom_sharded.errors import Shard, ShardUnavailableError
 from loom_sharded.routing import ShardRouter
@@ -42,11 +48,23 @@ def on_shard(shard: Shard, execution_id: str | None = None) -> Iterator[None]:
 
 
 class Placement(Generic[T]):
-    """``stores[i]`` is shard ``i``; :meth:`route` finds the one that owns a key."""
+    """``stores[i]`` is shard ``i``; :meth:`route` finds the one that owns a key.
 
-    __slots__ = ("router", "shards", "stores")
+    Once :meth:`close_all` has run, every call is refused with the kernel's
+    :class:`~loom_core.errors.StoreClosedError` naming ``label``: the sharded store was
+    closed, which is not the same as one shard being down
+    (:class:`~loom_sharded.errors.ShardUnavailableError`, for a shard closed on its own).
+    """
 
-    def __init__(self, stores: Sequence[T], router: ShardRouter, shards: Sequence[Shard]) -> None:
+    __slots__ = ("closed", "label", "router", "shards", "stores")
+
+    def __init__(
+        self,
+        stores: Sequence[T],
+        router: ShardRouter,
+        shards: Sequence[Shard],
+        label: str = "the sharded store",
+    ) -> None:
         if not (len(stores) == len(router) == len(shards)):
             raise InvalidOptionError(
                 f"{len(stores)} stores, {len(router)} shard names and {len(shards)} shards "
@@ -55,20 +73,31 @@ class Placement(Generic[T]):
         self.stores = tuple(stores)
         self.router = router
         self.shards = tuple(shards)
+        self.label = label
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError(self.label)
 
     def route(self, key: object, what: str = "execution id") -> tuple[str, T, Shard]:
         """The checked key, and the store and shard that own it."""
+        self.check_open()
         checked = check_key(key, what)
         index = self.router.owner(checked)
         return checked, self.stores[index], self.shards[index]
 
     def index_of(self, key: object, what: str = "execution id") -> int:
+        self.check_open()
         return self.router.owner(check_key(key, what))
 
     async def each(self, call: Callable[[T], Awaitable[R]]) -> list[R | BaseException]:
         """``call`` on every shard concurrently; a failed shard's slot holds its error
         (a :class:`ShardUnavailableError` when the shard is down, see :func:`on_shard`)."""
+        self.check_open()
+        return await self._each(call)
 
+    async def _each(self, call: Callable[[T], Awaitable[R]]) -> list[R | BaseException]:
         async def one(store: T, shard: Shard) -> R:
             with on_shard(shard):
                 return await call(store)
@@ -89,8 +118,12 @@ class Placement(Generic[T]):
         return out
 
     async def close_all(self, close: Callable[[T], Awaitable[None]]) -> None:
-        """Close every shard, even when one fails; then raise the first failure."""
-        results = await self.each(close)
+        """Close every shard, even when one fails; then raise the first failure. Once:
+        closing again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        results = await self._each(close)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

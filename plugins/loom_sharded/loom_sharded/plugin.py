@@ -87,8 +87,12 @@ def sharded_storage(
     info = [Shard(i, name, redact_url(s.url)) for i, (name, s) in
             enumerate(zip(router.names, shards, strict=True))]
     events = ShardedEventStore([s.events for s in shards], router=router, shard_info=info)
-    timers = ShardedTimerStore(Placement[TimerStore]([s.timers for s in shards], router, info))
-    leases = ShardedLeaseStore(Placement[LeaseStore]([s.leases for s in shards], router, info))
+    timers = ShardedTimerStore(
+        Placement[TimerStore]([s.timers for s in shards], router, info, "the sharded timer store")
+    )
+    leases = ShardedLeaseStore(
+        Placement[LeaseStore]([s.leases for s in shards], router, info, "the sharded lease store")
+    )
 
     async def close_shards() -> None:
         await Placement[Storage](shards, router, info).close_all(lambda s: s.close())

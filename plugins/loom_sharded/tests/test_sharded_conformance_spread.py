@@ -1,18 +1,22 @@
 """The conformance kit again through ``sharded``, with plain routing (no ``colocate``).
 
 Here the kit's ids spread over three shards, so its listing, timer and lease cases see
-ids on every shard. Five of its cases put executions that now live on different shards
+ids on every shard. Some of its cases put executions that now live on different shards
 into one ``append_many`` or ``copy_prefix`` call, which the sharded store refuses by
-design (docs/sharded.md). Those five are replaced below by the same scenario asserting
-the refusal: ``CrossShardError`` naming the placement, and nothing written.
+design (docs/sharded.md). Those are replaced below by the same scenario asserting the
+refusal: ``CrossShardError`` naming the placement, and nothing written. Of the refusals
+the kit compares the whole store around, the four in :data:`SPANNING` span shards here,
+so they are refused for that (still changing nothing) before the shard could refuse them.
 """
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 import pytest
 from loom_conformance import StorageFactory
 from loom_conformance import suites as kit
 from loom_conformance.requirements import requires
+from loom_conformance.suites.events_refusals import REFUSALS, Refusal
 from loom_sharded import CrossShardError, sharded_storage
 
 from loom_core import (
@@ -25,6 +29,13 @@ from loom_core import (
 )
 
 OFFERS: dict[str, tuple[OptionalMethod, ...] | None] = {"full": None, "bare": ()}
+SPANNING = frozenset({
+    # exec-new routes to shard 0; exec-fenced, exec-parked and exec-copy to shard 1.
+    "append-many-conflict-in-a-later-request",
+    "append-many-stale-token-in-a-later-request",
+    "copy-prefix-past-the-head",
+    "copy-prefix-of-no-log",
+})
 
 
 @pytest.fixture(params=sorted(OFFERS), ids=lambda kind: f"sharded-spread-over-{kind}-memory")
@@ -61,6 +72,33 @@ def app() -> NewEvent:
 
 
 class TestShardedSpreadEventStoreContract(kit.TestEventStoreContract):
+    @requires.fencing
+    @pytest.mark.parametrize("refusal", REFUSALS, ids=[r.name for r in REFUSALS])
+    async def test_a_refused_write_leaves_the_whole_store_as_it_was(
+        self, loom_events: EventStore, refusal: Refusal
+    ) -> None:
+        if refusal.name in SPANNING:
+            refusal = dataclasses.replace(refusal, error=CrossShardError)
+        await super().test_a_refused_write_leaves_the_whole_store_as_it_was(
+            loom_events, refusal
+        )
+
+    @requires.append_many
+    @requires.fencing
+    async def test_append_many_refuses_a_token_never_issued_and_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-a", [app()], expected_sequence=0)
+        token = await loom_events.acquire_fence("exec-a")
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.append_many([
+                AppendRequest("exec-b", [app()], 0),
+                AppendRequest("exec-a", [app()], 1, fence=token + 3),
+            ]),
+            {"exec-a": 0, "exec-b": 1},
+        )
+
     @requires.append_many
     async def test_append_many_writes_every_request_and_returns_them_in_order(
         self, loom_events: EventStore

@@ -12,6 +12,7 @@ from loom_sharded import CrossShardError, ShardedDecorator, ShardedEventStore, s
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
+    ExecutionNotFoundError,
     InvalidOptionError,
     LeaseHeldError,
     NewEvent,
@@ -91,7 +92,8 @@ async def test_fencing_goes_to_the_owning_shard(sharded: Storage, shards: list[S
     )
     token = await sharded.events.acquire_fence(execution_id)
     assert (await shards[2].events.acquire_fence_if(execution_id, fence=99, park_seq=0)).fence == 1
-    assert (await shards[0].events.acquire_fence_if(execution_id, fence=99, park_seq=0)).fence == 0
+    with pytest.raises(ExecutionNotFoundError):  # shard 0 has never seen it
+        await shards[0].events.acquire_fence_if(execution_id, fence=0, park_seq=0)
     won = await sharded.events.acquire_fence_if(execution_id, fence=token, park_seq=0)
     assert won.acquired
     assert won.fence == 2
