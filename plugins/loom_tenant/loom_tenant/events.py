@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
 
 from loom_core.decorating import Decisions, EventStoreDecorator, Implement
-from loom_core.errors import InvalidInputError, StorageReadError
+from loom_core.errors import InvalidInputError, StorageReadError, StoreClosedError
 from loom_core.events import Event, NewEvent
 from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence, EventStore
 from loom_core.validation import check_append_requests, check_limit, check_sequence
@@ -33,6 +34,7 @@ class TenantEventStore(EventStoreDecorator):
         super().__init__(inner)
         self.codec = TenantCodec(tenant)
         self._owns_inner = owns_inner
+        self._closed = False
 
     @property
     def tenant(self) -> str:
@@ -66,7 +68,7 @@ class TenantEventStore(EventStoreDecorator):
         fence: int | None = None,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             written = await self.inner.append(
                 stored, events, expected_sequence=expected_sequence, fence=fence
             )
@@ -81,7 +83,7 @@ class TenantEventStore(EventStoreDecorator):
         limit: int | None = None,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             events = await self.inner.read(
                 stored, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
             )
@@ -89,7 +91,7 @@ class TenantEventStore(EventStoreDecorator):
 
     async def head(self, execution_id: str) -> int:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.head(stored)
 
     async def list_executions(
@@ -103,7 +105,7 @@ class TenantEventStore(EventStoreDecorator):
         """
         cursor = self.codec.prefix if after is None else self.codec.encode(after, "after")
         limit = check_limit(limit)
-        with tenant_errors(self.codec):
+        with self._errors():
             stored = await self.inner.list_executions(after=cursor, limit=limit)
         ids = []
         for candidate in stored:
@@ -114,21 +116,32 @@ class TenantEventStore(EventStoreDecorator):
         return tuple(ids)
 
     async def close(self) -> None:
+        """Refuse every later call; close the inner store too if this view owns it."""
+        if self._closed:
+            return
+        self._closed = True
         if self._owns_inner:
             await self.inner.close()
+
+    def _errors(self, *raw_ids: str) -> AbstractContextManager[None]:
+        """The scrubbing scope of one call to the inner store, once it is known to be open:
+        a closed view refuses even while the store it shares stays open for others."""
+        if self._closed:
+            raise StoreClosedError(f"tenant {self.tenant!r}'s view of the event store")
+        return tenant_errors(self.codec, *raw_ids)
 
     # -- optional: each rewrites ids, so each is our own, offered when the inner offers it
 
     async def acquire_fence(self, execution_id: str) -> int:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.acquire_fence(stored)
 
     async def acquire_fence_if(
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.acquire_fence_if(stored, fence=fence, park_seq=park_seq)
 
     async def append_if_unchanged(
@@ -140,7 +153,7 @@ class TenantEventStore(EventStoreDecorator):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             written = await self.inner.append_if_unchanged(
                 stored, events, expected_sequence=expected_sequence, observed_fence=observed_fence
             )
@@ -155,7 +168,7 @@ class TenantEventStore(EventStoreDecorator):
             for request, _ in checked
         ]
         raw_ids = tuple(request.execution_id for request, _ in checked)
-        with tenant_errors(self.codec, *raw_ids):
+        with self._errors(*raw_ids):
             written = await self.inner.append_many(encoded)
         return tuple(
             self._restore(events, raw) for events, raw in zip(written, raw_ids, strict=True)
@@ -163,7 +176,7 @@ class TenantEventStore(EventStoreDecorator):
 
     async def delete_execution(self, execution_id: str) -> bool:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.delete_execution(stored)
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
@@ -171,14 +184,14 @@ class TenantEventStore(EventStoreDecorator):
         stored_target = self.codec.encode(target, "target")
         if source == target:
             raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
-        with tenant_errors(self.codec, source, target):
+        with self._errors(source, target):
             return await self.inner.copy_prefix(
                 stored_source, stored_target, through_sequence=through_sequence
             )
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.truncate_prefix_keeping(
                 stored, keep_from_sequence=keep_from_sequence
             )
@@ -187,7 +200,7 @@ class TenantEventStore(EventStoreDecorator):
         """The tenant's events of ``execution_id``; validated (and opened) eagerly."""
         stored = self.codec.encode(execution_id)
         from_sequence = check_sequence(from_sequence, "from_sequence")
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             events = self.inner.subscribe(stored, from_sequence=from_sequence)
         return self._follow(events, execution_id)
 
@@ -195,7 +208,7 @@ class TenantEventStore(EventStoreDecorator):
         self, events: AsyncIterator[Event], execution_id: str
     ) -> AsyncIterator[Event]:
         try:
-            with tenant_errors(self.codec, execution_id):
+            with self._errors(execution_id):
                 async for event in events:
                     yield self._restore((event,), execution_id)[0]
         finally:

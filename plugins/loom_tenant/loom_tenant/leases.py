@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
+from loom_core.errors import StoreClosedError
 from loom_core.spi import Lease, LeaseScope, LeaseStore
 from loom_tenant.codec import TenantCodec
 from loom_tenant.scrubbing import tenant_errors
@@ -21,6 +24,7 @@ class TenantLeaseStore:
         self.inner = inner
         self.codec = TenantCodec(tenant)
         self._owns_inner = owns_inner
+        self._closed = False
 
     @property
     def tenant(self) -> str:
@@ -35,27 +39,38 @@ class TenantLeaseStore:
 
     async def acquire(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
         stored = self.codec.encode(key, "lease key")
-        with tenant_errors(self.codec, key):
+        with self._errors(key):
             lease = await self.inner.acquire(stored, holder, ttl_seconds=ttl_seconds)
         return self._restore(lease, key)
 
     async def renew(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
         stored = self.codec.encode(key, "lease key")
-        with tenant_errors(self.codec, key):
+        with self._errors(key):
             lease = await self.inner.renew(stored, holder, ttl_seconds=ttl_seconds)
         return self._restore(lease, key)
 
     async def release(self, key: str, holder: str) -> bool:
         stored = self.codec.encode(key, "lease key")
-        with tenant_errors(self.codec, key):
+        with self._errors(key):
             return await self.inner.release(stored, holder)
 
     async def inspect(self, key: str) -> Lease | None:
         stored = self.codec.encode(key, "lease key")
-        with tenant_errors(self.codec, key):
+        with self._errors(key):
             lease = await self.inner.inspect(stored)
         return None if lease is None else self._restore(lease, key)
 
     async def close(self) -> None:
+        """Refuse every later call; close the inner store too if this view owns it."""
+        if self._closed:
+            return
+        self._closed = True
         if self._owns_inner:
             await self.inner.close()
+
+    def _errors(self, *raw_ids: str) -> AbstractContextManager[None]:
+        """The scrubbing scope of one call to the inner store, once it is known to be open:
+        a closed view refuses even while the store it shares stays open for others."""
+        if self._closed:
+            raise StoreClosedError(f"tenant {self.tenant!r}'s view of the lease store")
+        return tenant_errors(self.codec, *raw_ids)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import datetime
 
-from loom_core.errors import InvalidOptionError
+from loom_core.errors import InvalidOptionError, StoreClosedError
 from loom_core.spi import DEFAULT_LIST_LIMIT, TimerRecord, TimerStore
 from loom_core.validation import check_aware, check_limit, check_timer_record
 from loom_tenant.codec import TenantCodec
@@ -28,6 +29,7 @@ class TenantTimerStore:
         self.inner = inner
         self.codec = TenantCodec(tenant)
         self._owns_inner = owns_inner
+        self._closed = False
 
     @property
     def tenant(self) -> str:
@@ -40,7 +42,7 @@ class TenantTimerStore:
     async def schedule(self, record: TimerRecord) -> None:
         record = check_timer_record(record)
         stored = TimerRecord(self.codec.encode(record.execution_id), record.wake_at, record.redrive)
-        with tenant_errors(self.codec, record.execution_id):
+        with self._errors(record.execution_id):
             await self.inner.schedule(stored)
 
     async def due(
@@ -52,7 +54,7 @@ class TenantTimerStore:
             raise InvalidOptionError(f"redrive must be a bool, not {type(redrive).__name__}")
         batch = limit
         while True:
-            with tenant_errors(self.codec):
+            with self._errors():
                 rows = await self.inner.due(now, limit=batch, redrive=redrive)
             mine = [r for r in map(self._restore, rows) if r is not None]
             if len(mine) >= limit or len(rows) < batch:
@@ -61,20 +63,31 @@ class TenantTimerStore:
 
     async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             rows = await self.inner.pending(stored)
         return tuple(r for r in map(self._restore, rows) if r is not None)
 
     async def complete(self, execution_id: str, wake_at: datetime) -> bool:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.complete(stored, wake_at)
 
     async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
         stored = self.codec.encode(execution_id)
-        with tenant_errors(self.codec, execution_id):
+        with self._errors(execution_id):
             return await self.inner.cancel(stored, wake_at)
 
     async def close(self) -> None:
+        """Refuse every later call; close the inner store too if this view owns it."""
+        if self._closed:
+            return
+        self._closed = True
         if self._owns_inner:
             await self.inner.close()
+
+    def _errors(self, *raw_ids: str) -> AbstractContextManager[None]:
+        """The scrubbing scope of one call to the inner store, once it is known to be open:
+        a closed view refuses even while the store it shares stays open for others."""
+        if self._closed:
+            raise StoreClosedError(f"tenant {self.tenant!r}'s view of the timer store")
+        return tenant_errors(self.codec, *raw_ids)

@@ -25,6 +25,7 @@ from loom_tenant import MAX_TENANT_BYTES, TenantCodec, tenant_view
 from loom_core import (
     AppendRequest,
     Event,
+    FenceNotIssuedError,
     LoomError,
     NewEvent,
     Storage,
@@ -45,7 +46,7 @@ TENANTS = [
 ]
 IDS = ["order-1", "x", "acme/order-1", "4:acme/order-1", "/", ":", "0:/x", "é", "a:b/x"]
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
-FAR = 2**62  # a fence no execution reaches: acquire_fence_if with it only reads the token
+FAR = 2**62  # a fence no execution reaches: an append under it only reads the token
 ATTEMPTS = 1_500
 
 
@@ -73,9 +74,22 @@ def wake(tenant_index: int, id_index: int) -> datetime:
     return T0 + timedelta(minutes=tenant_index, seconds=id_index)
 
 
+async def token_of(view: Storage, execution_id: str) -> int:
+    """The token of ``execution_id`` as ``view`` sees it, read without writing: an append
+    under a token never issued is refused with the current one (the kit's probe)."""
+    head = await view.events.head(execution_id)
+    try:
+        await view.events.append(
+            execution_id, [NewEvent("probe")], expected_sequence=head, fence=FAR
+        )
+    except FenceNotIssuedError as refused:
+        return refused.current_fence
+    raise AssertionError(f"an append to {execution_id!r} under fence {FAR} was accepted")
+
+
 async def snapshot(view: Storage, execution_id: str) -> Snapshot:
     events = await view.events.read(execution_id)
-    token = (await view.events.acquire_fence_if(execution_id, fence=FAR, park_seq=0)).fence
+    token = await token_of(view, execution_id)
     lease = await view.leases.inspect(execution_id)
     return Snapshot(
         tuple((e.sequence, e.kind, e.payload, e.metadata) for e in events),
@@ -217,7 +231,7 @@ async def append(a: Storage, me: str, i: str, _: int, check: CheckRead, audit: A
 async def acquire_fence(
     a: Storage, me: str, i: str, _: int, check: CheckRead, audit: Audit
 ) -> None:
-    before = (await a.events.acquire_fence_if(i, fence=FAR, park_seq=0)).fence
+    before = await token_of(a, i)
     if await a.events.acquire_fence(i) != before + 1:
         audit.leak(f"acquire_fence on {i!r} for {me!r} did not follow its own token")
 
@@ -225,8 +239,14 @@ async def acquire_fence(
 async def acquire_fence_if(
     a: Storage, me: str, i: str, _: int, check: CheckRead, audit: Audit
 ) -> None:
-    current = (await a.events.acquire_fence_if(i, fence=FAR, park_seq=0)).fence
-    result = await a.events.acquire_fence_if(i, fence=current, park_seq=await a.events.head(i))
+    current = await token_of(a, i)
+    head_ = await a.events.head(i)
+    if head_ == 0:
+        # No log of ours: refused (ExecutionNotFoundError), whoever else has one.
+        await a.events.acquire_fence_if(i, fence=current, park_seq=0)
+        audit.leak(f"acquire_fence_if on {i!r} for {me!r} found a log it cannot read")
+        return
+    result = await a.events.acquire_fence_if(i, fence=current, park_seq=head_ - 1)
     if not result.acquired or result.fence != current + 1:
         audit.leak(f"acquire_fence_if on {i!r} for {me!r} saw another token: {result}")
 
@@ -234,7 +254,7 @@ async def acquire_fence_if(
 async def append_if_unchanged(
     a: Storage, me: str, i: str, _: int, check: CheckRead, audit: Audit
 ) -> None:
-    token = (await a.events.acquire_fence_if(i, fence=FAR, park_seq=0)).fence
+    token = await token_of(a, i)
     written = await a.events.append_if_unchanged(
         i, _mine(me), expected_sequence=await a.events.head(i), observed_fence=token
     )
@@ -262,7 +282,7 @@ async def delete_execution(
     if await a.events.read(i):
         audit.leak(f"{me!r} still reads {i!r} after deleting it")
     # Re-create it (a kept fence token is this tenant's own) so later reads have data.
-    token = (await a.events.acquire_fence_if(i, fence=FAR, park_seq=0)).fence
+    token = await token_of(a, i)
     await a.events.append(i, _mine(me), expected_sequence=await a.events.head(i), fence=token)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from loom_tenant import TenantDecorator, TenantEventStore, tenant_view
+from loom_tenant.codec import TenantCodec
 
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
@@ -15,12 +17,14 @@ from loom_core import (
     ExecutionAlreadyExistsError,
     InvalidOptionError,
     LeaseHeldError,
+    LoomError,
     NewEvent,
     OptionalMethod,
     PluginHost,
     SequenceConflictError,
     StaleFenceError,
     Storage,
+    StoreClosedError,
     TimerRecord,
     Unsupported,
     open_storage,
@@ -255,3 +259,56 @@ async def test_the_kit_tenant_is_a_hostile_name_that_works() -> None:
     store = TenantEventStore((await open_storage("memory://")).events, str(options["tenant"]))
     await store.append("x", [NewEvent("A")], expected_sequence=0)
     assert await store.list_executions() == ("x",)
+
+
+async def test_a_closed_view_refuses_every_call_while_the_shared_storage_serves_others(
+    shared: Storage,
+) -> None:
+    acme, other = tenant_view(shared, "acme"), tenant_view(shared, "other")
+    await _start(acme, "e", "acme")
+    await acme.close()
+    await acme.close()  # twice is harmless
+    wake = T0 + timedelta(minutes=1)
+    calls: dict[str, Callable[[], object]] = {
+        "append": lambda: acme.events.append("e", [NewEvent("A")], expected_sequence=1),
+        "read": lambda: acme.events.read("e"),
+        "head": lambda: acme.events.head("e"),
+        "list_executions": lambda: acme.events.list_executions(),
+        "acquire_fence": lambda: acme.events.acquire_fence("e"),
+        "acquire_fence_if": lambda: acme.events.acquire_fence_if("e", fence=0, park_seq=0),
+        "append_if_unchanged": lambda: acme.events.append_if_unchanged(
+            "e", [NewEvent("A")], expected_sequence=1, observed_fence=0
+        ),
+        "append_many": lambda: acme.events.append_many([AppendRequest("e", [NewEvent("A")], 1)]),
+        "delete_execution": lambda: acme.events.delete_execution("e"),
+        "copy_prefix": lambda: acme.events.copy_prefix("e", "f", through_sequence=0),
+        "truncate_prefix_keeping": lambda: acme.events.truncate_prefix_keeping(
+            "e", keep_from_sequence=0
+        ),
+        "subscribe": lambda: acme.events.subscribe("e"),
+        "schedule": lambda: acme.timers.schedule(TimerRecord("e", wake)),
+        "due": lambda: acme.timers.due(wake),
+        "pending": lambda: acme.timers.pending("e"),
+        "complete": lambda: acme.timers.complete("e", wake),
+        "cancel": lambda: acme.timers.cancel("e"),
+        "lease acquire": lambda: acme.leases.acquire("k", "h", ttl_seconds=5),
+        "lease renew": lambda: acme.leases.renew("k", "h", ttl_seconds=5),
+        "lease release": lambda: acme.leases.release("k", "h"),
+        "lease inspect": lambda: acme.leases.inspect("k"),
+    }
+    escaped: list[str] = []
+    for name, call in calls.items():
+        try:
+            outcome = call()
+            if inspect.isawaitable(outcome):
+                await outcome
+        except StoreClosedError:
+            continue
+        except LoomError as exc:
+            escaped.append(f"{name}: {exc!r}")
+            continue
+        escaped.append(name)
+    assert escaped == []
+    assert not shared.closed
+    await _start(other, "e", "other")  # the shared storage still serves the other tenant
+    assert await shared.events.head(TenantCodec("acme").encode("e")) == 1
