@@ -159,7 +159,9 @@ class EventStoreDecorator(RefusesUnoffered):
 
     @property
     def capabilities(self) -> frozenset[OptionalMethod]:
-        inner = self.inner.capabilities
+        """What the decisions offer over what *every* wrapped store offers (for a fan-out,
+        a method one branch lacks is offered for no execution)."""
+        inner = _offered_below(self)
         return frozenset(
             m for m, needs in self._offered_when.items() if needs is not None and needs <= inner
         )
@@ -328,13 +330,24 @@ def _guarded(
     return guarded
 
 
+def _offered_below(store: EventStoreDecorator) -> frozenset[OptionalMethod]:
+    branches = store.wrapped
+    offered = branches[0].capabilities
+    for branch in branches[1:]:
+        offered &= branch.capabilities
+    return offered
+
+
 def _require(store: EventStoreDecorator, method: str, requires: frozenset[str]) -> None:
-    missing = sorted(requires - store.inner.capabilities)
+    missing = sorted(requires - _offered_below(store))
     if missing:
-        raise store._unsupported(
-            method,
-            f"the inner store {type(store.inner).__name__} does not offer {', '.join(missing)}",
+        branches = store.wrapped
+        below = (
+            f"the inner store {type(branches[0]).__name__} does not"
+            if len(branches) == 1
+            else f"not every one of the {len(branches)} stores it wraps does"
         )
+        raise store._unsupported(method, f"{below} offer {', '.join(missing)}")
 
 
 class LayerBelowFanOutError(InvalidOptionError):

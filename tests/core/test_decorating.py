@@ -318,3 +318,10 @@ def test_find_layer_below_a_fan_out_is_refused_not_guessed() -> None:
     assert caught.value.found == (on_shard_0, fan.branches[2])
     assert "find_layers" in str(caught.value)
     assert "3 stores" in str(caught.value)
+
+
+async def test_a_fan_out_offers_a_forwarded_method_only_when_every_branch_does() -> None:
+    fan = FanOut([MemoryEventStore(), MemoryEventStore(offer=("acquire_fence",))])
+    assert fan.capabilities == {"acquire_fence"}
+    with pytest.raises(Unsupported, match="not every one of the 2 stores it wraps"):
+        await fan.append_many([AppendRequest("e", [NewEvent("A")], 0)])
