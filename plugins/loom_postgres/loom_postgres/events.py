@@ -281,12 +281,6 @@ class PostgresEventStore(RefusesUnoffered):
         *,
         stamp: bool,
     ) -> _Write:
-        if expected_sequence + len(events) > MAX_POSITION:
-            # The new head would not fit the bigint column.
-            raise InvalidSequenceError(
-                f"expected_sequence {expected_sequence} + {len(events)} events is past the "
-                "largest sequence a log can reach (2**63 - 1)"
-            )
         stamped: list[NewEvent] = []
         encoded: list[str] = []
         stamping = stamp and fence is not None
@@ -538,10 +532,6 @@ class PostgresEventStore(RefusesUnoffered):
                     f"park_seq {w.seq} is at or past the head of {w.execution_id!r} "
                     f"({int(cast(int, head))})"
                 )
-            )
-        elif status == _NOT_ISSUED:
-            item.reject(
-                FenceNotIssuedError(w.execution_id, w.fence or 0, int(cast(int, token)))
             )
         elif status == _OK:
             item.resolve(FenceAcquired(int(cast(int, token))))

@@ -111,7 +111,7 @@ $loom$
 # acquire_fence_if (ADR 0118 D1) for direct SQL use: one 'c' write of loom_batch, where
 # the logic lives (below), so the store's path and this function cannot drift apart.
 # o_status is loom_batch's (0 acquired, 3 stale, 4 no log, 5 park_seq at or past the
-# head, 6 the fence was never issued).
+# head).
 _ACQUIRE_FENCE_IF: Final = """
 CREATE OR REPLACE FUNCTION loom_acquire_fence_if(
     p_id text, p_fence bigint, p_park_seq bigint, p_answering text[], p_kernel text[]
@@ -173,7 +173,10 @@ $loom$
 # order above).
 #
 # Statuses: 0 done, 1 sequence conflict, 2 already exists, 3 stale fence, 4 no log
-# ('c'), 5 park_seq at or past the head ('c'), 6 a fence above the current token.
+# ('c'), 5 park_seq at or past the head ('c'), 6 an append's fence above the current
+# token (never issued). append_if_unchanged and acquire_fence_if report any other token
+# than the expected one as stale (3): a park copied by copy_prefix carries its source's
+# token while the copy's is 0, and a resumer retries with the token it is given back.
 # Ops: 'a' append (fenced when p_fence is not null), 'u' append_if_unchanged (p_fence is
 #      the observed token), 'f' acquire_fence, 'c' acquire_fence_if (p_seq is park_seq,
 #      p_fence the expected token).
@@ -264,9 +267,7 @@ BEGIN
                                   AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)))
             INTO cur, answered;
             o_token := cur;
-            IF p_fence[i] > cur THEN
-                o_status := 6;
-            ELSIF p_fence[i] < cur OR answered THEN
+            IF p_fence[i] <> cur OR answered THEN
                 o_status := 3;
             ELSE
                 -- Compare-and-set: only an acquire_fence that found no committed log to
@@ -307,7 +308,7 @@ BEGIN
                 SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i];
                 o_token := coalesce(cur, 0);
                 IF o_token <> p_fence[i] THEN
-                    o_status := CASE WHEN p_fence[i] < o_token THEN 3 ELSE 6 END;
+                    o_status := 3;
                 END IF;
             END IF;
             RETURN NEXT;
@@ -331,7 +332,7 @@ BEGIN
                     WHERE e.execution_id = p_id[i];
                 END IF;
                 o_head := p_seq[i];
-                o_status := CASE WHEN p_fence[i] < cur THEN 3 ELSE 6 END;
+                o_status := CASE WHEN p_fence[i] < cur OR p_op[i] = 'u' THEN 3 ELSE 6 END;
                 RETURN NEXT;
                 ev := ev + n;
                 CONTINUE;
