@@ -26,13 +26,46 @@ from loom_postgres.errors import LockTimeoutError, WriteOutcomeUnknownError
 from loom_postgres.failures import Failure, classify, describe
 from loom_postgres.options import PostgresOptions
 
-__all__ = ["Connection", "Database", "Params", "Query", "RateLimitedWarner", "configure_session"]
+__all__ = [
+    "Connection",
+    "Database",
+    "LostWriteError",
+    "Params",
+    "Query",
+    "RateLimitedWarner",
+    "configure_session",
+]
 
 Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
 Params: TypeAlias = Sequence[Any] | Mapping[str, Any] | None
 Query: TypeAlias = str | sql.Composed
 
 _TRANSIENT_ATTEMPTS: Final = 5
+
+# The server session of a connection that broke with a write in flight, ended (waiting up
+# to the given milliseconds for it to exit). Only a session of this role on this database
+# is a candidate: a pid that another role or database has since taken is left alone, and
+# means ours is gone.
+_OURS: Final = """
+FROM pg_stat_activity a
+WHERE a.pid = %s AND a.pid <> pg_backend_pid()
+  AND a.usename = session_user AND a.datname = current_database()
+"""
+END_SESSION: Final = "SELECT pg_terminate_backend(a.pid, %s::bigint)" + _OURS
+# pg_terminate_backend is false both when the wait timed out and when the session exited
+# between the scan and the signal; a new statement (a new snapshot) tells them apart.
+SESSION_ALIVE: Final = "SELECT 1" + _OURS
+
+
+class LostWriteError(WriteOutcomeUnknownError):
+    """WriteOutcomeUnknownError as :meth:`Database.fetch` raises it for a write that must
+    not be re-run: ``settled`` is True when the server session that ran it has ended, so
+    what a read shows now is the write's final outcome."""
+
+    def __init__(self, operation: str, execution_id: str, cause: str, *, settled: bool) -> None:
+        self.settled = settled
+        state = "its session has ended" if settled else "its session may still be running"
+        super().__init__(operation, execution_id, f"{cause}; {state}")
 
 
 class RateLimitedWarner:
@@ -127,14 +160,17 @@ class Database:
         """Rows of one statement (autocommit: it is its own transaction).
 
         ``what`` names the operation in errors. ``write`` with ``idempotent=False`` is
-        never re-run after a lost connection: it raises WriteOutcomeUnknownError.
+        never re-run after a lost connection: it raises :class:`LostWriteError`, after
+        ending the session that ran it.
         """
         deadline = time.monotonic() + self.options.reconnect_timeout
         attempt = 0
         transient = 0
         while True:
+            pid: int | None = None
             try:
                 async with self.pool.connection() as conn:
+                    pid = conn.info.backend_pid
                     cur = await conn.execute(query, params, prepare=True)
                     return await cur.fetchall() if cur.description is not None else []
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
@@ -142,8 +178,9 @@ class Database:
                 if failure in (Failure.CONNECTION, Failure.UNAVAILABLE):
                     self.connection_lost()
                     if failure is Failure.CONNECTION and write and not idempotent:
-                        raise WriteOutcomeUnknownError(
-                            what, execution_id or "?", describe(exc)
+                        settled = await self.end_session(pid, deadline)
+                        raise LostWriteError(
+                            what, execution_id or "?", describe(exc), settled=settled
                         ) from exc
                     await self.backoff(attempt, deadline, self.error(exc, what, execution_id,
                                                                       write=write))
@@ -154,6 +191,28 @@ class Database:
                     await asyncio.sleep(0.005 * transient)
                     continue
                 raise self.error(exc, what, execution_id, write=write) from exc
+
+    async def end_session(self, pid: int | None, deadline: float) -> bool:
+        """End the server session ``pid`` of a connection that broke with a write in
+        flight, and wait for it to exit. True when it has (or was gone already): its
+        transaction then has committed or never will, so a read after this sees the
+        write's final outcome. False when that is not known by ``deadline``.
+
+        Without this, a transaction still running on the lost session (waiting for a
+        lock, or not yet scheduled) can commit after a read found nothing, and a re-run
+        of the write would then be refused as a conflict for a write that landed.
+        """
+        if pid is None:
+            return False
+        wait_ms = max(1, round((deadline - time.monotonic()) * 1000))
+        try:
+            rows = await self.fetch(END_SESSION, (wait_ms, pid), what="ending a lost session")
+            if not rows or bool(rows[0][0]):
+                return True
+            rows = await self.fetch(SESSION_ALIVE, (pid,), what="ending a lost session")
+        except StorageError:
+            return False
+        return not rows
 
     def error(
         self, exc: BaseException, what: str, execution_id: str | None, *, write: bool

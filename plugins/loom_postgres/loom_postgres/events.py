@@ -16,9 +16,11 @@ deadlock that a foreign session causes is rolled back and re-run.
 
 Lost connections. Every event row records the random id of the commit that wrote it.
 When a connection breaks after a write was sent, the store reconnects (for up to
-``reconnect_timeout``) and looks that id up: an append that landed is returned as a
-success, one that did not is re-run, so an acknowledged event is never lost and never
-written twice. An acquire whose outcome cannot be known raises
+``reconnect_timeout``), ends the server session that ran the write (and waits for it to
+exit, so its transaction has committed or never will), then looks that id up: an append
+that landed is returned as a success, one that did not is re-run, so an acknowledged
+event is never lost, never written twice, and never refused as a conflict with itself.
+An acquire, or an append whose session could not be ended, raises
 :class:`~loom_postgres.WriteOutcomeUnknownError`.
 """
 
@@ -69,7 +71,7 @@ from loom_core.validation import (
     check_sequence,
 )
 from loom_postgres.batching import GroupCommitter, Pending
-from loom_postgres.database import Database
+from loom_postgres.database import Database, LostWriteError
 from loom_postgres.errors import WriteOutcomeUnknownError
 from loom_postgres.failures import Failure, classify, describe
 from loom_postgres.notify import Listener
@@ -360,12 +362,13 @@ class PostgresEventStore(RefusesUnoffered):
                 await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
                 attempt += 1
                 continue
+            pid = conn.info.backend_pid
             try:
                 cur = await conn.execute(BATCH, params, prepare=True)
                 rows = await cur.fetchall()
             except psycopg.Error as exc:
                 await self._db.pool.putconn(conn)
-                await self._failed(ordered, writer, exc, deadline)
+                await self._failed(ordered, writer, exc, deadline, pid)
                 return
             except BaseException:
                 await self._db.pool.putconn(conn)
@@ -380,11 +383,12 @@ class PostgresEventStore(RefusesUnoffered):
         writer: int,
         exc: psycopg.Error,
         deadline: float,
+        pid: int,
     ) -> None:
         failure = classify(exc)
         if failure is Failure.CONNECTION:
             self._db.connection_lost()
-            await self._resolve(ordered, writer, exc, deadline)
+            await self._resolve(ordered, writer, exc, deadline, pid)
             return
         if len(ordered) > 1:
             # The batch was rolled back as a whole: run each write alone, so the one that
@@ -403,8 +407,10 @@ class PostgresEventStore(RefusesUnoffered):
         transient = 0
         while True:
             writer = secrets.randbits(63)
+            pid: int | None = None
             try:
                 async with self._db.pool.connection() as conn:
+                    pid = conn.info.backend_pid
                     cur = await conn.execute(BATCH, self._batch_params([item], writer),
                                              prepare=True)
                     rows = await cur.fetchall()
@@ -412,7 +418,7 @@ class PostgresEventStore(RefusesUnoffered):
                 failure = classify(exc)
                 if failure is Failure.CONNECTION:
                     self._db.connection_lost()
-                    await self._resolve([item], writer, exc, deadline)
+                    await self._resolve([item], writer, exc, deadline, pid)
                     return
                 if failure is Failure.UNAVAILABLE and time.monotonic() < deadline:
                     self._db.connection_lost()
@@ -435,10 +441,14 @@ class PostgresEventStore(RefusesUnoffered):
         writer: int,
         exc: psycopg.Error,
         deadline: float,
+        pid: int | None,
     ) -> None:
-        """The connection broke after the batch was sent: find out what landed."""
+        """The connection broke after the batch was sent: end the session that ran it,
+        then find out what landed."""
         appends = [item for item in ordered if item.op.op in ("a", "u")]
         stats = self.lost_connections
+        # Before the lookup: a transaction still running there could commit after it.
+        settled = await self._db.end_session(pid, deadline)
         for item in ordered:
             if item.op.op not in ("a", "u"):
                 stats.unknown += 1
@@ -474,16 +484,17 @@ class PostgresEventStore(RefusesUnoffered):
             else:
                 rerun.append(item)
         if rerun:
-            if time.monotonic() >= deadline:
+            if not settled or time.monotonic() >= deadline:
+                why = "deadline passed" if settled else "its session may still be running"
                 stats.unknown += len(rerun)
                 for item in rerun:
                     item.reject(
                         WriteOutcomeUnknownError(self._what(item.op), item.op.execution_id,
-                                                 f"{describe(exc)}; deadline passed")
+                                                 f"{describe(exc)}; {why}")
                     )
                 return
-            # Not there, and it cannot appear later: a re-run would wait for the lost
-            # transaction's row locks if it were still alive. Re-running is exact.
+            # Not there, and its session has ended, so it cannot appear later: re-running
+            # is exact.
             stats.rerun += len(rerun)
             await self._execute(rerun, deadline)
 
@@ -722,13 +733,13 @@ class PostgresEventStore(RefusesUnoffered):
                     MANY, params, what="append_many",
                     execution_id=first.execution_id, write=True, idempotent=False,
                 )
-            except WriteOutcomeUnknownError as exc:
+            except LostWriteError as exc:
                 # All or nothing: the first request's first row tells for every request.
                 outcome = await self._landed_many(writes, writer, exc)
                 if outcome is None:
-                    if time.monotonic() >= deadline:
+                    if not exc.settled or time.monotonic() >= deadline:
                         raise
-                    continue  # certainly not landed: run it again
+                    continue  # its session has ended, and it did not land: run it again
                 return self._many_events(writes, outcome)
             break
         at = cast(datetime, rows[0][4])
