@@ -23,6 +23,7 @@ from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
+    AppendRequest,
     Event,
     JsonValue,
     NewEvent,
@@ -254,6 +255,16 @@ async def test_a_server_defaulting_to_repeatable_read_still_fences_correctly(
         acquired = await storage.events.acquire_fence_if("rr", fence=0, park_seq=1)
         assert acquired.acquired
         assert acquired.fence == 1
+        # The appends' fence guards need the same fresh snapshots, on both paths.
+        with pytest.raises(StaleFenceError):
+            await storage.events.append("rr", [NewEvent("EXECUTION_RESUMED")],
+                                        expected_sequence=2, fence=0)
+        await storage.events.append("rr", [NewEvent("EXECUTION_RESUMED")],
+                                    expected_sequence=2, fence=1)
+        await storage.events.append_many(
+            [AppendRequest("rr", [NewEvent("STEP_COMPLETED")], 3, fence=1)]
+        )
+        assert await storage.events.head("rr") == 4
 
 
 # -- subscribe across nodes ---------------------------------------------------------------
