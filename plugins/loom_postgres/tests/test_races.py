@@ -423,11 +423,15 @@ class Permuter:
 
     async def _settle(self, session: str, task: asyncio.Task[Any]) -> bool:
         """Wait until ``task`` is done (True) or its session is blocked (False)."""
-        while not task.done():
-            if await self._blocked(session):
-                return False
-            await asyncio.sleep(0.001)
-        return True
+
+        async def poll() -> bool:
+            while not task.done():
+                if await self._blocked(session):
+                    return False
+                await asyncio.sleep(0.001)
+            return True
+
+        return await asyncio.wait_for(poll(), GUARD)
 
     async def _run(self, session: str, step: str, statement: tuple[str, Any] | None) -> Any:
         conn = self.sessions[session]
