@@ -28,6 +28,9 @@ The convention, for whoever writes a snippet:
     ``open_storage`` finds the plugin exactly as after ``pip install``. ``args="..."``
     adds pytest arguments; ``setup=postgres`` hands the project the server.
 
+  - ``same-as=PATH`` (any language): the block is a copy of the repository's file PATH,
+    and must stay one (the plugin guide's ``tox.ini``, which is then run itself).
+
 * Files in ``NOT_YET`` are not run yet; everything else is, and a block cannot opt out.
 """
 
@@ -77,7 +80,7 @@ PROJECT_BASE: Final[dict[str, dict[str, str]]] = {
 
 _FENCE: Final = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
 _MARKER: Final = re.compile(r"^\s*<!--\s*snippet:(?P<body>.*?)-->\s*$")
-_KEYS: Final = frozenset({"setup", "project", "file", "args"})
+_KEYS: Final = frozenset({"setup", "project", "file", "args", "same-as"})
 _PG_LITERAL: Final = re.compile(r"""(?P<q>["'])(?P<url>postgres(?:ql)?://[^"'\n]*)(?P=q)""")
 # A project's run is bounded so a hang fails with its output (nothing asserts a duration).
 _PROJECT_TIMEOUT: Final = 900
@@ -403,6 +406,29 @@ def test_project_passes_its_tests(project: Project, context: Context) -> None:
         f"{project.where}: pytest exited {result.returncode}\n{result.stdout[-6000:]}"
         f"\n{result.stderr[-3000:]}"
     )
+
+
+COPIES: Final = [b for b in BLOCKS if "same-as" in b.options]
+
+
+@pytest.mark.parametrize("block", COPIES, ids=[b.where for b in COPIES])
+def test_block_is_a_copy_of_its_file(block: Block) -> None:
+    path = block.options["same-as"]
+    assert block.source == (ROOT / path).read_text("utf-8"), (
+        f"{block.where} differs from {path}: change both"
+    )
+
+
+def test_the_example_tox_env_installs_loom_as_the_guide_says(tmp_path: Path) -> None:
+    """The plugin guide's tox.ini (a copy of the example's, checked above), run as a
+    third party runs it: a new virtualenv, Loom from the checkout, mypy, the kit."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tox", "run", "--workdir", str(tmp_path / "tox")],
+        cwd=ROOT / "examples" / "loom-example-store", capture_output=True, text=True,
+        timeout=_PROJECT_TIMEOUT, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert "Success: no issues found" in result.stdout
 
 
 def test_every_python_block_of_the_covered_docs_is_run() -> None:
