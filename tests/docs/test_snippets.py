@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tomllib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,14 +378,14 @@ PROJECTS: Final = _projects(BLOCKS)
 @pytest.fixture
 def context(
     tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Context]:
+) -> Context:
     monkeypatch.chdir(tmp_path)
 
     def server() -> PostgresServer:
         found: PostgresServer = request.getfixturevalue("loom_postgres_server")
         return found
 
-    yield Context(tmp_path, server)
+    return Context(tmp_path, server)
 
 
 # -- the docs ----------------------------------------------------------------------------
@@ -470,7 +470,7 @@ def test_a_snippet_that_raises_fails_naming_its_file_and_line(
     assert (Path(str(last.path)).name, last.lineno + 1) == ("synthetic.md", 6)
 
 
-def test_a_setup_name_the_block_does_not_get_is_a_name_error(context: Context, tmp_path: Path) -> None:
+def test_a_name_no_setup_gives_is_a_name_error(context: Context, tmp_path: Path) -> None:
     [block] = _synthetic("```python\nawait events.head('x')\n```\n", tmp_path)
     with pytest.raises(NameError, match="events"):
         run_block(block, context)
