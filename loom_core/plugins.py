@@ -91,6 +91,14 @@ class PluginHost:
         except Exception as exc:
             self._fail(PluginLoadError(name, source, exc))
             return
+        try:
+            # A hook implementation no spec knows (a misspelled hook name) would otherwise
+            # register nothing and say nothing.
+            self.manager.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.manager.unregister(name=name)
+            self._fail(PluginLoadError(name, source, exc))
+            return
         self._sources[name] = source or name
         self._dirty = True
 
@@ -261,6 +269,14 @@ class _Opening:
 
     def __await__(self) -> Generator[Any, None, Storage]:
         return _open(*self._args).__await__()
+
+    def __repr__(self) -> str:
+        # What asyncio.run(open_storage(url)) prints in its "a coroutine was expected" error.
+        return (
+            f"open_storage({self._args[0]!r}), which is not a coroutine: inside an async "
+            "function, `await open_storage(...)` or `async with open_storage(...) as "
+            "storage:`, and pass that function's coroutine to asyncio.run"
+        )
 
     async def __aenter__(self) -> Storage:
         self._storage = await _open(*self._args)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from loom_core.errors import DuplicateRegistrationError, InvalidOptionError
@@ -15,7 +14,6 @@ __all__ = [
     "BackendRegistry",
     "DecoratorRegistry",
     "InnerOpener",
-    "Registered",
     "StorageDecorator",
 ]
 
@@ -44,14 +42,6 @@ class StorageDecorator(Protocol):
         """Options that let the conformance kit build this decorator over any store
         (``open_inner`` opens more stores of the same kind, e.g. extra shards)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    """Who registered a name."""
-
-    name: str
-    source: str
 
 
 class _Registry:

@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import final
 
+from typing_extensions import get_protocol_members
+
 from loom_core.errors import InvalidOptionError
 from loom_core.spi import EventStore, LeaseStore, TimerStore
 
@@ -38,9 +40,18 @@ class Storage:
             ("leases", leases, LeaseStore),
         ):
             if not isinstance(value, protocol):
+                lacking = sorted(
+                    m for m in get_protocol_members(protocol) if not hasattr(value, m)
+                )
                 raise InvalidOptionError(
-                    f"Storage({name}=...) must implement {protocol.__name__}, "
-                    f"got {type(value).__name__}"
+                    f"Storage({name}=...) must implement {protocol.__name__}; "
+                    f"{type(value).__name__} lacks {', '.join(lacking)}"
+                    + (
+                        " (optional methods it does not offer must still exist and raise "
+                        "Unsupported: inherit loom_core.RefusesUnoffered)"
+                        if protocol is EventStore
+                        else ""
+                    )
                 )
         self.events = events
         self.timers = timers
@@ -57,13 +68,21 @@ class Storage:
         if self._closed:
             return
         self._closed = True
-        try:
-            await self.events.close()
-            await self.timers.close()
-            await self.leases.close()
-        finally:
-            if self._on_close is not None:
-                await self._on_close()
+        # Every store is closed even when an earlier one fails, then the first failure is
+        # raised: a failing event store must not leave the pool behind it open.
+        failures: list[BaseException] = []
+        closers: list[Callable[[], Awaitable[None]]] = [
+            self.events.close, self.timers.close, self.leases.close
+        ]
+        if self._on_close is not None:
+            closers.append(self._on_close)
+        for close in closers:
+            try:
+                await close()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     async def __aenter__(self) -> Storage:
         return self

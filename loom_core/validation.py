@@ -297,10 +297,6 @@ def canonical_json(value: JsonValue) -> str:
     return _CANONICAL.encode(value)
 
 
-def now_utc() -> datetime:
-    return datetime.now(UTC)
-
-
 def check_append_requests(
     requests: Sequence[AppendRequest],
 ) -> list[tuple[AppendRequest, tuple[NewEvent, ...]]]:

@@ -11,9 +11,18 @@ see ``docs/plugin-authors.md``. The public API:
 - :mod:`loom_conformance.explorer`: the ADR 0118 schedule explorer.
 """
 
-from loom_conformance.explorer import ExplorationReport, Violation, explore
-from loom_conformance.factory import StorageFactory, memory_factory
-from loom_conformance.requirements import Requirements, requires
+import pytest
+
+# Before the suites are imported: pytest rewrites the asserts of a plugin's modules only
+# when it finds them in an installed distribution's file list, which an editable install
+# lacks, and a bare AssertionError tells a store author nothing.
+pytest.register_assert_rewrite(
+    "loom_conformance.suites", "loom_conformance.explorer", "loom_conformance.decorating"
+)
+
+from loom_conformance.explorer import ExplorationReport, Violation, explore  # noqa: E402
+from loom_conformance.factory import StorageFactory, memory_factory  # noqa: E402
+from loom_conformance.requirements import Requirements, requires  # noqa: E402
 
 __version__ = "0.1.0"
 

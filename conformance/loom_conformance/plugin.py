@@ -146,6 +146,7 @@ async def loom_storage(
     """
     storage = await loom_storage_factory()
     try:
+        await _refuse_a_shared_storage(storage)
         all_of = tuple(
             m for mark in request.node.iter_markers(REQUIRES_MARK) for m in mark.args
         )
@@ -156,6 +157,21 @@ async def loom_storage(
         yield storage
     finally:
         await storage.close()
+
+
+async def _refuse_a_shared_storage(storage: Storage) -> None:
+    """Fail with one clear message when the factory hands out a storage that already holds
+    logs: every suite test assumes a fresh store, and a shared one fails them all for
+    reasons that have nothing to do with the test's name."""
+    held = await storage.events.list_executions(limit=3)
+    if held:
+        pytest.fail(
+            f"loom_storage_factory returned a storage that already holds executions "
+            f"({', '.join(map(repr, held))}, ...): it must open a fresh, empty storage on "
+            "every call (a new database, schema or file, or memory://), or every test sees "
+            "the others' logs",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from loom_core import (
     InvalidOptionError,
     Refuse,
     Storage,
+    StoreClosedError,
     hookimpl,
 )
 from loom_core.registry import DecoratorRegistry
@@ -72,6 +73,8 @@ class PickyEventStore(EventStoreDecorator):
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
         execution_id = check_execution_id(execution_id)
         from_sequence = check_sequence(from_sequence, "from_sequence")
+        if self._closed:
+            raise StoreClosedError("this PickyEventStore")
         return self._poll(execution_id, from_sequence)
 
     async def _poll(self, execution_id: str, next_sequence: int) -> AsyncIterator[Event]:

@@ -30,7 +30,32 @@ class Boastful(MemoryEventStore):
         return frozenset({"subscribe", "delete_execution"})
 
 
-STORES = {"token-only": TokenOnly, "boastful": lambda: Boastful(offer=())}
+class OffByOne(MemoryEventStore):
+    async def head(self, execution_id):
+        return await super().head(execution_id) + 1
+
+
+class NeverClosed(MemoryEventStore):
+    async def close(self):
+        return None
+
+
+SHARED = NeverClosed()
+
+
+class InclusiveAfter(MemoryEventStore):
+    async def list_executions(self, *, after=None, limit=100):
+        ids = sorted(i for i in self._logs if after is None or i >= after)
+        return tuple(ids[:limit])
+
+
+STORES = {
+    "token-only": TokenOnly,
+    "boastful": lambda: Boastful(offer=()),
+    "off-by-one": OffByOne,
+    "shared": lambda: SHARED,
+    "inclusive-after": InclusiveAfter,
+}
 
 
 @pytest.fixture
@@ -119,3 +144,115 @@ def test_the_decorator_contract_can_be_restricted_by_name(pytester: pytest.Pytes
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*no decorator named 'no-such-decorator' is installed*"])
     assert result.ret != 0
+
+
+def test_a_failing_kit_assertion_shows_the_values(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Loaded by name, not from a distribution's file list: what an editable install gives
+    # pytest, which then rewrites only the modules the kit registers itself.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "-p", "loom_conformance.plugin",
+        "-p", "pytest_asyncio.plugin", "--store", "off-by-one", "-k", "head_is_the_next",
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+    # Rewritten: the compared values, not a bare AssertionError.
+    result.stdout.fnmatch_lines(["*assert 1 == 0*"])
+
+
+def test_a_shared_storage_is_named_as_the_cause_of_every_failure(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "shared", "-k", "head or list_executions",
+    )
+    outcomes = result.parseoutcomes()
+    # The first test passes on the empty store and leaves logs in it; every later one is
+    # stopped at the fixture with the cause, before its own assertions can mislead.
+    refused = outcomes.get("errors", 0)
+    assert refused >= 2, outcomes
+    assert result.stdout.str().count("must open a fresh, empty storage") >= refused
+    result.stdout.fnmatch_lines(["*loom_storage_factory returned a storage that already holds*"])
+
+
+def test_an_inclusive_after_fails_the_paging_test_instead_of_hanging(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "inclusive-after", "-k", "pages_cover",
+        timeout=120,
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*`after` is exclusive, so paging would repeat forever*"])
+
+
+BROKEN_DECORATORS_CONFTEST = """
+from loom_core import (
+    FORWARD, Decisions, EventStoreDecorator, Refuse, Storage, default_plugins, hookimpl,
+)
+
+
+class Liar(EventStoreDecorator):
+    decisions = Decisions(
+        acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,
+        append_many=FORWARD, delete_execution=Refuse("liars keep logs"), copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD, subscribe=FORWARD,
+    )
+
+    @property
+    def capabilities(self):
+        return super().capabilities | {"delete_execution"}
+
+
+class Wrapping:
+    def __init__(self, name, wrap):
+        self.name = name
+        self._wrap = wrap
+
+    async def decorate(self, storage, options):
+        return Storage(self._wrap(storage.events), storage.timers, storage.leases,
+                       url=storage.url, on_close=storage.close)
+
+    async def conformance_options(self, open_inner):
+        return {}
+
+
+class Plugin:
+    @hookimpl
+    def loom_register_decorators(self, registry):
+        registry.add_decorator(Wrapping("liar", Liar))
+        registry.add_decorator(Wrapping("unwrapped", lambda events: events))
+
+
+default_plugins().register(Plugin(), name="broken-decorators", source="broken decorators")
+"""
+
+
+@pytest.mark.parametrize(
+    ("decorator", "failing", "message"),
+    [
+        ("liar", "test_every_offered_method_is_served_not_refused",
+         "*offered in capabilities but refused when called*delete_execution*"),
+        ("unwrapped", "test_decorator_returns_an_event_store_decorator",
+         "*which is not an EventStoreDecorator*"),
+    ],
+)
+def test_a_broken_decorator_fails_the_decorator_contract(
+    pytester: pytest.Pytester, decorator: str, failing: str, message: str
+) -> None:
+    pytester.makeini(f"[pytest]\nloom_decorators = {decorator}\n")
+    pytester.makeconftest(BROKEN_DECORATORS_CONFTEST)
+    pytester.makepyfile(
+        test_decorators="from loom_conformance.suites import TestDecoratorContract\n"
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", failing)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([message])

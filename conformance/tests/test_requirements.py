@@ -1,5 +1,7 @@
 """The requirement switches: what they require and the reason a skipped test gives."""
 
+from typing import Any
+
 import pytest
 from loom_conformance import requires
 from loom_conformance.requirements import REFUSAL_TEST, Requirements, missing
@@ -35,3 +37,14 @@ def test_any_of_is_satisfied_by_one_method() -> None:
 def test_an_unknown_method_name_is_a_mistake_not_a_skip() -> None:
     with pytest.raises(ValueError, match="acquire_lock"):
         missing(frozenset(), ("acquire_lock",), ())
+
+
+@pytest.mark.asyncio
+async def test_the_kits_optional_caller_refuses_a_name_it_does_not_know() -> None:
+    from loom_conformance.suites.events_required import _call_optional
+
+    from loom_core.memory import MemoryEventStore
+
+    bogus: Any = "acquire_fence_eventually"
+    with pytest.raises(ValueError, match="does not know"):
+        await _call_optional(MemoryEventStore(), bogus, "exec-1")

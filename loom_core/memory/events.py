@@ -18,11 +18,13 @@ from datetime import UTC, datetime
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
+    FenceNotIssuedError,
     InvalidInputError,
     InvalidOptionError,
     InvalidSequenceError,
     SequenceConflictError,
     StaleFenceError,
+    StoreClosedError,
 )
 from loom_core.events import Event, JsonObject, NewEvent
 from loom_core.kinds import is_answering_kind
@@ -108,8 +110,13 @@ class MemoryEventStore(RefusesUnoffered):
         return self._offered
 
     def _offers(self, method: OptionalMethod) -> None:
+        self._check_open()
         if method not in self._offered:
             self._refuse(method, "not offered by this instance (MemoryEventStore(offer=...))")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("this in-memory event store")
 
     # -- internals ----------------------------------------------------------------------
 
@@ -136,35 +143,51 @@ class MemoryEventStore(RefusesUnoffered):
             current = self._fences.get(execution_id, 0)
             if fence < current:
                 raise StaleFenceError(execution_id, fence, current)
+            if fence > current:
+                raise FenceNotIssuedError(execution_id, fence, current)
 
-    def _write(
-        self, execution_id: str, events: Sequence[NewEvent], fence: int | None
-    ) -> tuple[Event, ...]:
-        log = self._logs.setdefault(execution_id, _Log())
-        now = self._clock()
-        written = []
+    def _prepare(
+        self, execution_id: str, events: Sequence[NewEvent], fence: int | None, now: datetime
+    ) -> tuple[list[_Stored], tuple[Event, ...]]:
+        """Encode a checked append without touching the log, so a batch whose last
+        request cannot be encoded leaves every log as it was."""
+        log = self._logs.get(execution_id)
+        sequence = log.head if log else 0
+        stored: list[_Stored] = []
+        written: list[Event] = []
         for event in events:
             metadata: JsonObject = dict(event.metadata)
             if fence is not None:
                 metadata["fence"] = fence
-            stored = _Stored(
-                sequence=log.head,
-                kind=event.kind,
-                payload=canonical_json(event.payload),
-                metadata=canonical_json(metadata),
-                recorded_at=now,
-                answering=is_answering_kind(event.kind, metadata),
+            stored.append(
+                _Stored(
+                    sequence=sequence,
+                    kind=event.kind,
+                    payload=canonical_json(event.payload),
+                    metadata=canonical_json(metadata),
+                    recorded_at=now,
+                    answering=is_answering_kind(event.kind, metadata),
+                )
             )
             # ``events`` are validated copies the caller cannot reach, so the written
             # events can carry them instead of decoding the JSON just encoded.
-            written.append(
-                Event(execution_id, log.head, event.kind, event.payload, metadata, now)
-            )
-            log.events.append(stored)
-            log.sequences.append(log.head)
-            log.head += 1
+            written.append(Event(execution_id, sequence, event.kind, event.payload, metadata, now))
+            sequence += 1
+        return stored, tuple(written)
+
+    def _commit(self, execution_id: str, stored: list[_Stored]) -> None:
+        log = self._logs.setdefault(execution_id, _Log())
+        log.events.extend(stored)
+        log.sequences.extend(s.sequence for s in stored)
+        log.head = stored[-1].sequence + 1
         self._wake(execution_id)
-        return tuple(written)
+
+    def _write(
+        self, execution_id: str, events: Sequence[NewEvent], fence: int | None
+    ) -> tuple[Event, ...]:
+        stored, written = self._prepare(execution_id, events, fence, self._clock())
+        self._commit(execution_id, stored)
+        return written
 
     def _wake(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
@@ -173,7 +196,10 @@ class MemoryEventStore(RefusesUnoffered):
 
     async def _tick(self) -> None:
         # One yield per call: tasks interleave between store operations, never inside one.
+        # Closed is checked after the yield too, so a call that raced close() is refused.
+        self._check_open()
         await asyncio.sleep(0)
+        self._check_open()
 
     # -- required -----------------------------------------------------------------------
 
@@ -259,14 +285,20 @@ class MemoryEventStore(RefusesUnoffered):
         fence = check_fence(fence)
         park_seq = check_sequence(park_seq, "park_seq")
         await self._tick()
+        log = self._logs.get(execution_id)
+        if log is None:
+            raise ExecutionNotFoundError(execution_id)
+        if park_seq >= log.head:
+            raise InvalidSequenceError(
+                f"park_seq {park_seq} is at or past the head of {execution_id!r} ({log.head}); "
+                "pass the sequence of the park being answered"
+            )
         current = self._fences.get(execution_id, 0)
         if current != fence:
             return FenceStale(current)
-        log = self._logs.get(execution_id)
-        if log is not None:
-            tail = bisect.bisect_right(log.sequences, park_seq)
-            if any(stored.answering for stored in log.events[tail:]):
-                return FenceStale(current)
+        tail = bisect.bisect_right(log.sequences, park_seq)
+        if any(stored.answering for stored in log.events[tail:]):
+            return FenceStale(current)
         self._fences[execution_id] = current + 1
         return FenceAcquired(current + 1)
 
@@ -298,16 +330,19 @@ class MemoryEventStore(RefusesUnoffered):
         await self._tick()
         for request, _ in checked:
             self._check_append(request.execution_id, request.expected_sequence, request.fence)
-        return tuple(self._write(r.execution_id, events, r.fence) for r, events in checked)
+        now = self._clock()
+        prepared = [self._prepare(r.execution_id, events, r.fence, now) for r, events in checked]
+        for (request, _), (stored, _) in zip(checked, prepared, strict=True):
+            self._commit(request.execution_id, stored)
+        return tuple(written for _, written in prepared)
 
     async def delete_execution(self, execution_id: str) -> bool:
         self._offers("delete_execution")
         execution_id = check_execution_id(execution_id)
         await self._tick()
-        existed = self._logs.pop(execution_id, None) is not None
-        if self._fences.get(execution_id) == 0:
-            del self._fences[execution_id]
-        return existed
+        # The token stays: a zombie writer of a re-created id stays fenced out. (This store
+        # never holds a token-0 entry, so there is nothing inert to drop.)
+        return self._logs.pop(execution_id, None) is not None
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         self._offers("copy_prefix")

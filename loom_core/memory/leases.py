@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from loom_core.errors import LeaseHeldError, LeaseNotHeldError
+from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StoreClosedError
 from loom_core.spi import Lease, LeaseScope
 from loom_core.validation import check_key, check_ttl
 
@@ -19,6 +19,7 @@ class MemoryLeaseStore:
     def __init__(self, *, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._leases: dict[str, Lease] = {}
+        self._closed = False
 
     @property
     def scope(self) -> LeaseScope:
@@ -35,7 +36,7 @@ class MemoryLeaseStore:
         key = check_key(key, "lease key")
         holder = check_key(holder, "lease holder")
         ttl = check_ttl(ttl_seconds)
-        await asyncio.sleep(0)
+        await self._tick()
         now = self._clock()
         current = self._live(key, now)
         if current is not None and current.holder != holder:
@@ -49,7 +50,7 @@ class MemoryLeaseStore:
         key = check_key(key, "lease key")
         holder = check_key(holder, "lease holder")
         ttl = check_ttl(ttl_seconds)
-        await asyncio.sleep(0)
+        await self._tick()
         now = self._clock()
         current = self._live(key, now)
         if current is None or current.holder != holder:
@@ -61,7 +62,7 @@ class MemoryLeaseStore:
     async def release(self, key: str, holder: str) -> bool:
         key = check_key(key, "lease key")
         holder = check_key(holder, "lease holder")
-        await asyncio.sleep(0)
+        await self._tick()
         current = self._live(key, self._clock())
         if current is None or current.holder != holder:
             return False
@@ -70,8 +71,16 @@ class MemoryLeaseStore:
 
     async def inspect(self, key: str) -> Lease | None:
         key = check_key(key, "lease key")
-        await asyncio.sleep(0)
+        await self._tick()
         return self._live(key, self._clock())
 
     async def close(self) -> None:
-        return None
+        self._closed = True
+
+    async def _tick(self) -> None:
+        # Checked on both sides of the yield, so a call that raced close() is refused too.
+        if self._closed:
+            raise StoreClosedError('this in-memory lease store')
+        await asyncio.sleep(0)
+        if self._closed:
+            raise StoreClosedError('this in-memory lease store')

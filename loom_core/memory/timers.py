@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from loom_core.errors import InvalidOptionError
+from loom_core.errors import InvalidOptionError, StoreClosedError
 from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
 from loom_core.validation import (
     check_aware,
@@ -22,10 +22,11 @@ class MemoryTimerStore:
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, datetime], Redrive | None] = {}
+        self._closed = False
 
     async def schedule(self, record: TimerRecord) -> None:
         record = check_timer_record(record)
-        await asyncio.sleep(0)
+        await self._tick()
         key = (record.execution_id, record.wake_at)
         # A plain schedule never clears a re-drive flag; a flagged one replaces it.
         self._rows[key] = record.redrive or self._rows.get(key)
@@ -37,7 +38,7 @@ class MemoryTimerStore:
         limit = check_limit(limit)
         if not isinstance(redrive, bool):
             raise InvalidOptionError(f"redrive must be a bool, not {type(redrive).__name__}")
-        await asyncio.sleep(0)
+        await self._tick()
         rows = sorted(
             (wake_at, execution_id, flag)
             for (execution_id, wake_at), flag in self._rows.items()
@@ -47,7 +48,7 @@ class MemoryTimerStore:
 
     async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
         execution_id = check_execution_id(execution_id)
-        await asyncio.sleep(0)
+        await self._tick()
         return tuple(
             TimerRecord(e, w, f) for (e, w), f in sorted(self._rows.items(), key=lambda r: r[0][1])
             if e == execution_id
@@ -56,14 +57,14 @@ class MemoryTimerStore:
     async def complete(self, execution_id: str, wake_at: datetime) -> bool:
         execution_id = check_execution_id(execution_id)
         wake_at = check_aware(wake_at, "wake_at")
-        await asyncio.sleep(0)
+        await self._tick()
         return self._rows.pop((execution_id, wake_at), _MISSING) is not _MISSING
 
     async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
         execution_id = check_execution_id(execution_id)
         if wake_at is not None:
             wake_at = check_aware(wake_at, "wake_at")
-        await asyncio.sleep(0)
+        await self._tick()
         doomed = [
             key for key in self._rows
             if key[0] == execution_id and (wake_at is None or key[1] == wake_at)
@@ -73,7 +74,15 @@ class MemoryTimerStore:
         return len(doomed)
 
     async def close(self) -> None:
-        return None
+        self._closed = True
+
+    async def _tick(self) -> None:
+        # Checked on both sides of the yield, so a call that raced close() is refused too.
+        if self._closed:
+            raise StoreClosedError('this in-memory timer store')
+        await asyncio.sleep(0)
+        if self._closed:
+            raise StoreClosedError('this in-memory timer store')
 
 
 _MISSING = object()

@@ -74,6 +74,16 @@ async def test_memory_is_built_in_and_opens_with_await_or_async_with() -> None:
         assert await other.events.head("e") == 0  # a fresh store each time
 
 
+def test_asyncio_run_of_open_storage_says_to_await_it_or_use_async_with() -> None:
+    import asyncio
+
+    opening = open_storage("memory://")
+    with pytest.raises(ValueError, match="coroutine") as caught:
+        asyncio.run(opening)  # type: ignore[arg-type]
+    assert "async with open_storage" in str(caught.value)
+    assert "await open_storage" in str(caught.value)
+
+
 async def test_unknown_scheme_lists_installed_and_names_the_distribution() -> None:
     host = PluginHost(entry_points=False)
     with pytest.raises(UnknownSchemeError) as caught:
@@ -137,6 +147,27 @@ async def test_a_plugin_that_raises_while_registering_is_reported_by_name() -> N
     assert [e.plugin for e in failures] == ["broken"]
     assert "loom-broken" in str(failures[0])
     assert "boom" in str(failures[0])
+
+
+async def test_a_misspelled_hook_is_reported_by_plugin_and_hook() -> None:
+    @hookimpl
+    def loom_register_backend(registry: BackendRegistry) -> None:  # no trailing "s"
+        registry.add_backend("typo", _open_dummy)
+
+    host = PluginHost(entry_points=False)
+    with pytest.warns(RuntimeWarning, match="loom_register_backend"):
+        host.register(
+            types.SimpleNamespace(loom_register_backend=loom_register_backend),
+            name="typo-plugin", source="loom-typo",
+        )
+    host.register(_backend_plugin("fine"), name="fine", source="loom-fine")
+    async with open_storage("fine://", plugins=host):
+        pass
+    failures = [e for e in host.errors if isinstance(e, PluginLoadError)]
+    assert [e.plugin for e in failures] == ["typo-plugin"]
+    assert "loom-typo" in str(failures[0])
+    assert "loom_register_backend" in str(failures[0])
+    assert "typo" not in host.backends.factories
 
 
 async def test_decorators_apply_innermost_first_with_their_options() -> None:

@@ -12,6 +12,44 @@ async def test_storage_refuses_objects_that_are_not_stores() -> None:
         Storage(MemoryEventStore(), object(), MemoryLeaseStore())  # type: ignore[arg-type]
 
 
+async def test_storage_refusing_a_store_names_the_methods_it_lacks() -> None:
+    class HalfStore:
+        async def append(self) -> None: ...
+
+        async def read(self) -> None: ...
+
+    with pytest.raises(InvalidOptionError) as caught:
+        Storage(HalfStore(), MemoryTimerStore(), MemoryLeaseStore())  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "HalfStore lacks" in message
+    for lacking in ("head", "list_executions", "capabilities", "acquire_fence", "subscribe"):
+        assert lacking in message
+    assert "append," not in message
+    assert "read," not in message
+    assert "RefusesUnoffered" in message
+
+
+async def test_storage_close_closes_every_store_when_one_fails() -> None:
+    closed: list[str] = []
+
+    class FailingEvents(MemoryEventStore):
+        async def close(self) -> None:
+            closed.append("events")
+            raise RuntimeError("disk gone")
+
+    class CountingTimers(MemoryTimerStore):
+        async def close(self) -> None:
+            closed.append("timers")
+
+    async def on_close() -> None:
+        closed.append("pool")
+
+    storage = Storage(FailingEvents(), CountingTimers(), MemoryLeaseStore(), on_close=on_close)
+    with pytest.raises(RuntimeError, match="disk gone"):
+        await storage.close()
+    assert closed == ["events", "timers", "pool"]
+
+
 async def test_storage_close_runs_on_close_once() -> None:
     calls: list[str] = []
 

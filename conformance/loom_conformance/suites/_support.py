@@ -14,20 +14,24 @@ from loom_core import (
     EventKind,
     EventStore,
     FenceAcquired,
+    FenceNotIssuedError,
     JsonValue,
     NewEvent,
 )
 
 __all__ = [
     "GUARD_SECONDS",
+    "PROBE_FENCE",
     "Snapshot",
     "app",
     "bump_token",
     "close_iterator",
     "guard",
     "kernel",
+    "list_pages",
     "park",
     "snapshot",
+    "token_of",
 ]
 
 GUARD_SECONDS: Final = 10.0
@@ -58,20 +62,60 @@ class Snapshot:
     logs: tuple[tuple[Event, ...], ...]
 
 
+MAX_PAGES: Final = 1_000
+"""More pages than any kit test writes: a listing that is still going is looping."""
+
+
+async def list_pages(store: EventStore, *, limit: int = 100) -> list[tuple[str, ...]]:
+    """Every page of ``list_executions``, following ``after``; fails (never hangs) when a
+    page does not move strictly forward, naming the page that repeated."""
+    pages: list[tuple[str, ...]] = []
+    after: str | None = None
+    for _ in range(MAX_PAGES):
+        page = await store.list_executions(after=after, limit=limit)
+        if not page:
+            return pages
+        assert len(page) <= limit, f"list_executions(limit={limit}) returned {len(page)} ids"
+        if after is not None and page[0] <= after:
+            raise AssertionError(
+                f"list_executions(after={after!r}) returned {page!r}, which starts at or "
+                f"before {after!r}: `after` is exclusive, so paging would repeat forever"
+            )
+        pages.append(page)
+        if len(page) < limit:
+            return pages
+        after = page[-1]
+    raise AssertionError(f"list_executions still returned ids after {MAX_PAGES} pages")
+
+
 async def snapshot(store: EventStore, *also: str) -> Snapshot:
     """The listed executions (plus ``also``, which may not exist) with heads and logs."""
-    listed: list[str] = []
-    after: str | None = None
-    while True:
-        page = await store.list_executions(after=after, limit=100)
-        listed.extend(page)
-        if len(page) < 100:
-            break
-        after = page[-1]
+    listed = [i for page in await list_pages(store) for i in page]
     ids = sorted({*listed, *also})
     heads = tuple([await store.head(i) for i in ids])
     logs = tuple([await store.read(i) for i in ids])
     return Snapshot(tuple(listed), heads, logs)
+
+
+PROBE_FENCE: Final = 2**62
+"""A token no test ever reaches: presenting it must raise FenceNotIssuedError."""
+
+
+async def token_of(store: EventStore, execution_id: str) -> int:
+    """The execution's current token, read without changing anything: an append under a
+    token that was never issued is refused with the current one (and writes nothing)."""
+    head = await store.head(execution_id)
+    try:
+        written = await store.append(
+            execution_id, [NewEvent("loom.kit.token-probe")], expected_sequence=head,
+            fence=PROBE_FENCE,
+        )
+    except FenceNotIssuedError as refused:
+        return refused.current_fence
+    raise AssertionError(
+        f"append(fence={PROBE_FENCE}) to {execution_id!r} was accepted ({len(written)} "
+        "event(s) written): a token above the current one must raise FenceNotIssuedError"
+    )
 
 
 async def bump_token(store: EventStore, execution_id: str) -> int:
@@ -80,11 +124,15 @@ async def bump_token(store: EventStore, execution_id: str) -> int:
         return await store.acquire_fence(execution_id)
     if "acquire_fence_if" not in store.capabilities:
         pytest.skip("the store offers neither acquire_fence nor acquire_fence_if")
-    # Past the head nothing can answer, so only the token decides; learn it from a stale.
-    park_seq = await store.head(execution_id)
-    result = await store.acquire_fence_if(execution_id, fence=0, park_seq=park_seq)
-    if not isinstance(result, FenceAcquired):
-        result = await store.acquire_fence_if(execution_id, fence=result.fence, park_seq=park_seq)
+    head = await store.head(execution_id)
+    if head == 0:
+        pytest.skip(
+            "only acquire_fence gives a token to an execution with no log "
+            "(acquire_fence_if refuses one), and the store does not offer it"
+        )
+    # Nothing sits past the newest event, so only the token decides.
+    current = await token_of(store, execution_id)
+    result = await store.acquire_fence_if(execution_id, fence=current, park_seq=head - 1)
     assert isinstance(result, FenceAcquired), f"acquire_fence_if with the current token: {result}"
     return result.fence
 

@@ -6,6 +6,7 @@ import pytest
 
 from loom_conformance.suites.events_fencing import EventStoreFencingContract
 from loom_conformance.suites.events_optional import EventStoreOptionalContract
+from loom_conformance.suites.events_refusals import EventStoreRefusalContract
 from loom_conformance.suites.events_required import EventStoreRequiredContract
 from loom_conformance.suites.explorer import ScheduleExplorerContract
 
@@ -16,10 +17,12 @@ class TestEventStoreContract(
     EventStoreRequiredContract,
     EventStoreFencingContract,
     EventStoreOptionalContract,
+    EventStoreRefusalContract,
     ScheduleExplorerContract,
 ):
     """Every required and optional method, every error with its data, ADR 0118's
-    conformance list and the schedule explorer, against ``loom_storage_factory``.
+    conformance list, the unchanged store after every refusal and the schedule explorer,
+    against ``loom_storage_factory``.
 
     Tests of an optional method run where the store offers it (``capabilities``) and are
     skipped, with a reason, where it does not;

@@ -9,16 +9,28 @@ from typing import Any, Final
 import pytest
 
 from loom_conformance.requirements import requires
-from loom_conformance.suites._support import app, bump_token, guard, kernel, park, snapshot
+from loom_conformance.suites._support import (
+    app,
+    bump_token,
+    guard,
+    kernel,
+    park,
+    snapshot,
+    token_of,
+)
 from loom_core import (
     ANSWERING_KINDS,
+    AppendRequest,
     ConflictError,
     EventKind,
     EventStore,
     ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
     FenceAcquired,
+    FenceNotIssuedError,
     FenceStale,
     InvalidEventError,
+    InvalidInputError,
     InvalidSequenceError,
     JsonValue,
     NewEvent,
@@ -89,6 +101,63 @@ class EventStoreFencingContract:
             await loom_events.append("exec-later", [app()], expected_sequence=0, fence=token - 1)
         assert caught.value.current_fence == token
         assert await loom_events.head("exec-later") == 0
+
+    @requires.fencing
+    async def test_a_token_that_was_never_issued_is_refused_and_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        """A number above the current token was never returned by an acquire; accepting
+        it would let a caller's bug outrank every later acquire."""
+        await loom_events.append("exec-1", [app()], expected_sequence=0, fence=0)
+        token = await bump_token(loom_events, "exec-1")
+        before = await snapshot(loom_events, "exec-none")
+        for presented in (token + 1, 100):
+            with pytest.raises(FenceNotIssuedError) as caught:
+                await loom_events.append("exec-1", [app()], expected_sequence=1, fence=presented)
+            assert (caught.value.execution_id, caught.value.presented_fence) == (
+                "exec-1", presented)
+            assert caught.value.current_fence == token
+            assert isinstance(caught.value, InvalidInputError)
+        with pytest.raises(FenceNotIssuedError) as none_yet:
+            await loom_events.append("exec-none", [app()], expected_sequence=0, fence=1)
+        assert none_yet.value.current_fence == 0
+        assert await snapshot(loom_events, "exec-none") == before
+
+        # Still refused once later acquires pass it by: 100 is never the holder's.
+        newer = await bump_token(loom_events, "exec-1")
+        assert newer == token + 1
+        with pytest.raises(FenceNotIssuedError):
+            await loom_events.append("exec-1", [app()], expected_sequence=1, fence=100)
+        with pytest.raises(StaleFenceError):
+            await loom_events.append("exec-1", [app()], expected_sequence=1, fence=token)
+        written = await loom_events.append("exec-1", [app()], expected_sequence=1, fence=newer)
+        assert written[0].fence == newer
+
+    @requires.fencing
+    async def test_a_moved_head_is_reported_before_a_token_never_issued(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-1", [app(), app()], expected_sequence=0)
+        with pytest.raises(SequenceConflictError):
+            await loom_events.append("exec-1", [app()], expected_sequence=1, fence=7)
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await loom_events.append("exec-1", [app()], expected_sequence=0, fence=7)
+
+    @requires.append_many
+    @requires.fencing
+    async def test_append_many_refuses_a_token_never_issued_and_writes_nothing(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-a", [app()], expected_sequence=0)
+        token = await bump_token(loom_events, "exec-a")
+        before = await snapshot(loom_events, "exec-b")
+        with pytest.raises(FenceNotIssuedError) as caught:
+            await loom_events.append_many([
+                AppendRequest("exec-b", [app()], 0),
+                AppendRequest("exec-a", [app()], 1, fence=token + 3),
+            ])
+        assert caught.value.current_fence == token
+        assert await snapshot(loom_events, "exec-b") == before
 
     @requires.fencing
     async def test_a_moved_head_is_reported_before_a_stale_token(
@@ -380,6 +449,33 @@ class EventStoreFencingContract:
             "exec-1", fence=1, park_seq=park_seq
         ) == FenceStale(1)
         await loom_events.append("exec-1", [app()], expected_sequence=park_seq + 2, fence=1)
+
+    @requires.acquire_fence_if
+    async def test_conditional_acquire_refuses_an_execution_with_no_log(
+        self, loom_events: EventStore
+    ) -> None:
+        before = await snapshot(loom_events, "exec-none")
+        with pytest.raises(ExecutionNotFoundError) as caught:
+            await loom_events.acquire_fence_if("exec-none", fence=0, park_seq=0)
+        assert caught.value.execution_id == "exec-none"
+        assert await snapshot(loom_events, "exec-none") == before
+        assert await token_of(loom_events, "exec-none") == 0, "no token was taken"
+
+    @requires.acquire_fence_if
+    async def test_conditional_acquire_refuses_a_park_seq_at_or_past_the_head(
+        self, loom_events: EventStore
+    ) -> None:
+        park_seq = await park(loom_events, "exec-1")
+        head = await loom_events.head("exec-1")
+        before = await snapshot(loom_events)
+        for seq in (head, head + 1, head + 1000):
+            with pytest.raises(InvalidSequenceError, match="head"):
+                await loom_events.acquire_fence_if("exec-1", fence=0, park_seq=seq)
+        assert await snapshot(loom_events) == before
+        assert await token_of(loom_events, "exec-1") == 0, "no token was taken"
+        assert await loom_events.acquire_fence_if(
+            "exec-1", fence=0, park_seq=park_seq
+        ) == FenceAcquired(1)
 
     @requires.acquire_fence_if
     async def test_conditional_acquire_refuses_bad_arguments(

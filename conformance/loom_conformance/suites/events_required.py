@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final
 
 import pytest
@@ -17,6 +18,7 @@ from loom_conformance.suites._support import (
     close_iterator,
     guard,
     kernel,
+    list_pages,
     snapshot,
 )
 from loom_core import (
@@ -31,9 +33,11 @@ from loom_core import (
     InvalidInputError,
     InvalidOptionError,
     InvalidSequenceError,
+    JsonValue,
     NewEvent,
     OptionalMethod,
     SequenceConflictError,
+    StoreClosedError,
     Unsupported,
 )
 
@@ -64,8 +68,13 @@ BAD_PAYLOADS: Final[tuple[object, ...]] = (
 )
 """Payloads that are not JSON values (or that a JSON store cannot hold)."""
 
-BAD_SEQUENCES: Final[tuple[object, ...]] = (-1, True, False, 1.0, "0", None)
-BAD_LIMITS: Final[tuple[object, ...]] = (0, -3, True, 1.5, "10")
+BAD_SEQUENCES: Final[tuple[object, ...]] = (-1, True, False, 1.0, "0", None, 2**63, 2**200)
+BAD_LIMITS: Final[tuple[object, ...]] = (0, -3, True, 1.5, "10", 2**63, 2**200)
+"""2**63 and above: every position, fence and limit is a signed 64-bit integer, and a
+larger one is refused on every backend (never clamped), before the store is touched."""
+
+LARGEST: Final = 2**63 - 1
+"""The largest position or limit every store accepts."""
 
 _VALID_BATCH: Final = (app("order.placed", {"n": 1}),)
 
@@ -79,9 +88,10 @@ def _ids(values: tuple[object, ...]) -> list[str]:
 
 
 async def _call_optional(
-    store: EventStore, method: OptionalMethod, execution_id: object
+    store: EventStore, method: OptionalMethod, execution_id: object, *, first_item: bool = False
 ) -> object:
-    """Call ``method`` with otherwise valid arguments (no write happens with a bad id)."""
+    """Call ``method`` with otherwise valid arguments (no write happens with a bad id);
+    ``first_item`` also awaits a subscription's first event (a store may refuse there)."""
     eid: Any = execution_id
     events = [app()]
     if method == "acquire_fence":
@@ -100,9 +110,23 @@ async def _call_optional(
         return await store.copy_prefix(eid, "copy-target", through_sequence=0)
     if method == "truncate_prefix_keeping":
         return await store.truncate_prefix_keeping(eid, keep_from_sequence=0)
+    if method != "subscribe":
+        raise ValueError(f"_call_optional does not know the optional method {method!r}")
     iterator = store.subscribe(eid, from_sequence=0)
-    await close_iterator(iterator)
+    try:
+        if first_item:
+            await anext(iterator)
+    finally:
+        await close_iterator(iterator)
     return iterator
+
+
+async def _first_item(store: EventStore, execution_id: str, from_sequence: int) -> object:
+    iterator = store.subscribe(execution_id, from_sequence=from_sequence)
+    try:
+        return await guard(anext(iterator))
+    finally:
+        await close_iterator(iterator)
 
 
 class EventStoreRequiredContract:
@@ -307,7 +331,8 @@ class EventStoreRequiredContract:
     ) -> None:
         async def writer(n: int) -> None:
             for i in range(3):
-                while True:
+                # Each conflict means another writer landed; 12 appends in all bound them.
+                for _ in range(100):
                     head = await loom_events.head("exec-g")
                     try:
                         await loom_events.append(
@@ -316,6 +341,10 @@ class EventStoreRequiredContract:
                         break
                     except ConflictError:
                         await asyncio.sleep(0)
+                else:
+                    raise AssertionError(
+                        f"writer {n} was refused 100 times at the head it had just read"
+                    )
 
         await guard(asyncio.gather(*(writer(n) for n in range(4))))
         log = await loom_events.read("exec-g")
@@ -341,15 +370,7 @@ class EventStoreRequiredContract:
         for execution_id in reversed(ids):
             await loom_events.append(execution_id, [app()], expected_sequence=0)
 
-        pages: list[tuple[str, ...]] = []
-        after: str | None = None
-        while True:
-            page = await loom_events.list_executions(after=after, limit=5)
-            if not page:
-                break
-            assert len(page) <= 5
-            pages.append(page)
-            after = page[-1]
+        pages = await list_pages(loom_events, limit=5)
         assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
         assert [i for p in pages for i in p] == ids
         assert await loom_events.list_executions(after="page-010", limit=2) == (
@@ -511,7 +532,90 @@ class EventStoreRequiredContract:
         with pytest.raises(InvalidOptionError):
             await loom_events.list_executions(limit=lim)
 
+    async def test_the_largest_64_bit_position_and_limit_are_accepted(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append("exec-ok", [app(), app()], expected_sequence=0)
+        assert await loom_events.read("exec-ok", limit=LARGEST) == written
+        assert await loom_events.read("exec-ok", to_sequence=LARGEST) == written
+        assert await loom_events.read("exec-ok", from_sequence=LARGEST) == ()
+        assert await loom_events.list_executions(limit=LARGEST) == ("exec-ok",)
+        with pytest.raises(SequenceConflictError):
+            await loom_events.append("exec-ok", [app()], expected_sequence=LARGEST)
+
+    @pytest.mark.parametrize("value", [2**63, 2**64 + 5], ids=["2**63", "2**64+5"])
+    async def test_subscribe_past_64_bits_is_refused(
+        self, loom_events: EventStore, value: int
+    ) -> None:
+        if "subscribe" not in loom_events.capabilities:
+            pytest.skip("the store does not offer subscribe")
+        # Refused when called, or at the latest on the first item.
+        with pytest.raises(InvalidSequenceError):
+            await _first_item(loom_events, "exec-ok", value)
+
+    @pytest.mark.parametrize("bits", [14_001, 14_300, 20_000], ids=lambda b: f"{b}-bits")
+    async def test_an_integer_too_large_for_any_store_is_refused_and_writes_nothing(
+        self, loom_events: EventStore, bits: int
+    ) -> None:
+        await loom_events.append("exec-ok", [app()], expected_sequence=0)
+        before = await snapshot(loom_events, "exec-new")
+        huge = 1 << (bits - 1)
+        payloads: list[JsonValue] = [huge, -huge, {"deep": [1, {"n": huge}]}]
+        for payload in payloads:
+            with pytest.raises(InvalidEventError, match="bits"):
+                await loom_events.append("exec-ok", [app(payload=payload)], expected_sequence=1)
+            with pytest.raises(InvalidEventError):
+                await loom_events.append(
+                    "exec-new", [NewEvent("k", None, {"n": huge})], expected_sequence=0
+                )
+        assert await snapshot(loom_events, "exec-new") == before
+
+    async def test_the_largest_accepted_integer_round_trips(
+        self, loom_events: EventStore
+    ) -> None:
+        big = (1 << 14_000) - 1
+        written = await loom_events.append(
+            "exec-ok", [app(payload={"n": big, "m": -big})], expected_sequence=0
+        )
+        assert (await loom_events.read("exec-ok")) == written
+        assert written[0].payload == {"n": big, "m": -big}
+
     # -- close --------------------------------------------------------------------------
+
+    async def test_every_method_after_close_raises_store_closed(
+        self, loom_storage_factory: StorageFactory
+    ) -> None:
+        storage = await loom_storage_factory()
+        events = storage.events
+        await events.append("exec-closed", [app()], expected_sequence=0)
+        offered = events.capabilities
+        await storage.close()
+        calls: list[tuple[str, Callable[[], Coroutine[Any, Any, object]]]] = [
+            ("append", lambda: events.append("exec-closed", [app()], expected_sequence=1)),
+            ("append fenced", lambda: events.append(
+                "exec-closed", [app()], expected_sequence=1, fence=0)),
+            ("read", lambda: events.read("exec-closed")),
+            ("head", lambda: events.head("exec-closed")),
+            ("list_executions", lambda: events.list_executions()),
+        ]
+        calls += [
+            (method, partial(_call_optional, events, method, "exec-closed", first_item=True))
+            for method in OPTIONAL_EVENT_STORE_METHODS
+            if method in offered
+        ]
+        escaped: list[str] = []
+        for name, call in calls:
+            try:
+                await guard(call())
+            except StoreClosedError:
+                continue
+            except Exception as exc:
+                escaped.append(f"{name}: {type(exc).__name__}: {exc}")
+            else:
+                escaped.append(f"{name}: returned normally")
+        assert not escaped, f"calls after close() that did not raise StoreClosedError: {escaped}"
+        await storage.close()  # still harmless
+
 
     async def test_close_is_idempotent(self, loom_storage_factory: StorageFactory) -> None:
         storage = await loom_storage_factory()

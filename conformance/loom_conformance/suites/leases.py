@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, get_args
 
 import pytest
@@ -17,6 +18,7 @@ from loom_core import (
     LeaseNotHeldError,
     LeaseScope,
     LeaseStore,
+    StoreClosedError,
 )
 
 __all__ = ["TestLeaseStoreContract"]
@@ -145,3 +147,18 @@ class TestLeaseStoreContract:
     async def test_close_is_idempotent(self, loom_leases: LeaseStore) -> None:
         await loom_leases.close()
         await loom_leases.close()
+
+    async def test_every_method_after_close_raises_store_closed(
+        self, loom_leases: LeaseStore
+    ) -> None:
+        await loom_leases.acquire("job-1", "node-a", ttl_seconds=LONG)
+        await loom_leases.close()
+        calls: tuple[Callable[[], Awaitable[object]], ...] = (
+            lambda: loom_leases.acquire("job-2", "node-a", ttl_seconds=LONG),
+            lambda: loom_leases.renew("job-1", "node-a", ttl_seconds=LONG),
+            lambda: loom_leases.release("job-1", "node-a"),
+            lambda: loom_leases.inspect("job-1"),
+        )
+        for call in calls:
+            with pytest.raises(StoreClosedError):
+                await call()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Final
 
@@ -12,6 +13,7 @@ from loom_core import (
     InvalidInputError,
     InvalidOptionError,
     Redrive,
+    StoreClosedError,
     TimerRecord,
     TimerStore,
 )
@@ -203,3 +205,19 @@ class TestTimerStoreContract:
     async def test_close_is_idempotent(self, loom_timers: TimerStore) -> None:
         await loom_timers.close()
         await loom_timers.close()
+
+    async def test_every_method_after_close_raises_store_closed(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(1)))
+        await loom_timers.close()
+        calls: tuple[Callable[[], Awaitable[object]], ...] = (
+            lambda: loom_timers.schedule(TimerRecord("exec-1", at(2))),
+            lambda: loom_timers.due(at(10)),
+            lambda: loom_timers.pending("exec-1"),
+            lambda: loom_timers.complete("exec-1", at(1)),
+            lambda: loom_timers.cancel("exec-1"),
+        )
+        for call in calls:
+            with pytest.raises(StoreClosedError):
+                await call()

@@ -22,12 +22,16 @@ from loom_core import (
     ConditionalFence,
     Event,
     ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
     FenceAcquired,
+    FenceNotIssuedError,
     FenceStale,
+    InvalidSequenceError,
     NewEvent,
     RefusesUnoffered,
     SequenceConflictError,
     StaleFenceError,
+    StoreClosedError,
     is_answering,
 )
 from loom_core.validation import (
@@ -48,6 +52,15 @@ class DictEventStore(RefusesUnoffered):
     def __init__(self) -> None:
         self._logs: dict[str, list[Event]] = {}
         self._tokens: dict[str, int] = {}
+        self._closed = False
+
+    async def _tick(self) -> None:
+        """Yield to the event loop once; refuse on either side of it once closed."""
+        if self._closed:
+            raise StoreClosedError("this DictEventStore")
+        await asyncio.sleep(0)
+        if self._closed:
+            raise StoreClosedError("this DictEventStore")
 
     # -- required -----------------------------------------------------------------------
 
@@ -64,7 +77,7 @@ class DictEventStore(RefusesUnoffered):
         )
         if fence is not None:
             fence = check_fence(fence)
-        await asyncio.sleep(0)
+        await self._tick()
         log = self._logs.get(execution_id, [])
         if expected_sequence != len(log):
             if expected_sequence == 0:
@@ -73,6 +86,8 @@ class DictEventStore(RefusesUnoffered):
         current = self._tokens.get(execution_id, 0)
         if fence is not None and fence < current:
             raise StaleFenceError(execution_id, fence, current)
+        if fence is not None and fence > current:
+            raise FenceNotIssuedError(execution_id, fence, current)
         now = datetime.now(UTC)
         written = []
         for offset, event in enumerate(checked):
@@ -97,7 +112,7 @@ class DictEventStore(RefusesUnoffered):
         execution_id, from_sequence, to_sequence, limit = check_read(
             execution_id, from_sequence, to_sequence, limit
         )
-        await asyncio.sleep(0)
+        await self._tick()
         log = self._logs.get(execution_id, [])
         end = len(log) if to_sequence is None else min(len(log), to_sequence + 1)
         if limit is not None:
@@ -107,7 +122,7 @@ class DictEventStore(RefusesUnoffered):
 
     async def head(self, execution_id: str) -> int:
         execution_id = check_execution_id(execution_id)
-        await asyncio.sleep(0)
+        await self._tick()
         return len(self._logs.get(execution_id, []))
 
     async def list_executions(
@@ -116,19 +131,19 @@ class DictEventStore(RefusesUnoffered):
         if after is not None:
             after = check_execution_id(after)
         limit = check_limit(limit)
-        await asyncio.sleep(0)
+        await self._tick()
         # Python compares str by code point: the order the contract asks for.
         ids = sorted(i for i in self._logs if after is None or i > after)
         return tuple(ids[:limit])
 
     async def close(self) -> None:
-        return None
+        self._closed = True
 
     # -- offered optional methods ---------------------------------------------------------
 
     async def acquire_fence(self, execution_id: str) -> int:
         execution_id = check_execution_id(execution_id)
-        await asyncio.sleep(0)
+        await self._tick()
         token = self._tokens.get(execution_id, 0) + 1
         self._tokens[execution_id] = token
         return token
@@ -141,9 +156,16 @@ class DictEventStore(RefusesUnoffered):
         execution_id = check_execution_id(execution_id)
         fence = check_fence(fence)
         park_seq = check_sequence(park_seq, "park_seq")
-        await asyncio.sleep(0)
+        await self._tick()
+        log = self._logs.get(execution_id)
+        if not log:
+            raise ExecutionNotFoundError(execution_id)
+        if park_seq >= len(log):
+            raise InvalidSequenceError(
+                f"park_seq {park_seq} is at or past the head of {execution_id!r} ({len(log)})"
+            )
         current = self._tokens.get(execution_id, 0)
-        tail = self._logs.get(execution_id, [])[park_seq + 1 :]
+        tail = log[park_seq + 1 :]
         if current != fence or any(is_answering(event) for event in tail):
             return FenceStale(current)
         self._tokens[execution_id] = current + 1
