@@ -250,8 +250,10 @@ async def test_tail_truncation_is_detected_with_the_exported_head() -> None:
 
 
 async def _store_holding(eid: str, rows: Chain) -> AuditEventStore:
-    """A fresh store whose log ``eid`` holds exactly ``rows`` (fence stamps included)."""
+    """A fresh store whose log ``eid`` holds exactly ``rows`` (fence stamps included, each
+    token acquired before the append that stamps it, as a store requires)."""
     raw = MemoryEventStore()
+    token = 0
 
     def stamp(event: Event) -> JsonValue:
         return event.metadata.get("fence")
@@ -259,10 +261,19 @@ async def _store_holding(eid: str, rows: Chain) -> AuditEventStore:
     for fence, group in groupby(rows, key=stamp):
         events = [NewEvent(e.kind, e.payload, {k: v for k, v in e.metadata.items()
                                                 if k != "fence"}) for e in group]
-        if fence is not None and (not isinstance(fence, int) or isinstance(fence, bool)):
-            raise InvalidInputError("a fence stamp no store would write")
+        if fence is not None:
+            if not isinstance(fence, int) or isinstance(fence, bool) or not (
+                token <= fence <= _MAX_STAMP
+            ):
+                raise InvalidInputError("a fence stamp no store would write here")
+            while token < fence:
+                token = await raw.acquire_fence(eid)
         await raw.append(eid, events, expected_sequence=await raw.head(eid), fence=fence)
     return AuditEventStore(raw)
+
+
+_MAX_STAMP = 64
+"""The chains are written with a few tokens; a flip to a larger stamp is not rebuilt."""
 
 
 async def test_a_sample_of_each_mutation_is_detected_through_a_real_store() -> None:
