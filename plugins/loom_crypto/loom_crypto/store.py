@@ -339,14 +339,14 @@ class CryptoEventStore(EventStoreDecorator):
             sealed = parse_sealed(payload, execution_id=event.execution_id,
                                   sequence=event.sequence, legacy=True)
             if sealed.version != 1:
-                raise IncarnationMismatchError(event.execution_id, event.sequence, None, None)
+                raise _unstamped(event)
             key = await self._subject_key(sealed, event, keys)
             opened = open_payload(key, sealed, execution_id=event.execution_id,
                                   sequence=event.sequence, kind=event.kind,
                                   incarnation=LEGACY_INCARNATION)
             return dataclasses.replace(event, payload=opened)
         if isinstance(payload, dict) and is_clear(payload):
-            raise IncarnationMismatchError(event.execution_id, event.sequence, None, None)
+            raise _unstamped(event)
         return event
 
     async def _open_all(
@@ -507,6 +507,14 @@ def _incarnation_of(event: Event) -> str | None:
         return value
     raise PayloadAuthenticationError(
         event.execution_id, event.sequence, None, "its incarnation stamp is not a string"
+    )
+
+
+def _unstamped(event: Event) -> PayloadAuthenticationError:
+    return PayloadAuthenticationError(
+        event.execution_id, event.sequence, None,
+        "a format-2 payload whose event carries no incarnation stamp (its metadata was "
+        "altered)",
     )
 
 

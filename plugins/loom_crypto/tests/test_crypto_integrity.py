@@ -280,3 +280,20 @@ async def test_the_reserved_names_are_refused_before_anything_is_written(
     with pytest.raises(InvalidOptionError, match="reserved subject"):
         await rogue.append("alice/r", [NewEvent("X", 1)], expected_sequence=0)
     assert await events.head("alice/r") == 0
+
+
+async def test_a_subscription_refuses_events_of_a_recreated_log(storage: Storage) -> None:
+    events = storage.events
+    await events.append("alice/s", [NewEvent("X", 0)], expected_sequence=0)
+    stream = events.subscribe("alice/s", from_sequence=0)
+    try:
+        assert (await anext(stream)).payload == 0
+        await events.append("alice/s", [NewEvent("X", 1)], expected_sequence=1)
+        assert (await anext(stream)).payload == 1
+        await events.delete_execution("alice/s")
+        await events.append("alice/s", [NewEvent("X", "a"), NewEvent("X", "b"),
+                                        NewEvent("X", "c")], expected_sequence=0)
+        with pytest.raises(IncarnationMismatchError):
+            await anext(stream)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]

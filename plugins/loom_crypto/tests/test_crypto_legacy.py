@@ -112,3 +112,17 @@ async def test_a_0_1_log_can_be_shredded_in_either_mode(written_by_0_1: Path) ->
             ("PAYLOAD_SHREDDED", {"kid": result.key_id}),
         ]
         assert (await shred_subject(storage, "alice")).destroyed_now is False
+
+
+async def test_a_format_2_event_of_a_0_1_log_stripped_of_its_stamp_is_refused(
+    written_by_0_1: Path,
+) -> None:
+    async with await _open(written_by_0_1, legacy_reads=True) as storage:
+        await storage.events.append("public/1", [NewEvent("X", "new")], expected_sequence=1)
+        raw = find_crypto_store(storage).inner
+        rows = await raw.read("public/1")
+        await raw.delete_execution("public/1")
+        await raw.append("public/1", [NewEvent(r.kind, r.payload) for r in rows],
+                         expected_sequence=0)
+        with pytest.raises(PayloadAuthenticationError, match="no incarnation stamp"):
+            await storage.events.read("public/1")
