@@ -476,6 +476,23 @@ def test_a_name_no_setup_gives_is_a_name_error(context: Context, tmp_path: Path)
         run_block(block, context)
 
 
+def test_the_crypto_keys_setup_opens_crypto_above_audit(context: Context, tmp_path: Path) -> None:
+    # Ready for docs/crypto.md and docs/audit.md when they leave NOT_YET.
+    text = (
+        "<!-- snippet: setup=crypto-keys -->\n```python\n"
+        "from loom_core import NewEvent, open_storage\n"
+        "crypto = ('crypto', {'key_store': keys, 'subject_of': subject_of})\n"
+        "async with open_storage('sqlite:///loom.db', decorators=['audit', crypto]) as s:\n"
+        "    await s.events.append('o', [NewEvent('STEP_COMPLETED', {'card': 1})],\n"
+        "                          expected_sequence=0)\n"
+        "    assert (await s.events.read('o'))[0].payload == {'card': 1}\n"
+        "```\n"
+    )
+    [block] = _synthetic(text, tmp_path)
+    run_block(block, context)
+    assert (context.directory / "keys").is_dir()
+
+
 def test_unknown_marker_keys_and_setups_are_refused() -> None:
     with pytest.raises(ValueError, match="use one of"):
         blocks_of("t.md", "<!-- snippet: skip=yes -->\n```python\npass\n```\n")
