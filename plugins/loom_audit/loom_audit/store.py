@@ -40,7 +40,7 @@ from typing import Final
 from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refuse_chain_field
 from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
-from loom_audit.verification import ChainWalk, Verification
+from loom_audit.verification import ChainBroken, ChainWalk, Verification
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import (
     ExecutionNotFoundError,
@@ -246,9 +246,11 @@ class AuditEventStore(EventStoreDecorator):
         (:class:`~loom_audit.ChainBroken`) or :class:`~loom_audit.ChainIntact`.
 
         With ``head``, also detect a removed tail and a rewrite up to the head (see
-        :mod:`loom_audit.verification` for what is and is not detected). Events appended
-        after the walk started are not part of it. A log that was never written raises
-        ExecutionNotFoundError unless a head says it existed.
+        :mod:`loom_audit.verification` for what is and is not detected). The store's own
+        head is checked against the chain: the last link must be at ``head() - 1``, and a
+        row that ``read`` returns at or past the head is reported (``beyond_head``). Events
+        appended after the walk started are not part of it. A log that was never written
+        (no head, no row) raises ExecutionNotFoundError unless a head says it existed.
         """
         execution_id = check_execution_id(execution_id)
         walk = ChainWalk(
@@ -256,8 +258,12 @@ class AuditEventStore(EventStoreDecorator):
             allow_truncated_prefix=allow_truncated_prefix,
         )
         store_head = await self.inner.head(execution_id)
-        if store_head == 0 and head is None:
-            raise ExecutionNotFoundError(execution_id)
+        if store_head == 0:
+            beyond = await self._beyond_head(execution_id, 0)
+            if beyond is not None:
+                return beyond
+            if head is None:
+                raise ExecutionNotFoundError(execution_id)
         next_sequence = 0
         while next_sequence < store_head:
             try:
@@ -278,7 +284,28 @@ class AuditEventStore(EventStoreDecorator):
             if len(page) < _PAGE:
                 break
             next_sequence = page[-1].sequence + 1
-        return walk.finish(store_head)
+        verdict = walk.finish(store_head)
+        if verdict.ok:
+            beyond = await self._beyond_head(execution_id, store_head)
+            if beyond is not None:
+                return beyond
+        return verdict
+
+    async def _beyond_head(self, execution_id: str, store_head: int) -> ChainBroken | None:
+        """A row ``read`` returns at or past ``store_head`` that the head still does not
+        cover once re-read (one appended meanwhile moved the head past it: not a break)."""
+        past = await self.inner.read(execution_id, from_sequence=store_head, limit=1)
+        if not past:
+            return None
+        now = await self.inner.head(execution_id)
+        if past[0].sequence < now:
+            return None
+        return ChainBroken(
+            execution_id, past[0].sequence, "beyond_head",
+            f"read returns an event at sequence {past[0].sequence}, but the store's head is "
+            f"{now}: a row outside the log (inserted without moving the head, or the head "
+            "moved back), which the chain does not cover",
+        )
 
     decisions = Decisions(
         acquire_fence=FORWARD,

@@ -6,7 +6,17 @@ events swapped; an event removed from the middle (a gap, or everything after it 
 down); an event inserted; an event copied in from another execution or another position;
 a log whose head counter says it had more events than it now holds (when the store keeps
 that counter apart from the rows, as the memory store does); a log whose first events are
-gone (reported unless the caller says the log was compacted).
+gone (reported unless the caller says the log was compacted); and a row the store's head
+does not cover (at or past ``head()``, e.g. inserted without moving the head), which a
+store that returns it from ``read`` would hand out unverified. The last link of an intact
+chain is exactly at ``head() - 1``.
+
+What decides behaviour is covered: the hash covers every event's kind and metadata, and so
+every input of the ADR 0118 classification (the kind, ``metadata["kernel"]``) and the
+fence stamp. The walk reads nothing a store derives from them: a backend's own copy of the
+classification (SQLite's ``answering`` column) is not part of the log, so a flipped
+derived column is not a broken chain; it is the store's to derive from the covered fields
+when it decides, not to trust as stored.
 
 What it does **not** detect without a head: events removed from the end of the log when the
 store's head counter went with them; the whole log deleted; and any rewrite by someone who
@@ -36,6 +46,7 @@ BreakReason: TypeAlias = Literal[
     "link",              # prev is not the predecessor's hash
     "content",           # the event is not what its hash says
     "tail",              # the store's head counter is past the last event
+    "beyond_head",       # an event at or past the store's head counter: not in the log
     "head_signature",    # the exported head's signature does not verify
     "head_not_covered",  # the head's event was truncated away: it cannot be checked
     "head_truncated",    # the log ends before the exported head: its tail was removed
@@ -175,6 +186,13 @@ class ChainWalk:
                 0, "truncated_prefix",
                 f"the store's head is {store_head} but no event is left: all were compacted "
                 "or deleted; pass allow_truncated_prefix=True for a log you compacted",
+            )
+        if store_head is not None and self._next is not None and self._next > store_head:
+            return self._break(
+                store_head, "beyond_head",
+                f"the store's head is {store_head} but the log holds an event at sequence "
+                f"{last}: a row the head does not cover (inserted without moving the head, "
+                "or the head moved back)",
             )
         if store_head is not None and self._next is not None and store_head != self._next:
             return self._break(

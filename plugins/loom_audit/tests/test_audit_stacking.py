@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from loom_audit import AuditEventStore, ChainBroken, find_audit_store, link_hash, read_link
 from loom_crypto import (
+    INCARNATION_FIELD,
     SEALED_MARKER,
     CryptoEventStore,
     MemoryKeyStore,
@@ -189,8 +190,39 @@ async def test_the_other_order_lets_a_guess_be_confirmed_after_erasure(
     link = read_link(first.metadata)
     assert link is not None
 
+    # The chain saw the metadata as crypto shows it: without its incarnation stamp.
+    seen = {k: v for k, v in first.metadata.items() if k != INCARNATION_FIELD}
+
     def confirms(guess: JsonValue) -> bool:
-        return link_hash("alice/1", 0, first.kind, guess, first.metadata, link.prev) == link.hash
+        return link_hash("alice/1", 0, first.kind, guess, seen, link.prev) == link.hash
 
     assert confirms({"card": "4111"})
     assert not confirms({"card": "4242"})
+
+
+async def test_clear_payloads_are_authenticated_on_every_backend(backend: Backend) -> None:
+    # subject_of None: the payload is stored in the clear, as JSON text under a MAC, so a
+    # store's JSON type (PostgreSQL jsonb turns 1.0 into 1) cannot break the MAC.
+    crypto = ("crypto", {"key_store": MemoryKeyStore(), "subject_of": lambda e, ev: None})
+    payload: JsonValue = {"amount": 1.0, "big": 1e20, "text": "é\u2028", "n": [1, 2.5]}
+    async with open_storage(
+        backend.url, decorators=["audit", crypto], options=backend.options
+    ) as storage:
+        await storage.events.append("open/1", [NewEvent("X", payload)], expected_sequence=0)
+        await storage.events.append("open/1", [NewEvent("Y", None)], expected_sequence=1)
+        (first, second) = await storage.events.read("open/1")
+        assert (first.payload, second.payload) == (payload, None)
+        assert isinstance(first.payload, dict)
+        assert isinstance(first.payload["amount"], float)
+        assert (await find_audit_store(storage).verify("open/1")).ok
+        below = _below(storage)
+        rows = await below.read("open/1")
+        await below.delete_execution("open/1")
+        await below.append(
+            "open/1",
+            [NewEvent(r.kind, {"amount": 1000} if r.sequence == 0 else r.payload,
+                      {k: v for k, v in r.metadata.items() if k != "fence"}) for r in rows],
+            expected_sequence=0,
+        )
+        with pytest.raises(PayloadAuthenticationError):
+            await storage.events.read("open/1")

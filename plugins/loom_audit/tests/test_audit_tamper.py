@@ -17,6 +17,11 @@ so nothing rests on the memory store's separate head counter). Tail truncation i
 apart: not detected by the walk alone when the head counter goes with the rows, detected
 with an exported head. A sample of every mutation kind also goes through a real store and
 ``AuditEventStore.verify``.
+
+Then, on a real SQLite file (issue 11, item 7): a row forged at or past the head without
+moving it, the head moved back, a log of rows with no head at all, and the derived
+``answering`` column flipped. ``verify`` checks the store's head against the chain, and
+never calls intact a log of which ``read`` returns more than it verified.
 """
 
 from __future__ import annotations
@@ -24,14 +29,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sqlite3
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from itertools import groupby
+from pathlib import Path
 
-from loom_audit import AuditEventStore, ChainHead, ChainWalk, Verification, link_hash, read_link
+import pytest
+from loom_audit import (
+    AuditEventStore,
+    ChainBroken,
+    ChainHead,
+    ChainWalk,
+    Verification,
+    find_audit_store,
+    link_hash,
+    read_link,
+)
 
-from loom_core import Event, InvalidInputError, JsonValue, NewEvent
+from loom_core import (
+    Event,
+    EventKind,
+    FenceStale,
+    InvalidInputError,
+    JsonValue,
+    NewEvent,
+    Storage,
+    open_storage,
+)
 from loom_core.memory import MemoryEventStore
+from loom_core.validation import canonical_json
 
 CHAINS = 50
 LENGTH = 100
@@ -222,8 +250,10 @@ async def test_tail_truncation_is_detected_with_the_exported_head() -> None:
 
 
 async def _store_holding(eid: str, rows: Chain) -> AuditEventStore:
-    """A fresh store whose log ``eid`` holds exactly ``rows`` (fence stamps included)."""
+    """A fresh store whose log ``eid`` holds exactly ``rows`` (fence stamps included, each
+    token acquired before the append that stamps it, as a store requires)."""
     raw = MemoryEventStore()
+    token = 0
 
     def stamp(event: Event) -> JsonValue:
         return event.metadata.get("fence")
@@ -231,10 +261,19 @@ async def _store_holding(eid: str, rows: Chain) -> AuditEventStore:
     for fence, group in groupby(rows, key=stamp):
         events = [NewEvent(e.kind, e.payload, {k: v for k, v in e.metadata.items()
                                                 if k != "fence"}) for e in group]
-        if fence is not None and (not isinstance(fence, int) or isinstance(fence, bool)):
-            raise InvalidInputError("a fence stamp no store would write")
+        if fence is not None:
+            if not isinstance(fence, int) or isinstance(fence, bool) or not (
+                token <= fence <= _MAX_STAMP
+            ):
+                raise InvalidInputError("a fence stamp no store would write here")
+            while token < fence:
+                token = await raw.acquire_fence(eid)
         await raw.append(eid, events, expected_sequence=await raw.head(eid), fence=fence)
     return AuditEventStore(raw)
+
+
+_MAX_STAMP = 64
+"""The chains are written with a few tokens; a flip to a larger stamp is not rebuilt."""
 
 
 async def test_a_sample_of_each_mutation_is_detected_through_a_real_store() -> None:
@@ -259,3 +298,188 @@ async def test_a_sample_of_each_mutation_is_detected_through_a_real_store() -> N
     assert (await untouched.verify("chain-00", head=heads["chain-00"])).ok
     print(f"\nthrough a store: {detected}/{tried} detected")
     assert detected == tried == CHAINS * len(MUTATIONS)
+
+
+# -- the head and the derived columns, on a real SQLite file --------------------------------
+
+
+def test_a_walk_fed_an_event_past_the_store_head_reports_it() -> None:
+    chain = [
+        Event("e", i, "X", {"n": i}, {"chain": {"v": 1, "prev": prev, "hash": own}}, _EPOCH)
+        for i, (prev, own) in enumerate(_links("e", 3))
+    ]
+    result = _walk("e", chain, store_head=2)
+    assert isinstance(result, ChainBroken)
+    assert (result.sequence, result.reason) == (2, "beyond_head")
+    assert _walk("e", chain, store_head=3).ok
+
+
+_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _links(execution_id: str, count: int) -> list[tuple[str, str]]:
+    links, prev = [], "0" * 64
+    for i in range(count):
+        own = link_hash(execution_id, i, "X", {"n": i}, {}, prev)
+        links.append((prev, own))
+        prev = own
+    return links
+
+
+@pytest.fixture
+async def on_sqlite(tmp_path: Path) -> AsyncIterator[Storage]:
+    async with open_storage(f"sqlite:///{tmp_path / 'loom.db'}", decorators=["audit"]) as opened:
+        yield opened
+
+
+@pytest.fixture
+def sql(tmp_path: Path, on_sqlite: Storage) -> Iterator[sqlite3.Connection]:
+    """The attacker's connection to the same file, autocommitting."""
+    connection = sqlite3.connect(tmp_path / "loom.db", isolation_level=None)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def _forge_after(sql: sqlite3.Connection, execution_id: str, sequence: int,
+                 predecessor: Event | None) -> None:
+    """Insert a row at ``sequence`` whose link is correctly computed over ``predecessor``
+    (the hash is public; ``None``: no predecessor to link to), leaving
+    ``loom_executions.head`` alone."""
+    link = None if predecessor is None else read_link(predecessor.metadata)
+    prev_hash = None if link is None else link.hash
+    payload: JsonValue = {"v": "FORGED"}
+    own = link_hash(execution_id, sequence, "STEP_COMPLETED", payload, {}, prev_hash)
+    metadata: JsonValue = {"chain": {"v": 1, "prev": prev_hash, "hash": own}}
+    sql.execute(
+        "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, "
+        "recorded_at, answering) VALUES (?, ?, 'STEP_COMPLETED', ?, ?, 0, 0)",
+        (execution_id, sequence, canonical_json(payload), canonical_json(metadata)),
+    )
+
+
+async def _verify_agrees_with_read(storage: Storage, execution_id: str) -> Verification:
+    """verify's verdict, checked against what read hands out: an intact verdict covers
+    every event read returns, exactly up to head() - 1."""
+    result = await find_audit_store(storage).verify(execution_id)
+    shown = await storage.events.read(execution_id)
+    if result.ok:
+        head = await storage.events.head(execution_id)
+        assert len(shown) == result.events, "read returns events verify never checked"
+        assert [e.sequence for e in shown] == list(range(head - len(shown), head))
+    return result
+
+
+@pytest.mark.parametrize("past", [0, 5], ids=["at-the-head", "past-the-head"])
+async def test_a_row_forged_past_the_head_is_never_passed_as_intact(
+    on_sqlite: Storage, sql: sqlite3.Connection, past: int
+) -> None:
+    written = await on_sqlite.events.append(
+        "e", [NewEvent("X", {"n": i}) for i in range(3)], expected_sequence=0
+    )
+    chained = await find_audit_store(on_sqlite).read_chained("e")
+    _forge_after(sql, "e", 3 + past, chained[-1] if past == 0 else None)
+    assert sql.execute("SELECT count(*) FROM loom_events WHERE execution_id = 'e'"
+                       ).fetchone() == (4,)
+    assert sql.execute("SELECT head FROM loom_executions WHERE execution_id = 'e'"
+                       ).fetchone() == (3,)
+
+    result = await _verify_agrees_with_read(on_sqlite, "e")
+    if not result.ok:  # the store's read returns the row: verify must report it
+        assert isinstance(result, ChainBroken)
+        assert (result.sequence, result.reason) == (3 + past, "beyond_head")
+    assert await on_sqlite.events.read("e", to_sequence=2) == written
+
+
+async def test_a_head_moved_back_is_never_passed_as_intact(
+    on_sqlite: Storage, sql: sqlite3.Connection
+) -> None:
+    await on_sqlite.events.append("e", [NewEvent("X", {"n": i}) for i in range(3)],
+                                  expected_sequence=0)
+    sql.execute("UPDATE loom_executions SET head = 2 WHERE execution_id = 'e'")
+    result = await _verify_agrees_with_read(on_sqlite, "e")
+    if not result.ok:
+        assert isinstance(result, ChainBroken)
+        assert (result.sequence, result.reason) == (2, "beyond_head")
+    # Moved forward instead, the chain ends before the head: its tail is missing.
+    sql.execute("UPDATE loom_executions SET head = 4 WHERE execution_id = 'e'")
+    moved_on = await find_audit_store(on_sqlite).verify("e")
+    assert isinstance(moved_on, ChainBroken)
+    assert (moved_on.sequence, moved_on.reason) == (3, "tail")
+
+
+async def test_rows_with_no_head_are_never_passed_as_intact(
+    on_sqlite: Storage, sql: sqlite3.Connection
+) -> None:
+    await on_sqlite.events.append("e", [NewEvent("X", {"n": i}) for i in range(2)],
+                                  expected_sequence=0)
+    sql.execute("DELETE FROM loom_executions WHERE execution_id = 'e'")
+    assert await on_sqlite.events.head("e") == 0
+    shown = await on_sqlite.events.read("e")
+    if shown:  # the store's read returns rows its head does not cover
+        result = await find_audit_store(on_sqlite).verify("e")
+        assert isinstance(result, ChainBroken)
+        assert (result.sequence, result.reason) == (0, "beyond_head")
+
+
+async def _park_and_answer(storage: Storage) -> int:
+    events = storage.events
+    token = await events.acquire_fence("p")
+    await events.append(
+        "p", [NewEvent(EventKind.EXECUTION_STARTED, {}),
+              NewEvent(EventKind.EXECUTION_SUSPENDED, {"wait": "x"})],
+        expected_sequence=0, fence=token,
+    )
+    await events.append("p", [NewEvent(EventKind.EXECUTION_RESUMED, {"by": "x"})],
+                        expected_sequence=2, fence=token)
+    return token
+
+
+async def test_every_input_of_the_answering_classification_is_chained(
+    on_sqlite: Storage, sql: sqlite3.Connection
+) -> None:
+    await _park_and_answer(on_sqlite)
+    audit = find_audit_store(on_sqlite)
+    edits = [
+        ("UPDATE loom_events SET kind = 'STEP_COMPLETED', answering = 0 "
+         "WHERE execution_id = 'p' AND sequence = 2"),
+        ("UPDATE loom_events SET kind = 'app.done', "
+         "metadata = json_set(metadata, '$.kernel', json('true')) "
+         "WHERE execution_id = 'p' AND sequence = 2"),
+        ("UPDATE loom_events SET metadata = json_set(metadata, '$.fence', 0) "
+         "WHERE execution_id = 'p' AND sequence = 2"),
+    ]
+    original = sql.execute(
+        "SELECT kind, metadata, answering FROM loom_events "
+        "WHERE execution_id = 'p' AND sequence = 2"
+    ).fetchone()
+    for edit in edits:
+        sql.execute(edit)
+        broken = await audit.verify("p")
+        assert isinstance(broken, ChainBroken), edit
+        assert (broken.sequence, broken.reason) == (2, "content")
+        sql.execute(
+            "UPDATE loom_events SET kind = ?, metadata = ?, answering = ? "
+            "WHERE execution_id = 'p' AND sequence = 2", original,
+        )
+    assert (await audit.verify("p")).ok
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the SQLite helper's change (issue 11 item 7): acquire_fence_if derives "
+    "answering-ness from kind and metadata at query time instead of trusting the stored "
+    "column; remove this marker when that branch is merged",
+)
+async def test_a_flipped_answering_column_neither_breaks_the_chain_nor_wins_the_park(
+    on_sqlite: Storage, sql: sqlite3.Connection
+) -> None:
+    token = await _park_and_answer(on_sqlite)
+    sql.execute("UPDATE loom_events SET answering = 0 WHERE execution_id = 'p' AND sequence = 2")
+    # The log (kind, payload, metadata) is untouched, so the chain holds ...
+    assert (await find_audit_store(on_sqlite).verify("p")).ok
+    # ... and the park was answered all the same: the conditional acquire must lose.
+    assert isinstance(
+        await on_sqlite.events.acquire_fence_if("p", fence=token, park_seq=1), FenceStale
+    )

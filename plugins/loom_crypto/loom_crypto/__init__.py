@@ -17,24 +17,36 @@ Open it over any store, the audit chain below it (``decorators`` are innermost f
 """
 
 from loom_crypto.errors import (
+    IncarnationMismatchError,
     KeyDestroyedError,
     KeyNotFoundError,
     KeyStoreError,
     PayloadAuthenticationError,
     ShredIncompleteError,
+    UnauthenticatedPayloadError,
 )
 from loom_crypto.file_keystore import FileKeyStore
 from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore
 from loom_crypto.memory_keystore import MemoryKeyStore
 from loom_crypto.plugin import CryptoDecorator
-from loom_crypto.sealing import FORMAT_VERSION, MAX_SEALS_PER_KEY, SEALED_MARKER
+from loom_crypto.sealing import (
+    CLEAR_MARKER,
+    FORMAT_VERSION,
+    INCARNATION_FIELD,
+    INTEGRITY_SUBJECT,
+    MAX_SEALS_PER_KEY,
+    SEALED_MARKER,
+)
 from loom_crypto.shredding import ShredResult, find_crypto_store, shred_subject
 from loom_crypto.store import CryptoEventStore, SubjectOf, subject_is_execution
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CLEAR_MARKER",
     "FORMAT_VERSION",
+    "INCARNATION_FIELD",
+    "INTEGRITY_SUBJECT",
     "KEY_BYTES",
     "MAX_SEALS_PER_KEY",
     "SEALED_MARKER",
@@ -42,6 +54,7 @@ __all__ = [
     "CryptoEventStore",
     "DataKey",
     "FileKeyStore",
+    "IncarnationMismatchError",
     "KeyDestroyedError",
     "KeyNotFoundError",
     "KeyStore",
@@ -51,6 +64,7 @@ __all__ = [
     "ShredIncompleteError",
     "ShredResult",
     "SubjectOf",
+    "UnauthenticatedPayloadError",
     "__version__",
     "find_crypto_store",
     "shred_subject",

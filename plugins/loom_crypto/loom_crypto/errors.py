@@ -8,8 +8,13 @@
     ├── KeyStoreError                      a key store refused or failed
     │   ├── KeyNotFoundError (LookupError) .key_id unknown to this key store
     │   └── KeyDestroyedError              .key_id was destroyed (shredded); proof on file
-    ├── PayloadAuthenticationError         .execution_id, .sequence: a sealed payload that
-    │                                      does not open for the event it sits in
+    ├── PayloadAuthenticationError         .execution_id, .sequence: a stored payload that
+    │   │                                  does not authenticate for the event it sits in
+    │   ├── IncarnationMismatchError       .expected, .found: the event belongs to another
+    │   │                                  incarnation of the id (copied from a deleted log)
+    │   └── UnauthenticatedPayloadError    the payload carries no authentication at all (a
+    │                                      row replaced in plaintext, or format 1 written by
+    │                                      loom-crypto 0.1 while legacy_reads is off)
     └── ShredIncompleteError               .key_id: the key store cannot prove destruction,
                                            so no PAYLOAD_SHREDDED tombstone was written
 
@@ -25,8 +30,10 @@ __all__ = [
     "KeyDestroyedError",
     "KeyNotFoundError",
     "KeyStoreError",
+    "IncarnationMismatchError",
     "PayloadAuthenticationError",
     "ShredIncompleteError",
+    "UnauthenticatedPayloadError",
 ]
 
 
@@ -61,10 +68,11 @@ class KeyDestroyedError(KeyStoreError):
 
 
 class PayloadAuthenticationError(LoomError):
-    """A sealed payload that does not authenticate for the event holding it.
+    """A stored payload that does not authenticate for the event holding it.
 
-    It was moved from another event (another execution, sequence or kind), altered, or
-    sealed under a different key than its envelope names. Nothing is returned for it.
+    It was moved from another event (another execution, sequence, kind or incarnation),
+    altered, or authenticated under a different key than its envelope names. The decorator
+    hands back only payloads it wrote, so nothing is returned: the whole call raises.
     """
 
     def __init__(self, execution_id: str, sequence: int, key_id: str | None, reason: str) -> None:
@@ -73,9 +81,33 @@ class PayloadAuthenticationError(LoomError):
         self.key_id = key_id
         self.reason = reason
         super().__init__(
-            f"sealed payload of event {sequence} of {execution_id!r} does not authenticate: "
+            f"the payload of event {sequence} of {execution_id!r} does not authenticate: "
             f"{reason}; it was moved from another event or altered"
         )
+
+
+class IncarnationMismatchError(PayloadAuthenticationError):
+    """The event was written for another incarnation of its execution id than the log's
+    first stored event: a row copied back from a log that was deleted and re-created (or
+    rows altered). ``expected`` is the log's incarnation, ``found`` the event's (``None``:
+    it carries none)."""
+
+    def __init__(
+        self, execution_id: str, sequence: int, expected: str | None, found: str | None
+    ) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            execution_id, sequence, None,
+            f"it belongs to incarnation {found!r} of the id, but the log's first stored event "
+            f"belongs to {expected!r} (a row copied from a deleted and re-created log)",
+        )
+
+
+class UnauthenticatedPayloadError(PayloadAuthenticationError):
+    """The payload carries no authentication the decorator accepts: plaintext with no
+    MAC (a row replaced with SQL), or an event or log in format 1, written by loom-crypto
+    0.1, while the decorator was opened without ``legacy_reads=True``."""
 
 
 class ShredIncompleteError(LoomError):

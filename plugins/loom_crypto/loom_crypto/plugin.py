@@ -7,6 +7,9 @@ Options for ``open_storage(url, decorators=[("crypto", {...})])``:
 - ``subject_of`` (required): ``subject_of(execution_id, event) -> str | None``, whose key
   seals the event (``None``: plaintext). ``loom_crypto.subject_is_execution`` makes every
   execution its own subject.
+- ``legacy_reads`` (default ``False``): also read logs written by loom-crypto 0.1, with
+  0.1's guarantees only (docs/crypto.md, "Logs written by 0.1"). Turn it on for a
+  migration window, never for good.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from loom_crypto.store import CryptoEventStore, subject_is_execution
 
 __all__ = ["CryptoDecorator", "loom_register_decorators"]
 
-_OPTIONS = frozenset({"key_store", "subject_of"})
+_OPTIONS = frozenset({"key_store", "subject_of", "legacy_reads"})
 
 
 @final
@@ -52,9 +55,13 @@ class CryptoDecorator:
                 "crypto needs key_store= (a loom_crypto.KeyStore kept outside the event "
                 "database) and subject_of= (execution_id, event) -> subject | None"
             )
+        legacy_reads = options.get("legacy_reads", False)
         # The store checks the types; mypy cannot see that they were.
         events = CryptoEventStore(
-            storage.events, key_store=key_store, subject_of=subject_of  # type: ignore[arg-type]
+            storage.events,
+            key_store=key_store,  # type: ignore[arg-type]
+            subject_of=subject_of,  # type: ignore[arg-type]
+            legacy_reads=legacy_reads,  # type: ignore[arg-type]
         )
         return Storage(
             events, storage.timers, storage.leases, url=storage.url, on_close=storage.close

@@ -16,9 +16,10 @@ retry that finds it live runs the whole protocol. A tombstone is never written o
 but that proof.
 
 The markers are appended unfenced (like every audit append, ADR 0118) at the log's head,
-re-reading the head on a conflict, through the store *below* the crypto decorator: they
-carry only the opaque key id, in plaintext. Stacked over the audit chain (the documented
-order) they are chained like any other event.
+re-reading the head on a conflict, without asking ``subject_of``: they carry only the opaque
+key id, in the clear, authenticated under the integrity key and the log's incarnation like
+every clear payload (on a log written by loom-crypto 0.1, bare, as 0.1 wrote them).
+Stacked over the audit chain (the documented order) they are chained like any other event.
 
 Finding the subject's logs reads every log (or only ``executions``, when the application
 keeps its own index): the cost is one full scan of the store, twice.
@@ -26,6 +27,7 @@ keeps its own index): the cost is one full scan of the store, twice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -38,7 +40,7 @@ from loom_core.spi import EventStore
 from loom_core.storage import Storage
 from loom_core.validation import check_execution_id, check_key
 from loom_crypto.errors import ShredIncompleteError
-from loom_crypto.sealing import is_sealed
+from loom_crypto.sealing import INTEGRITY_SUBJECT, is_clear, is_sealed
 from loom_crypto.store import CryptoEventStore
 
 __all__ = ["ShredResult", "find_crypto_store", "shred_subject"]
@@ -70,6 +72,14 @@ class _LogState:
 
     def observe(self, event: Event, key_id: str) -> None:
         payload = event.payload
+        if isinstance(payload, dict) and is_clear(payload):
+            # A marker is a clear payload; this scan only finds logs, a read of them
+            # authenticates it.
+            text = payload.get("json")
+            try:
+                payload = json.loads(text) if isinstance(text, str) else None
+            except ValueError:
+                return
         if not isinstance(payload, dict) or payload.get("kid") != key_id:
             return
         if is_sealed(payload):
@@ -110,6 +120,11 @@ async def shred_subject(
     """
     crypto = find_crypto_store(target)
     subject = check_key(subject, "subject")
+    if subject == INTEGRITY_SUBJECT:
+        raise InvalidOptionError(
+            f"{INTEGRITY_SUBJECT!r} is the reserved subject whose key authenticates every "
+            "clear payload; it holds no personal data and is never shredded"
+        )
     scope: tuple[str, ...] | None = None
     if executions is not None:
         if isinstance(executions, str):
@@ -124,7 +139,7 @@ async def shred_subject(
     if not await keys.was_destroyed(key_id):
         for execution_id, state in (await _scan(raw, key_id, scope)).items():
             if state.sealed and not (state.pending or state.shredded):
-                await _mark(raw, execution_id, EventKind.ERASURE_PENDING, key_id)
+                await _mark(crypto, execution_id, EventKind.ERASURE_PENDING, key_id)
         destroyed_now = await keys.destroy(key_id)
         if not await keys.was_destroyed(key_id):
             raise ShredIncompleteError(key_id)
@@ -132,7 +147,7 @@ async def shred_subject(
     logs = await _scan(raw, key_id, scope)
     for execution_id, state in logs.items():
         if not state.shredded:
-            await _mark(raw, execution_id, EventKind.PAYLOAD_SHREDDED, key_id)
+            await _mark(crypto, execution_id, EventKind.PAYLOAD_SHREDDED, key_id)
     return ShredResult(key_id, tuple(sorted(logs)), destroyed_now)
 
 
@@ -170,16 +185,19 @@ async def _executions(store: EventStore, scope: tuple[str, ...] | None) -> Async
         after = page[-1]
 
 
-async def _mark(store: EventStore, execution_id: str, kind: EventKind, key_id: str) -> None:
-    """Append one marker at the head, unfenced; a concurrent append only moves the head."""
+async def _mark(
+    crypto: CryptoEventStore, execution_id: str, kind: EventKind, key_id: str
+) -> None:
+    """Append one marker at the head, unfenced, authenticated in the clear; a concurrent
+    append only moves the head."""
     marker = NewEvent(kind.value, {"kid": key_id})
     for _ in range(_APPEND_ATTEMPTS):
-        head = await store.head(execution_id)
+        head = await crypto.inner.head(execution_id)
         if head == 0:
             return  # the log was deleted meanwhile: nothing left to mark
         try:
-            await store.append(execution_id, [marker], expected_sequence=head)
+            await crypto._append_clear(execution_id, [marker], expected_sequence=head)
             return
         except SequenceConflictError:
             continue
-    raise SequenceConflictError(execution_id, head, await store.head(execution_id))
+    raise SequenceConflictError(execution_id, head, await crypto.inner.head(execution_id))

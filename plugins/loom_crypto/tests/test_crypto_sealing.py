@@ -7,6 +7,9 @@ import json
 import pytest
 from conftest import subject_prefix
 from loom_crypto import (
+    CLEAR_MARKER,
+    INCARNATION_FIELD,
+    INTEGRITY_SUBJECT,
     SEALED_MARKER,
     CryptoEventStore,
     KeyStore,
@@ -52,10 +55,14 @@ async def test_payloads_round_trip_and_are_stored_sealed(
         assert isinstance(event.payload, dict)
         assert set(event.payload) == {SEALED_MARKER, "kid", "n", "ct"}
     assert "4111" not in json.dumps([e.payload for e in stored])
-    # Kinds, sequences and metadata stay plaintext.
+    # Kinds, sequences and metadata stay plaintext; every event carries the log's
+    # incarnation, which a read does not show.
+    incarnation = stored[0].metadata[INCARNATION_FIELD]
     assert [(e.sequence, e.kind, e.metadata) for e in stored] == [
-        (i, "STEP_COMPLETED", {"step": i}) for i in range(len(PAYLOADS))
+        (i, "STEP_COMPLETED", {"step": i, INCARNATION_FIELD: incarnation})
+        for i in range(len(PAYLOADS))
     ]
+    assert [e.metadata for e in read] == [{"step": i} for i in range(len(PAYLOADS))]
 
 
 async def test_read_sealed_needs_no_key_and_shows_the_envelopes(
@@ -64,7 +71,8 @@ async def test_read_sealed_needs_no_key_and_shows_the_envelopes(
     await sealed.append("alice/a", [NewEvent("X", {"secret": 1})], expected_sequence=0)
     (raw,) = await sealed.read_sealed("alice/a")
     assert isinstance(raw.payload, dict)
-    assert raw.payload[SEALED_MARKER] == 1
+    assert raw.payload[SEALED_MARKER] == 2
+    assert isinstance(raw.metadata[INCARNATION_FIELD], str)
 
 
 async def test_each_seal_uses_a_fresh_nonce(
@@ -79,8 +87,8 @@ async def test_each_seal_uses_a_fresh_nonce(
     assert len(nonces) == 50
 
 
-async def test_subjects_get_their_own_keys_and_none_means_plaintext(
-    sealed: CryptoEventStore, inner: MemoryEventStore
+async def test_subjects_get_their_own_keys_and_none_means_clear_but_authenticated(
+    sealed: CryptoEventStore, inner: MemoryEventStore, key_store: KeyStore
 ) -> None:
     await sealed.append("alice/a", [NewEvent("X", 1)], expected_sequence=0)
     await sealed.append("bob/b", [NewEvent("X", 2)], expected_sequence=0)
@@ -89,7 +97,10 @@ async def test_subjects_get_their_own_keys_and_none_means_plaintext(
     assert isinstance(a.payload, dict)
     assert isinstance(b.payload, dict)
     assert a.payload["kid"] != b.payload["kid"]
-    assert p.payload == {"open": True}
+    assert isinstance(p.payload, dict)
+    assert set(p.payload) == {CLEAR_MARKER, "kid", "mac", "json"}
+    assert p.payload["json"] == '{"open":true}'  # readable in the database
+    assert p.payload["kid"] == await key_store.key_id_for(INTEGRITY_SUBJECT)
     assert (await sealed.read("public/p"))[0].payload == {"open": True}
 
 

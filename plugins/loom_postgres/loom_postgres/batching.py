@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar, final
 
-from loom_core.errors import StorageUnavailableError
+from loom_core.errors import StoreClosedError
 
 __all__ = ["GroupCommitter", "Pending"]
 
@@ -69,7 +69,7 @@ class GroupCommitter(Generic[T, R]):
     async def submit(self, op: T) -> R:
         """Queue ``op`` and wait for its own result (or its own error)."""
         if self._closed:
-            raise StorageUnavailableError("this PostgreSQL store is closed")
+            raise StoreClosedError("this PostgreSQL store")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append(Pending(op, future))
         if self._inflight < self._max_inflight:

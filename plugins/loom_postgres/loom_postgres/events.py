@@ -4,10 +4,13 @@ Writes. ``append``, ``append_if_unchanged``, ``acquire_fence`` and ``acquire_fen
 go through group commit (:mod:`loom_postgres.batching`): concurrent calls share one
 ``loom_batch(...)`` statement, so one round-trip and one commit, yet each keeps its own
 all-or-nothing result and its own error. ``append_many`` is one statement of its own
-(the JOIN path). Both paths apply ADR 0118 D1: a batch holding an answering event reads
-the fence row FOR SHARE, every other append takes no lock on it.
+(the JOIN path). Both paths follow the same protocol (ADR 0118 D1, written out in
+``loom_postgres.schema``): the head row every append locks orders the writers of one
+execution; a fenced append reads the token only after that lock is granted, and
+``acquire_fence`` / ``acquire_fence_if`` take it before they move the token. No append
+locks the fence row, and no park needs one.
 
-Lock order. Every writer takes an execution's fence row before its head row, and a
+Lock order. Every writer takes an execution's head row before its fence row, and a
 batch visits executions in id order, so writers cannot deadlock one another; a
 deadlock that a foreign session causes is rolled back and re-run.
 
@@ -38,16 +41,16 @@ import psycopg_pool
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
+    FenceNotIssuedError,
     InvalidInputError,
     InvalidSequenceError,
     LoomError,
     SequenceConflictError,
     StaleFenceError,
     StorageError,
-    StorageUnavailableError,
+    StoreClosedError,
 )
 from loom_core.events import Event, JsonObject, NewEvent
-from loom_core.kinds import is_answering_kind
 from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import (
     DEFAULT_LIST_LIMIT,
@@ -57,6 +60,7 @@ from loom_core.spi import (
     FenceStale,
 )
 from loom_core.validation import (
+    MAX_POSITION,
     canonical_json,
     check_append,
     check_append_requests,
@@ -71,21 +75,19 @@ from loom_postgres.database import Database, LostWriteError
 from loom_postgres.errors import WriteOutcomeUnknownError
 from loom_postgres.failures import Failure, classify, describe
 from loom_postgres.notify import Listener
-from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL, PARK_KIND
+from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
 __all__ = ["LostConnectionStats", "PostgresEventStore"]
 
-_MAX_BIGINT: Final = 2**63 - 1
-_OK, _SEQUENCE, _EXISTS, _STALE, _NOT_FOUND, _PAST_HEAD = 0, 1, 2, 3, 4, 5
+_OK, _SEQUENCE, _EXISTS, _STALE, _NOT_FOUND, _PAST_HEAD, _NOT_ISSUED = 0, 1, 2, 3, 4, 5, 6
 _READ_PAGE: Final = 500
 
 OpKind = Literal["a", "u", "f", "c"]
 
 BATCH: Final = (
     'SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_batch('
-    '%s::"char"[], %b::text[], %b::bigint[], %b::bigint[], %b::boolean[], %b::boolean[], '
-    "%b::integer[], %b::text[], %b::text[], %b::text[], %b::text[], %s::bigint, "
-    "%s::text[], %s::text[], %s::float8)"
+    '%s::"char"[], %b::text[], %b::bigint[], %b::bigint[], %b::integer[], %b::text[], '
+    "%b::text[], %b::text[], %b::text[], %s::bigint, %s::text[], %s::text[], %s::float8)"
 )
 
 # Which of a lost commit's appends landed: their first rows carry its writer id.
@@ -114,44 +116,43 @@ LIMIT %s
 """
 
 DELETE: Final = "SELECT loom_delete_execution(%s)"
-COPY: Final = "SELECT o_status, o_head, o_copied FROM loom_copy_prefix(%s, %s, %s, %s, %s, %s)"
+COPY: Final = "SELECT o_status, o_head, o_copied FROM loom_copy_prefix(%s, %s, %s, %s, %s)"
 TRUNCATE: Final = "SELECT o_status, o_head, o_dropped FROM loom_truncate_prefix(%s, %s)"
 
-# append_many: one statement. The fence rows are read first (FOR SHARE when any request
-# is answering: ADR 0118 D1 on this path too), then the head rows are locked FOR UPDATE
-# (the one-time filter on ``fence`` makes that order certain, the same order the single
-# path uses), every request is judged, and only when all pass are heads moved and events
-# written. FOR SHARE OF cannot lock the nullable side of a LEFT JOIN, so the locking read
-# is a MATERIALIZED CTE, which also returns the row as it is after the wait, where a plain
-# read would see the statement's older snapshot.
-_MANY_TEMPLATE: Final = """
+# append_many: one statement. The head rows are locked first (FOR UPDATE, in id order:
+# the lock order of loom_batch), then the tokens of the fenced requests are read by
+# loom_fence_tokens, a VOLATILE function whose query takes a new snapshot after those
+# locks were granted (the statement's own snapshot predates the wait, and would miss a
+# token an acquirer committed meanwhile, or a fence row it created); the one-time filter
+# on ``head`` makes that order certain. Then every request is judged, and only when all
+# pass are heads moved and events written. No fence row is locked.
+MANY: Final = """
 WITH req AS MATERIALIZED (
-    SELECT r.ord::integer AS ord, r.execution_id, r.expected, r.fence, r.n, r.park, r.channel
+    SELECT r.ord::integer AS ord, r.execution_id, r.expected, r.fence, r.n, r.channel
     FROM unnest(%(ids)s::text[], %(expected)s::bigint[], %(fences)s::bigint[],
-                %(counts)s::integer[], %(parks)s::boolean[], %(channels)s::text[])
-         WITH ORDINALITY AS r(execution_id, expected, fence, n, park, channel, ord)
-),
-fence AS MATERIALIZED (
-    SELECT f.execution_id, f.token
-    FROM loom_fences f
-    WHERE f.execution_id IN (SELECT q.execution_id FROM req q)
-    {lock}
+                %(counts)s::integer[], %(channels)s::text[])
+         WITH ORDINALITY AS r(execution_id, expected, fence, n, channel, ord)
 ),
 head AS MATERIALIZED (
     SELECT h.execution_id, h.head
     FROM loom_executions h
     WHERE h.execution_id IN (SELECT q.execution_id FROM req q)
-      AND (SELECT count(*) FROM fence) >= 0
     ORDER BY h.execution_id
     FOR UPDATE OF h
 ),
+fence AS MATERIALIZED (
+    SELECT t.o_id AS execution_id, t.o_token AS token
+    FROM loom_fence_tokens(%(fenced)s::text[]) t
+    WHERE (SELECT count(*) FROM head) >= 0
+),
 verdict AS MATERIALIZED (
-    SELECT r.ord, r.execution_id, r.expected, r.fence, r.n, r.park, r.channel,
+    SELECT r.ord, r.execution_id, r.expected, r.fence, r.n, r.channel,
            coalesce(h.head, 0) AS cur_head,
            coalesce(f.token, 0) AS cur_token,
            CASE WHEN coalesce(h.head, 0) <> r.expected
                     THEN CASE WHEN r.expected = 0 THEN 2 ELSE 1 END
                 WHEN r.fence IS NOT NULL AND r.fence < coalesce(f.token, 0) THEN 3
+                WHEN r.fence IS NOT NULL AND r.fence > coalesce(f.token, 0) THEN 6
                 ELSE 0 END AS status
     FROM req r
     LEFT JOIN head h ON h.execution_id = r.execution_id
@@ -189,12 +190,6 @@ written AS (
     WHERE go.ok
     RETURNING 1
 ),
-parked AS (
-    INSERT INTO loom_fences (execution_id, token)
-    SELECT v.execution_id, 0 FROM verdict v CROSS JOIN go WHERE go.ok AND v.park
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-),
 woken AS (
     SELECT pg_notify(v.channel, v.execution_id)
     FROM verdict v CROSS JOIN go
@@ -203,7 +198,6 @@ woken AS (
 )
 SELECT v.ord, v.status, v.cur_head, v.cur_token, go.at,
        (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM parked) AS parked,
        (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM written) AS written,
        -- a creator that committed after our snapshot: re-run the statement
@@ -214,11 +208,6 @@ SELECT v.ord, v.status, v.cur_head, v.cur_token, go.at,
 FROM verdict v CROSS JOIN go
 ORDER BY v.ord
 """
-
-MANY_LOCKING: Final = _MANY_TEMPLATE.replace(
-    "{lock}", "ORDER BY f.execution_id\n    FOR SHARE OF f"
-)
-MANY_PLAIN: Final = _MANY_TEMPLATE.replace("{lock}", "")
 
 
 @dataclass(slots=True)
@@ -240,8 +229,6 @@ class _Write:
     execution_id: str
     seq: int
     fence: int | None
-    lock: bool = False
-    park: bool = False
     events: tuple[NewEvent, ...] = ()
     payloads: tuple[str, ...] = ()
     metadata: tuple[str, ...] = ()
@@ -258,12 +245,6 @@ def _encode_metadata(metadata: JsonObject) -> str:
         if type(fence) is int:
             return f'{{"fence":{fence}}}'
     return canonical_json(metadata)
-
-
-def _check_range(value: int, what: str) -> int:
-    if value > _MAX_BIGINT:
-        raise InvalidSequenceError(f"{what} {value} does not fit a 64-bit sequence")
-    return value
 
 
 class PostgresEventStore(RefusesUnoffered):
@@ -283,7 +264,6 @@ class PostgresEventStore(RefusesUnoffered):
             max_inflight=options.max_inflight_batches,
         )
         self._closed = False
-        self._answering_lock = True  # switched off only by loom_postgres.testing
         self.lost_connections = LostConnectionStats()
 
     @property
@@ -303,10 +283,8 @@ class PostgresEventStore(RefusesUnoffered):
         *,
         stamp: bool,
     ) -> _Write:
-        _check_range(expected_sequence + len(events), "expected_sequence + len(events)")
         stamped: list[NewEvent] = []
         encoded: list[str] = []
-        answering = park = False
         stamping = stamp and fence is not None
         for event in events:
             metadata: JsonObject = dict(event.metadata)
@@ -314,15 +292,11 @@ class PostgresEventStore(RefusesUnoffered):
                 metadata["fence"] = fence
             stamped.append(NewEvent(event.kind, event.payload, metadata))
             encoded.append(_encode_metadata(metadata))
-            answering = answering or is_answering_kind(event.kind, metadata)
-            park = park or event.kind == PARK_KIND
         return _Write(
             op=op,
             execution_id=execution_id,
             seq=expected_sequence,
             fence=fence,
-            lock=answering and self._answering_lock,
-            park=park,
             events=tuple(stamped),
             payloads=tuple(canonical_json(e.payload) for e in stamped),
             metadata=tuple(encoded),
@@ -331,7 +305,7 @@ class PostgresEventStore(RefusesUnoffered):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageUnavailableError("this PostgreSQL event store is closed")
+            raise StoreClosedError("this PostgreSQL event store")
 
     # -- group commit -------------------------------------------------------------------
 
@@ -347,8 +321,6 @@ class PostgresEventStore(RefusesUnoffered):
         ids: list[str] = []
         seqs: list[int] = []
         fences: list[int | None] = []
-        locks: list[bool] = []
-        parks: list[bool] = []
         counts: list[int] = []
         kinds: list[str] = []
         payloads: list[str] = []
@@ -360,8 +332,6 @@ class PostgresEventStore(RefusesUnoffered):
             ids.append(w.execution_id)
             seqs.append(w.seq)
             fences.append(w.fence)
-            locks.append(w.lock)
-            parks.append(w.park)
             counts.append(len(w.events))
             channels.append(w.channel)
             for event in w.events:
@@ -369,8 +339,8 @@ class PostgresEventStore(RefusesUnoffered):
             payloads.extend(w.payloads)
             metadata.extend(w.metadata)
         return (
-            ops, ids, seqs, fences, locks, parks, counts, kinds, payloads, metadata, channels,
-            writer, ANSWERING_LITERAL, KERNEL_LITERAL, self._db.options.notify_queue_limit,
+            ops, ids, seqs, fences, counts, kinds, payloads, metadata, channels, writer,
+            ANSWERING_LITERAL, KERNEL_LITERAL, self._db.options.notify_queue_limit,
         )
 
     async def _execute(self, ordered: list[Pending[_Write, object]], deadline: float) -> None:
@@ -545,19 +515,39 @@ class PostgresEventStore(RefusesUnoffered):
             if w.op == "f":
                 item.resolve(int(cast(int, token)))
             elif w.op == "c":
-                token_value = int(cast(int, token))
-                item.resolve(
-                    FenceAcquired(token_value) if status == _OK else FenceStale(token_value)
-                )
+                self._settle_conditional(item, int(cast(int, status)), head, token)
             elif status == _OK:
                 self._succeeded(item, cast(datetime, at), notified=bool(notified))
             elif status == _SEQUENCE:
                 item.reject(SequenceConflictError(w.execution_id, w.seq, int(cast(int, head))))
             elif status == _EXISTS:
                 item.reject(ExecutionAlreadyExistsError(w.execution_id, int(cast(int, head))))
+            elif status == _NOT_ISSUED:
+                item.reject(
+                    FenceNotIssuedError(w.execution_id, w.fence or 0, int(cast(int, token)))
+                )
             else:
                 presented = w.fence if w.fence is not None else 0
                 item.reject(StaleFenceError(w.execution_id, presented, int(cast(int, token))))
+
+    @staticmethod
+    def _settle_conditional(
+        item: Pending[_Write, object], status: int, head: object, token: object
+    ) -> None:
+        w = item.op
+        if status == _NOT_FOUND:
+            item.reject(ExecutionNotFoundError(w.execution_id))
+        elif status == _PAST_HEAD:
+            item.reject(
+                InvalidSequenceError(
+                    f"park_seq {w.seq} is at or past the head of {w.execution_id!r} "
+                    f"({int(cast(int, head))})"
+                )
+            )
+        elif status == _OK:
+            item.resolve(FenceAcquired(int(cast(int, token))))
+        else:
+            item.resolve(FenceStale(int(cast(int, token))))
 
     def _succeeded(self, item: Pending[_Write, object], at: datetime, *, notified: bool) -> None:
         w = item.op
@@ -606,7 +596,7 @@ class PostgresEventStore(RefusesUnoffered):
             execution_id, events, expected_sequence
         )
         if fence is not None:
-            fence = _check_range(check_fence(fence), "fence")
+            fence = check_fence(fence)
         self._check_open()
         write = self._append("a", execution_id, checked, expected_sequence, fence, stamp=True)
         return cast(tuple[Event, ...], await self._committer.submit(write))
@@ -623,9 +613,7 @@ class PostgresEventStore(RefusesUnoffered):
             execution_id, from_sequence, to_sequence, limit
         )
         self._check_open()
-        if from_sequence > _MAX_BIGINT:
-            return ()
-        upper = _MAX_BIGINT if to_sequence is None else min(to_sequence, _MAX_BIGINT)
+        upper = MAX_POSITION if to_sequence is None else to_sequence
         rows = await self._db.fetch(
             READ, (execution_id, from_sequence, upper, limit), what="read",
             execution_id=execution_id,
@@ -676,8 +664,8 @@ class PostgresEventStore(RefusesUnoffered):
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
         execution_id = check_execution_id(execution_id)
-        fence = _check_range(check_fence(fence), "fence")
-        park_seq = _check_range(check_sequence(park_seq, "park_seq"), "park_seq")
+        fence = check_fence(fence)
+        park_seq = check_sequence(park_seq, "park_seq")
         self._check_open()
         result = await self._committer.submit(_Write("c", execution_id, park_seq, fence))
         return cast(ConditionalFence, result)
@@ -693,8 +681,7 @@ class PostgresEventStore(RefusesUnoffered):
         execution_id, checked, expected_sequence = check_append(
             execution_id, events, expected_sequence
         )
-        observed_fence = _check_range(check_fence(observed_fence, "observed_fence"),
-                                      "observed_fence")
+        observed_fence = check_fence(observed_fence, "observed_fence")
         self._check_open()
         write = self._append(
             "u", execution_id, checked, expected_sequence, observed_fence, stamp=False
@@ -710,10 +697,6 @@ class PostgresEventStore(RefusesUnoffered):
             self._append("a", r.execution_id, events, r.expected_sequence, r.fence, stamp=True)
             for r, events in checked
         ]
-        for w in writes:
-            if w.fence is not None:
-                _check_range(w.fence, "fence")
-        locking = any(w.lock for w in writes)
         ev_req: list[int] = []
         ev_off: list[int] = []
         kinds: list[str] = []
@@ -735,8 +718,8 @@ class PostgresEventStore(RefusesUnoffered):
                 "expected": [w.seq for w in writes],
                 "fences": [w.fence for w in writes],
                 "counts": [len(w.events) for w in writes],
-                "parks": [w.park for w in writes],
                 "channels": [w.channel for w in writes],
+                "fenced": [w.execution_id for w in writes if w.fence is not None],
                 "ev_req": ev_req,
                 "ev_off": ev_off,
                 "kinds": kinds,
@@ -747,7 +730,7 @@ class PostgresEventStore(RefusesUnoffered):
             }
             try:
                 rows = await self._db.fetch(
-                    MANY_LOCKING if locking else MANY_PLAIN, params, what="append_many",
+                    MANY, params, what="append_many",
                     execution_id=first.execution_id, write=True, idempotent=False,
                 )
             except LostWriteError as exc:
@@ -768,6 +751,8 @@ class PostgresEventStore(RefusesUnoffered):
                 raise ExecutionAlreadyExistsError(w.execution_id, int(cast(int, row[2])))
             if status == _STALE:
                 raise StaleFenceError(w.execution_id, w.fence or 0, int(cast(int, row[3])))
+            if status == _NOT_ISSUED:
+                raise FenceNotIssuedError(w.execution_id, w.fence or 0, int(cast(int, row[3])))
         woken = int(cast(int, rows[0][5]))
         if woken < sum(1 for w in writes if w.channel is not None):
             self._db.warn("notify-queue", "loom-postgres: NOTIFY queue above the limit; "
@@ -816,10 +801,11 @@ class PostgresEventStore(RefusesUnoffered):
         if source == target:
             raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
         self._check_open()
-        through = min(through_sequence, _MAX_BIGINT - 1)
+        # through + 1 must fit a bigint; the function reports it past the head anyway.
+        through = min(through_sequence, MAX_POSITION - 1)
         rows = await self._db.fetch(
             COPY,
-            (source, target, through, PARK_KIND, self._listener.channel(target),
+            (source, target, through, self._listener.channel(target),
              self._db.options.notify_queue_limit),
             what="copy_prefix", execution_id=target, write=True, idempotent=False,
         )
@@ -840,7 +826,7 @@ class PostgresEventStore(RefusesUnoffered):
         keep_from_sequence = check_sequence(keep_from_sequence, "keep_from_sequence")
         self._check_open()
         rows = await self._db.fetch(
-            TRUNCATE, (execution_id, min(keep_from_sequence, _MAX_BIGINT)),
+            TRUNCATE, (execution_id, keep_from_sequence),
             what="truncate_prefix_keeping", execution_id=execution_id, write=True,
         )
         status, head, dropped = (int(cast(int, v)) for v in rows[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final, cast
 
-from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StorageUnavailableError
+from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StoreClosedError
 from loom_core.spi import Lease, LeaseScope
 from loom_core.validation import check_key, check_ttl
 from loom_postgres.database import Database
@@ -59,7 +59,7 @@ class PostgresLeaseStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageUnavailableError("this PostgreSQL lease store is closed")
+            raise StoreClosedError("this PostgreSQL lease store")
 
     @staticmethod
     def _lease(key: str, row: tuple[object, ...]) -> Lease:

@@ -31,8 +31,9 @@ class PostgresOptions:
       then finds events by polling every ``subscribe_poll_interval``).
     * ``notify_queue_limit``: above this fraction of the server's NOTIFY queue an append
       skips its wake-up instead of risking a failed commit (see docs/postgres.md).
-    * ``backfill_park_fences``: run the one-time token-0 fence backfill on first boot;
-      turn off for a very large log and run :func:`~loom_postgres.backfill_park_fences`.
+    * ``backfill_park_fences``: accepted and ignored since schema 3 (parks need no fence
+      row any more, so there is nothing to backfill); kept so existing configurations
+      still open.
     * ``migrate``: create or migrate the schema on open (else refuse an old schema).
     * ``migration_lock_timeout``: seconds a boot waits for a table lock while migrating.
     * ``lock_timeout``: seconds any store statement waits for a row lock (None: the

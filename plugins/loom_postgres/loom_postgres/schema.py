@@ -8,10 +8,12 @@ ones find the work done. The DDL is transactional, so a boot that fails (a lock 
 
 Tables (all prefixed ``loom_``): ``executions`` (one row per log: the head, i.e. the next
 sequence, which survives prefix truncation), ``events`` (primary key (execution_id,
-sequence)), ``fences`` (a row exists once someone acquires, or once an
-EXECUTION_SUSPENDED append creates the execution's token-0 row), ``timers``, ``leases``,
-``schema_version`` and ``maintenance`` (one-time data tasks such as the park-fence
-backfill). Execution ids use the "C" collation, so ``list_executions`` is code-point order.
+sequence)), ``fences`` (a row exists once someone acquires), ``timers``, ``leases``,
+``schema_version`` and ``maintenance`` (one-time data tasks; the park-fence backfill of
+schemas 1 and 2 recorded itself there). Execution ids use the "C" collation, so
+``list_executions`` is code-point order.
+
+How concurrent writers of one execution are ordered is written out above ``_BATCH``.
 """
 
 from __future__ import annotations
@@ -24,21 +26,18 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS, EventKind
+from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
 from loom_postgres.database import Connection
 from loom_postgres.errors import SchemaMigrationError
 
 __all__ = [
-    "BACKFILL_TASK",
     "SCHEMA_VERSION",
     "MigrationReport",
     "migrate_connection",
     "schema_state",
 ]
 
-SCHEMA_VERSION: Final = 2
-BACKFILL_TASK: Final = "park-fences-backfill"
-PARK_KIND: Final = EventKind.EXECUTION_SUSPENDED.value
+SCHEMA_VERSION: Final = 3
 
 # Key space of our advisory locks: the first int of the two-int form is fixed, so an
 # application's own advisory locks (usually the one-bigint form) cannot collide.
@@ -111,37 +110,81 @@ $loom$
 
 # acquire_fence_if (ADR 0118 D1) for direct SQL use: one 'c' write of loom_batch, where
 # the logic lives (below), so the store's path and this function cannot drift apart.
+# o_status is loom_batch's (0 acquired, 3 stale, 4 no log, 5 park_seq at or past the
+# head).
 _ACQUIRE_FENCE_IF: Final = """
 CREATE OR REPLACE FUNCTION loom_acquire_fence_if(
     p_id text, p_fence bigint, p_park_seq bigint, p_answering text[], p_kernel text[]
-) RETURNS TABLE (o_acquired boolean, o_token bigint)
+) RETURNS TABLE (o_acquired boolean, o_token bigint, o_status smallint)
 LANGUAGE plpgsql VOLATILE AS $loom$
 BEGIN
     RETURN QUERY
-    SELECT b.o_status = 0, b.o_token
+    SELECT b.o_status = 0, b.o_token, b.o_status
     FROM loom_batch(ARRAY['c']::"char"[], ARRAY[p_id], ARRAY[p_park_seq], ARRAY[p_fence],
-                    ARRAY[false], ARRAY[false], ARRAY[0], '{}'::text[], '{}'::text[],
-                    '{}'::text[], ARRAY[NULL]::text[], 0, p_answering, p_kernel, 0) b;
+                    ARRAY[0], '{}'::text[], '{}'::text[], '{}'::text[], ARRAY[NULL]::text[],
+                    0, p_answering, p_kernel, 0) b;
 END
 $loom$
 """
+
+# How the writers of one execution are ordered (the fencing protocol).
+#
+# Every append updates the execution's head row in loom_executions (or inserts it, for
+# the first append) and holds that row lock until it commits. The rest of the protocol
+# rides on that lock:
+#
+# * A token moves only while its execution's head row is locked: acquire_fence locks it
+#   (when there is a log) before it bumps, and acquire_fence_if locks it before it reads
+#   anything.
+# * A fenced append (append with a fence, append_if_unchanged) reads the token in a new
+#   statement after its head-row lock was granted. Under READ COMMITTED that statement
+#   has a new snapshot, so it sees every token change that committed while the append
+#   waited; and a token change that comes later waits for the append's commit. An append
+#   that read the token before locking the head row could see a token an acquirer was
+#   about to move, and land after it.
+# * acquire_fence_if scans for answering events in a new statement after its head-row
+#   lock was granted: every append that committed while it waited is in that snapshot,
+#   and every later append waits for the acquire's commit, then reads the moved token
+#   and is refused. So "the answer lands and the acquire is stale" or "the acquire wins
+#   and the answer is refused", never both, for every park, whether or not its execution
+#   has a fence row (the fence row is never locked by an append).
+# * A refused fenced append undoes its head change before it returns, so a refused write
+#   changes nothing.
+#
+# Lock order, which keeps writers deadlock-free: within one execution, the head row
+# before the fence row (appends never lock the fence row; acquires, conditional acquires
+# and loom_delete_execution take the head row first); across executions, ascending id
+# (the store sorts a batch's writes by id; append_many locks its head rows in id order).
+# A transaction waiting at one id therefore holds no lock of a greater id, and within an
+# id nobody holds the fence row while waiting for the head row. The one way around it
+# needs two transactions creating the same execution at once (an acquire_fence on an id
+# whose log is not yet committed writes the fence row with no head row to lock): one of
+# the two creations fails anyway, PostgreSQL detects the deadlock, and the store re-runs
+# each write alone.
+#
+# All of it needs a new snapshot per statement, which only READ COMMITTED gives:
+# loom_batch and loom_fence_tokens refuse any other isolation level.
 
 # The group-commit entry point: several writes (appends, conditional appends, acquires)
 # in one statement, hence one round-trip and one commit. Each write either applies whole
 # or reports why not (a status) without changing anything, so one caller's conflict
 # never undoes another's append; only an unexpected error aborts the batch, and the
-# client then re-runs each write alone. Callers sort the writes by execution id, so two
-# batches take row locks in the same order and cannot deadlock each other.
+# client then re-runs each write alone. Callers sort the writes by execution id (the lock
+# order above).
 #
-# Statuses: 0 done, 1 sequence conflict, 2 already exists, 3 stale fence.
-# Ops: 'a' append (fenced when p_fence is not null), 'u' append_if_unchanged,
-#      'f' acquire_fence, 'c' acquire_fence_if (p_seq is park_seq, p_fence the expected).
+# Statuses: 0 done, 1 sequence conflict, 2 already exists, 3 stale fence, 4 no log
+# ('c'), 5 park_seq at or past the head ('c'), 6 an append's fence above the current
+# token (never issued). append_if_unchanged and acquire_fence_if report any other token
+# than the expected one as stale (3): a park copied by copy_prefix carries its source's
+# token while the copy's is 0, and a resumer retries with the token it is given back.
+# Ops: 'a' append (fenced when p_fence is not null), 'u' append_if_unchanged (p_fence is
+#      the observed token), 'f' acquire_fence, 'c' acquire_fence_if (p_seq is park_seq,
+#      p_fence the expected token).
 _BATCH: Final = """
 CREATE OR REPLACE FUNCTION loom_batch(
-    p_op "char"[], p_id text[], p_seq bigint[], p_fence bigint[], p_lock boolean[],
-    p_park boolean[], p_count integer[], p_kind text[], p_payload text[],
-    p_metadata text[], p_channel text[], p_writer bigint, p_answering text[],
-    p_kernel text[], p_notify_limit double precision
+    p_op "char"[], p_id text[], p_seq bigint[], p_fence bigint[], p_count integer[],
+    p_kind text[], p_payload text[], p_metadata text[], p_channel text[], p_writer bigint,
+    p_answering text[], p_kernel text[], p_notify_limit double precision
 ) RETURNS TABLE (
     o_status smallint, o_head bigint, o_token bigint, o_at timestamptz,
     o_notified boolean
@@ -153,8 +196,7 @@ DECLARE
     ev integer := 1;
     cur bigint;
     hd bigint;
-    loc tid;
-    checked boolean := false;
+    answered boolean;
     room boolean;
     k integer;
     -- The events of the appends that passed their guards, written by one INSERT (see
@@ -164,10 +206,24 @@ DECLARE
     w_seq bigint[] := '{}';
     w_at timestamptz[] := '{}';
 BEGIN
+    -- The guards read in statements of their own after a row lock was granted and rely
+    -- on seeing what committed during the wait: a new snapshot per statement, which
+    -- REPEATABLE READ and SERIALIZABLE do not take.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LM001',
+            MESSAGE = format(
+                'loom_batch (appends, acquire_fence, acquire_fence_if) runs only under '
+                'READ COMMITTED, not %s', current_setting('transaction_isolation')),
+            HINT = 'its guards need a fresh snapshot per statement; call it in a READ '
+                   'COMMITTED transaction (or autocommit)';
+    END IF;
     FOR i IN 1 .. coalesce(cardinality(p_op), 0) LOOP
         n := p_count[i];
         o_head := NULL; o_token := NULL; o_at := NULL; o_notified := false;
         IF p_op[i] = 'f' THEN
+            -- The head row first (when there is a log): a token moves only under it.
+            PERFORM 1 FROM loom_executions e WHERE e.execution_id = p_id[i] FOR UPDATE;
             INSERT INTO loom_fences AS f (execution_id, token) VALUES (p_id[i], 1)
             ON CONFLICT (execution_id) DO UPDATE SET token = f.token + 1
             RETURNING f.token INTO o_token;
@@ -176,21 +232,6 @@ BEGIN
             CONTINUE;
         END IF;
         IF p_op[i] = 'c' THEN
-            -- acquire_fence_if (ADR 0118 D1). Only under READ COMMITTED does each
-            -- statement below take a new snapshot; REPEATABLE READ would freeze one.
-            IF NOT checked THEN
-                IF current_setting('transaction_isolation') <> 'read committed' THEN
-                    RAISE EXCEPTION USING
-                        ERRCODE = 'LM001',
-                        MESSAGE = format(
-                            'acquire_fence_if (loom_batch, loom_acquire_fence_if) runs only '
-                            'under READ COMMITTED, not %s',
-                            current_setting('transaction_isolation')),
-                        HINT = 'each of its statements needs a fresh snapshot; call it in a '
-                               'READ COMMITTED transaction (or autocommit)';
-                END IF;
-                checked := true;
-            END IF;
             -- The scan below must see the events this batch gathered for this execution
             -- so far (other executions' events can wait for the end).
             IF p_id[i] = ANY (w_id) THEN
@@ -198,69 +239,55 @@ BEGIN
                                           p_metadata, p_writer);
                 w_event := '{}'; w_id := '{}'; w_seq := '{}'; w_at := '{}';
             END IF;
-            -- Waits for in-flight answering appends (they hold FOR SHARE), blocks new ones.
-            SELECT f.ctid, f.token INTO loc, cur
-            FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
-            IF NOT FOUND AND p_fence[i] = 0 THEN
-                -- A park written before parks created their token-0 row has none to lock.
-                INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
-                ON CONFLICT DO NOTHING;
-                SELECT f.ctid, f.token INTO loc, cur
-                FROM loom_fences f WHERE f.execution_id = p_id[i] FOR UPDATE;
+            -- Waits for in-flight appends and token changes, blocks new ones.
+            SELECT e.head INTO hd
+            FROM loom_executions e WHERE e.execution_id = p_id[i] FOR UPDATE;
+            IF NOT FOUND THEN
+                o_status := 4;
+                o_head := 0;
+                RETURN NEXT;
+                CONTINUE;
             END IF;
-            cur := coalesce(cur, 0);
+            o_head := hd;
+            IF p_seq[i] >= hd THEN
+                o_status := 5;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+            -- A new statement, so a new snapshot taken after the lock was granted: the
+            -- token and every answering append that committed while we waited.
+            SELECT coalesce((SELECT f.token FROM loom_fences f
+                             WHERE f.execution_id = p_id[i]), 0),
+                   EXISTS (
+                       SELECT 1 FROM loom_events e
+                       WHERE e.execution_id = p_id[i]
+                         AND e.sequence > p_seq[i]
+                         AND (e.kind = ANY (p_answering)
+                              OR (e.kind <> ALL (p_kernel)
+                                  AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)))
+            INTO cur, answered;
             o_token := cur;
-            o_status := 3;
-            IF cur = p_fence[i] THEN
-                -- A new statement, so a new snapshot taken after the lock was granted:
-                -- its scan sees every answering append that committed while we waited.
-                -- (The row is locked, so its ctid cannot move.)
+            IF p_fence[i] <> cur OR answered THEN
+                o_status := 3;
+            ELSE
+                -- Compare-and-set: only an acquire_fence that found no committed log to
+                -- lock can have moved the token since the read.
                 UPDATE loom_fences f SET token = cur + 1
-                WHERE f.ctid = loc
-                  AND NOT EXISTS (
-                      SELECT 1 FROM loom_events e
-                      WHERE e.execution_id = p_id[i]
-                        AND e.sequence > p_seq[i]
-                        AND (e.kind = ANY (p_answering)
-                             OR (e.kind <> ALL (p_kernel)
-                                 AND (e.metadata::jsonb) -> 'kernel' = 'true'::jsonb)));
+                WHERE f.execution_id = p_id[i] AND f.token = cur;
+                IF NOT FOUND THEN
+                    INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], cur + 1)
+                    ON CONFLICT DO NOTHING;
+                END IF;
                 IF FOUND THEN
                     o_status := 0;
                     o_token := cur + 1;
+                ELSE
+                    SELECT f.token INTO o_token
+                    FROM loom_fences f WHERE f.execution_id = p_id[i];
+                    o_status := 3;
                 END IF;
             END IF;
             RETURN NEXT;
-            CONTINUE;
-        END IF;
-
-        -- The fence guard (ADR 0118 D1). An answering batch reads the row FOR SHARE, so
-        -- it orders with loom_acquire_fence_if's FOR UPDATE; other appends take no lock.
-        cur := NULL;
-        IF p_op[i] = 'u' THEN
-            -- The row must exist to be locked: the token may not move until we commit.
-            INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
-            ON CONFLICT DO NOTHING;
-            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i] FOR SHARE;
-        ELSIF p_lock[i] THEN
-            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i] FOR SHARE;
-        ELSIF p_fence[i] IS NOT NULL THEN
-            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i];
-        END IF;
-        cur := coalesce(cur, 0);
-        o_token := cur;
-        IF p_op[i] = 'u' AND cur <> p_fence[i] THEN
-            o_status := 3;
-            RETURN NEXT;
-            ev := ev + n;
-            CONTINUE;
-        END IF;
-        IF p_op[i] = 'a' AND p_fence[i] IS NOT NULL AND p_fence[i] < cur THEN
-            -- A moved head is reported before a stale fence, as every store does.
-            SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id[i];
-            o_head := coalesce(hd, 0);
-            o_status := CASE WHEN o_head = p_seq[i] THEN 3 WHEN p_seq[i] = 0 THEN 2 ELSE 1 END;
-            RETURN NEXT;
-            ev := ev + n;
             CONTINUE;
         END IF;
 
@@ -276,9 +303,40 @@ BEGIN
             SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id[i];
             o_head := coalesce(hd, 0);
             o_status := CASE WHEN p_seq[i] = 0 THEN 2 ELSE 1 END;
+            IF p_op[i] = 'u' THEN
+                -- append_if_unchanged judges the token before the sequence.
+                SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i];
+                o_token := coalesce(cur, 0);
+                IF o_token <> p_fence[i] THEN
+                    o_status := 3;
+                END IF;
+            END IF;
             RETURN NEXT;
             ev := ev + n;
             CONTINUE;
+        END IF;
+
+        -- The fence guard: a new statement after the head-row lock was granted, so it
+        -- sees every token change that committed while we waited, and a later one
+        -- waits for our commit.
+        IF p_fence[i] IS NOT NULL THEN
+            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id[i];
+            cur := coalesce(cur, 0);
+            o_token := cur;
+            IF cur <> p_fence[i] THEN
+                -- Refused: put the head back, so the refused write changes nothing.
+                IF p_seq[i] = 0 THEN
+                    DELETE FROM loom_executions e WHERE e.execution_id = p_id[i];
+                ELSE
+                    UPDATE loom_executions e SET head = p_seq[i]
+                    WHERE e.execution_id = p_id[i];
+                END IF;
+                o_head := p_seq[i];
+                o_status := CASE WHEN p_fence[i] < cur OR p_op[i] = 'u' THEN 3 ELSE 6 END;
+                RETURN NEXT;
+                ev := ev + n;
+                CONTINUE;
+            END IF;
         END IF;
 
         o_at := clock_timestamp();
@@ -288,12 +346,6 @@ BEGIN
             w_seq := w_seq || (p_seq[i] + k);
             w_at := w_at || o_at;
         END LOOP;
-        IF p_park[i] THEN
-            -- A park creates its token-0 fence row, so an answering append always finds
-            -- a row to lock before anyone can answer or acquire for this park.
-            INSERT INTO loom_fences (execution_id, token) VALUES (p_id[i], 0)
-            ON CONFLICT DO NOTHING;
-        END IF;
         IF p_channel[i] IS NOT NULL THEN
             IF room IS NULL THEN
                 room := pg_notification_queue_usage() < p_notify_limit;
@@ -312,6 +364,32 @@ BEGIN
         PERFORM loom_write_events(w_event, w_id, w_seq, w_at, p_kind, p_payload, p_metadata,
                                   p_writer);
     END IF;
+END
+$loom$
+"""
+
+# append_many's fence guard: the current tokens of ``p_ids``, read by a query of its own.
+# append_many is one statement, whose own snapshot is taken before it waits for its head
+# rows; called after those locks are granted, this VOLATILE function's query takes a new
+# snapshot (under READ COMMITTED, which it therefore insists on), so it sees a token that
+# an acquirer committed, or a fence row it created, while the statement waited.
+_FENCE_TOKENS: Final = """
+CREATE OR REPLACE FUNCTION loom_fence_tokens(p_ids text[])
+RETURNS TABLE (o_id text, o_token bigint)
+LANGUAGE plpgsql VOLATILE AS $loom$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LM001',
+            MESSAGE = format(
+                'append_many (loom_fence_tokens) runs only under READ COMMITTED, not %s',
+                current_setting('transaction_isolation')),
+            HINT = 'its fence guard needs a fresh snapshot after its row locks; run it in '
+                   'a READ COMMITTED transaction (or autocommit)';
+    END IF;
+    RETURN QUERY
+    SELECT f.execution_id::text, f.token FROM loom_fences f
+    WHERE f.execution_id = ANY (p_ids);
 END
 $loom$
 """
@@ -344,14 +422,13 @@ LANGUAGE plpgsql VOLATILE AS $loom$
 DECLARE
     existed boolean;
 BEGIN
-    -- The fence row first, as every writer takes it: a delete orders with acquires,
-    -- conditional and answering appends.
-    PERFORM 1 FROM loom_fences f WHERE f.execution_id = p_id FOR UPDATE;
+    -- The head row first, as every writer takes it (the lock order of loom_batch): the
+    -- delete waits for in-flight appends and acquires, and they wait for it.
     DELETE FROM loom_executions e WHERE e.execution_id = p_id;
     existed := FOUND;
     DELETE FROM loom_events e WHERE e.execution_id = p_id;
     -- A real token (> 0) stays, so a zombie writer of a re-created id stays fenced out;
-    -- a token-0 row is inert and goes with the log.
+    -- a token-0 row (older versions wrote one for every park) is inert and goes too.
     DELETE FROM loom_fences f WHERE f.execution_id = p_id AND f.token = 0;
     RETURN existed;
 END
@@ -361,7 +438,7 @@ $loom$
 # Statuses: 0 done, 2 target exists, 4 source not found, 5 through_sequence past head.
 _COPY: Final = """
 CREATE OR REPLACE FUNCTION loom_copy_prefix(
-    p_source text, p_target text, p_through bigint, p_park_kind text, p_channel text,
+    p_source text, p_target text, p_through bigint, p_channel text,
     p_notify_limit double precision
 ) RETURNS TABLE (o_status smallint, o_head bigint, o_copied bigint)
 LANGUAGE plpgsql VOLATILE AS $loom$
@@ -391,13 +468,6 @@ BEGIN
     FROM loom_events e
     WHERE e.execution_id = p_source AND e.sequence <= p_through;
     GET DIAGNOSTICS copied = ROW_COUNT;
-    -- The copy may hold a park; it needs its token-0 fence row like any park.
-    IF EXISTS (
-        SELECT 1 FROM loom_events e WHERE e.execution_id = p_target AND e.kind = p_park_kind
-    ) THEN
-        INSERT INTO loom_fences (execution_id, token) VALUES (p_target, 0)
-        ON CONFLICT DO NOTHING;
-    END IF;
     IF p_channel IS NOT NULL AND pg_notification_queue_usage() < p_notify_limit THEN
         PERFORM pg_notify(p_channel, p_target);
     END IF;
@@ -445,6 +515,13 @@ END
 $loom$
 """
 
+_FENCES_COMMENT: Final = """
+    COMMENT ON TABLE loom_fences IS
+    'Fence tokens. A row exists once someone acquires (schema 1 and 2 also wrote a '
+    'token-0 row for every park; since schema 3 nothing needs one). Nothing locks a row '
+    'to read it: writers are ordered by the head row in loom_executions (ADR 0118 D1).'
+    """
+
 _STEP_1: Final = (
     """
     CREATE TABLE IF NOT EXISTS loom_executions (
@@ -473,11 +550,7 @@ _STEP_1: Final = (
         token bigint NOT NULL CHECK (token >= 0)
     )
     """,
-    """
-    COMMENT ON TABLE loom_fences IS
-    'Fence tokens. A row exists once someone acquires, or once an EXECUTION_SUSPENDED '
-    'append creates the token-0 row that answering appends lock FOR SHARE (ADR 0118 D1).'
-    """,
+    _FENCES_COMMENT,
     """
     COMMENT ON COLUMN loom_events.writer IS
     'Random id of the commit that wrote the row: after a lost connection the store '
@@ -501,35 +574,33 @@ _STEP_1: Final = (
     _TRUNCATE,
 )
 
+# Schema 3: writers are ordered by the head row (see the protocol above loom_batch), so
+# no fence row is locked and none is needed for a park. loom_batch loses p_lock and
+# p_park, loom_copy_prefix p_park_kind, and loom_acquire_fence_if returns the status: the
+# old signatures are dropped, so no caller keeps running the old protocol.
+_STEP_3: Final = (
+    'DROP FUNCTION IF EXISTS loom_batch("char"[], text[], bigint[], bigint[], boolean[], '
+    "boolean[], integer[], text[], text[], text[], text[], bigint, text[], text[], "
+    "double precision)",
+    "DROP FUNCTION IF EXISTS loom_acquire_fence_if(text, bigint, bigint, text[], text[])",
+    "DROP FUNCTION IF EXISTS loom_copy_prefix(text, text, bigint, text, text, "
+    "double precision)",
+    _BATCH,
+    _FENCE_TOKENS,
+    _ACQUIRE_FENCE_IF,
+    _DELETE,
+    _COPY,
+    _FENCES_COMMENT,
+)
+
 MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (1, "events, fences, timers (with redrive), leases; loom_batch", _STEP_1),
     (2, "loom_batch writes a batch's events in one INSERT", (_WRITE_EVENTS, _BATCH)),
+    (3, "writers ordered by the head row: no fence-row locks, no park fence rows", _STEP_3),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 
-STATE: Final = """
-SELECT (SELECT max(version) FROM loom_schema_version),
-       EXISTS (SELECT 1 FROM loom_maintenance WHERE task = %(task)s)
-"""
-
-# One-time, idempotent: the token-0 fence row of every execution that is parked and
-# unanswered right now (its newest answering event is an EXECUTION_SUSPENDED), for parks
-# written before parks created their own row. Exempt from statement_timeout.
-BACKFILL_ONLINE: Final = """
-INSERT INTO loom_fences (execution_id, token)
-SELECT DISTINCT p.execution_id, 0
-FROM loom_events p
-WHERE p.kind = %(park)s
-  AND NOT EXISTS (
-      SELECT 1 FROM loom_events a
-      WHERE a.execution_id = p.execution_id
-        AND a.sequence > p.sequence
-        AND (a.kind = ANY (%(answering)s)
-             OR (a.kind <> ALL (%(kernel)s)
-                 AND (a.metadata::jsonb) -> 'kernel' = 'true'::jsonb)))
-ON CONFLICT DO NOTHING
-"""
-
+STATE: Final = "SELECT max(version) FROM loom_schema_version"
 
 @dataclass(frozen=True, slots=True)
 class MigrationReport:
@@ -539,28 +610,26 @@ class MigrationReport:
     version_before: int
     version_after: int
     backfilled_park_fences: int | None
-    """Rows the one-time backfill inserted, or None when it did not run (done before,
-    or turned off)."""
+    """Always None since schema 3: parks need no fence row, so there is no backfill (the
+    field stays for callers that read it)."""
 
 
-async def schema_state(conn: Connection) -> tuple[int, bool]:
-    """(schema version, backfill done) of the connection's schema; (0, False) if none."""
+async def schema_state(conn: Connection) -> int:
+    """The schema version of the connection's schema; 0 if there is none."""
     try:
         async with conn.transaction():
-            cur = await conn.execute(STATE, {"task": BACKFILL_TASK})
+            cur = await conn.execute(STATE)
             row = await cur.fetchone()
     except psycopg.errors.UndefinedTable:
-        return 0, False
+        return 0
     assert row is not None
-    version, done = row
-    return int(version or 0), bool(done)
+    return int(row[0] or 0)
 
 
 async def migrate_connection(
     conn: Connection,
     *,
     schema: str | None,
-    backfill_park_fences: bool,
     lock_timeout: float,
 ) -> MigrationReport:
     """Create or migrate the schema on ``conn`` (autocommit) in one transaction under the
@@ -569,8 +638,8 @@ async def migrate_connection(
         async with conn.transaction():
             name_row = await (await conn.execute("SELECT current_schema()")).fetchone()
             target = schema or (name_row[0] if name_row else None) or "public"
-            # The DDL below may wait for table locks only this long; the backfill is
-            # exempt from the caller's statement_timeout.
+            # The DDL below may wait for table locks only this long, and is exempt from
+            # the caller's statement_timeout.
             await conn.execute(
                 "SELECT set_config('lock_timeout', %s, true), "
                 "set_config('statement_timeout', '0', true)",
@@ -586,10 +655,9 @@ async def migrate_connection(
                 )
             for statement in _BOOKKEEPING:
                 await conn.execute(statement)
-            row = await (await conn.execute(STATE, {"task": BACKFILL_TASK})).fetchone()
+            row = await (await conn.execute(STATE)).fetchone()
             assert row is not None
             before = int(row[0] or 0)
-            backfill_done = bool(row[1])
             for version, description, statements in MIGRATIONS:
                 if version <= before:
                     continue
@@ -598,16 +666,6 @@ async def migrate_connection(
                 await conn.execute(
                     "INSERT INTO loom_schema_version (version, description) VALUES (%s, %s)",
                     (version, description),
-                )
-            backfilled: int | None = None
-            if backfill_park_fences and not backfill_done:
-                cur = await conn.execute(
-                    BACKFILL_ONLINE, {"park": PARK_KIND, "answering": ANSWERING, "kernel": KERNEL}
-                )
-                backfilled = max(cur.rowcount, 0)
-                await conn.execute(
-                    "INSERT INTO loom_maintenance (task) VALUES (%s) ON CONFLICT DO NOTHING",
-                    (BACKFILL_TASK,),
                 )
     except psycopg.errors.LockNotAvailable as exc:
         raise SchemaMigrationError(
@@ -621,7 +679,7 @@ async def migrate_connection(
             "loom_postgres.migrate() once as a role that may, then boot again"
         ) from exc
     after = max(before, SCHEMA_VERSION)
-    return MigrationReport(target, before, after, backfilled)
+    return MigrationReport(target, before, after, None)
 
 
 def statements_of(version: int) -> Sequence[str]:

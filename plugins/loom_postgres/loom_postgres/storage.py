@@ -60,21 +60,17 @@ async def _ensure_schema(pool: AsyncConnectionPool[Connection], options: Postgre
     """Check the schema version (one query); migrate when it is behind. Returns the name
     of the schema the stores use."""
     async with pool.connection() as conn:
-        version, backfilled = await schema_state(conn)
+        version = await schema_state(conn)
         behind = version < SCHEMA_VERSION
-        wants_backfill = options.backfill_park_fences and not backfilled
         if behind and not options.migrate:
             raise SchemaMigrationError(
                 f"the Loom schema is at version {version}, this loom-postgres needs "
                 f"{SCHEMA_VERSION}; run loom_postgres.migrate(url) as a deploy step, or "
                 "open with migrate=True"
             )
-        if behind or (wants_backfill and options.migrate):
+        if behind:
             report = await migrate_connection(
-                conn,
-                schema=options.schema,
-                backfill_park_fences=options.backfill_park_fences,
-                lock_timeout=options.migration_lock_timeout,
+                conn, schema=options.schema, lock_timeout=options.migration_lock_timeout
             )
             return report.schema
         row = await (await conn.execute("SELECT current_schema()")).fetchone()

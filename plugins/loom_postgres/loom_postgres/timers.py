@@ -13,7 +13,7 @@ import json
 from datetime import datetime
 from typing import Final, cast
 
-from loom_core.errors import InvalidOptionError, StorageUnavailableError
+from loom_core.errors import InvalidOptionError, StoreClosedError
 from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
 from loom_core.validation import (
     check_aware,
@@ -70,7 +70,7 @@ class PostgresTimerStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageUnavailableError("this PostgreSQL timer store is closed")
+            raise StoreClosedError("this PostgreSQL timer store")
 
     def _rows(self, rows: list[tuple[object, ...]]) -> tuple[TimerRecord, ...]:
         return tuple(

@@ -23,6 +23,7 @@ from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
 from loom_core import (
     OPTIONAL_EVENT_STORE_METHODS,
+    AppendRequest,
     Event,
     JsonValue,
     NewEvent,
@@ -224,12 +225,13 @@ async def test_a_conditional_acquire_sees_an_answer_earlier_in_its_own_batch(
         await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
         cursor = await conn.execute(
             BATCH,
-            (ops, ids, [2, 1, 2, 1], [None, 0, None, 0], [True, False, True, False],
-             [False] * 4, [1, 0, 1, 0], ["EXECUTION_RESUMED"] * 2, ["null"] * 2,
-             ["{}"] * 2, [None] * 4, 7, ANSWERING_LITERAL, KERNEL_LITERAL, 0.5),
+            (ops, ids, [2, 1, 2, 1], [None, 0, None, 0], [1, 0, 1, 0],
+             ["EXECUTION_RESUMED"] * 2, ["null"] * 2, ["{}"] * 2, [None] * 4, 7,
+             ANSWERING_LITERAL, KERNEL_LITERAL, 0.5),
         )
         rows = await cursor.fetchall()
-    assert [(row[0], row[2]) for row in rows] == [(0, 0), (3, 0), (0, 0), (0, 1)]
+    # (status, token): an unfenced append reads no token.
+    assert [(row[0], row[2]) for row in rows] == [(0, None), (3, 0), (0, None), (0, 1)]
     assert [e.kind for e in await storage.events.read("x")][-1] == "EXECUTION_RESUMED"
     assert await storage.events.acquire_fence("x") == 1  # the stale acquire changed nothing
 
@@ -253,6 +255,16 @@ async def test_a_server_defaulting_to_repeatable_read_still_fences_correctly(
         acquired = await storage.events.acquire_fence_if("rr", fence=0, park_seq=1)
         assert acquired.acquired
         assert acquired.fence == 1
+        # The appends' fence guards need the same fresh snapshots, on both paths.
+        with pytest.raises(StaleFenceError):
+            await storage.events.append("rr", [NewEvent("EXECUTION_RESUMED")],
+                                        expected_sequence=2, fence=0)
+        await storage.events.append("rr", [NewEvent("EXECUTION_RESUMED")],
+                                    expected_sequence=2, fence=1)
+        await storage.events.append_many(
+            [AppendRequest("rr", [NewEvent("STEP_COMPLETED")], 3, fence=1)]
+        )
+        assert await storage.events.head("rr") == 4
 
 
 # -- subscribe across nodes ---------------------------------------------------------------

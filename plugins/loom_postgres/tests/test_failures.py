@@ -94,7 +94,7 @@ async def test_terminated_backend_mid_append_many_is_retried_cleanly(
     assert await storage.events.head("n") == 1
 
 
-async def test_lock_timeout_while_another_session_holds_the_fence_row(
+async def test_lock_timeout_while_another_session_holds_the_head_row(
     open_pg: Opener, schema: str, pg_url: str
 ) -> None:
     storage = await open_pg(schema=schema, lock_timeout=0.2)
@@ -103,9 +103,9 @@ async def test_lock_timeout_while_another_session_holds_the_fence_row(
     holder = await psycopg.AsyncConnection.connect(pg_url)
     try:
         await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
-        # What an acquirer in the middle of loom_acquire_fence_if holds.
+        # What an append or an acquire in the middle of its transaction holds.
         await holder.execute(
-            "SELECT 1 FROM loom_fences WHERE execution_id = 'held' FOR UPDATE"
+            "SELECT 1 FROM loom_executions WHERE execution_id = 'held' FOR UPDATE"
         )
         answer = storage.events.append("held", [NewEvent("EXECUTION_RESUMED")],
                                        expected_sequence=2, fence=0)
@@ -125,6 +125,38 @@ async def test_lock_timeout_while_another_session_holds_the_fence_row(
     # Once the lock is gone the same append goes through.
     await storage.events.append("held", [NewEvent("EXECUTION_RESUMED")],
                                 expected_sequence=2, fence=0)
+
+
+async def test_a_held_fence_row_stops_token_changes_but_no_append(
+    open_pg: Opener, schema: str, pg_url: str
+) -> None:
+    # No append locks the fence row (the head row orders writers), so a session holding
+    # it delays only what moves the token.
+    storage = await open_pg(schema=schema, lock_timeout=0.2)
+    park = [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")]
+    await storage.events.append("held", park, expected_sequence=0)
+    assert await storage.events.acquire_fence("held") == 1
+    holder = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await holder.execute("SELECT 1 FROM loom_fences WHERE execution_id = 'held' FOR UPDATE")
+        with pytest.raises(LockTimeoutError):
+            await storage.events.acquire_fence_if("held", fence=1, park_seq=1)
+        with pytest.raises(LockTimeoutError):
+            await storage.events.acquire_fence("held")
+        await storage.events.append("held", [NewEvent("EXECUTION_RESUMED")],
+                                    expected_sequence=2, fence=1)
+        await storage.events.append_many(
+            [AppendRequest("held", [NewEvent("STEP_COMPLETED")], 3, fence=1)]
+        )
+        await storage.events.append_if_unchanged(
+            "held", [NewEvent("STEP_COMPLETED")], expected_sequence=4, observed_fence=1
+        )
+    finally:
+        await holder.rollback()
+        await holder.close()
+    assert await storage.events.head("held") == 5
+    assert await storage.events.acquire_fence("held") == 2
 
 
 async def test_a_read_only_database_refuses_writes_with_storage_write_error(

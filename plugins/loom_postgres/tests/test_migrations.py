@@ -1,5 +1,5 @@
 """Schema creation and migration: concurrent boots, the version table, ``migrate`` as a
-deploy step, the timers-table migration, and the park-fence backfill."""
+deploy step, the timers-table migration, step 3 (and the retired park-fence backfill)."""
 
 from __future__ import annotations
 
@@ -242,43 +242,78 @@ async def _fence_rows(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> set[
     return {str(r[0]) for r in rows}
 
 
-async def test_first_boot_backfills_token_0_rows_of_unanswered_parks_once(
+async def test_a_boot_writes_no_fence_row_for_old_parks_and_the_retired_backfill_is_a_no_op(
     pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
 ) -> None:
-    await migrate(pg_url, schema=schema, backfill_park_fences=False)
+    # Since schema 3 nothing needs a park's token-0 row: no boot scans for old parks, and
+    # backfill_park_fences (kept for deploy scripts) touches nothing.
+    await migrate(pg_url, schema=schema)
     await _write_old_logs(admin, OLD_LOGS)
+    storage = await open_pg(schema=schema, backfill_park_fences=True)
     assert await _fence_rows(admin) == set()
-    await open_pg(schema=schema)
-    assert await _fence_rows(admin) == {"parked", "parked-denied"}
-    # One-time: a later boot does not scan again.
-    await _write_old_logs(admin, {"parked-later": OLD_LOGS["parked"]})
-    await open_pg(schema=schema)
-    assert await _fence_rows(admin) == {"parked", "parked-denied"}
-
-
-async def test_backfill_opt_out_then_the_offline_batched_variant(
-    pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
-) -> None:
-    await migrate(pg_url, schema=schema, backfill_park_fences=False)
-    await _write_old_logs(admin, OLD_LOGS)
-    await open_pg(schema=schema, backfill_park_fences=False)
+    assert await backfill_park_fences(pg_url, schema=schema, batch_size=1) == 0
     assert await _fence_rows(admin) == set()
-    inserted = await backfill_park_fences(pg_url, schema=schema, batch_size=1)
-    assert inserted == 2
-    assert await _fence_rows(admin) == {"parked", "parked-denied"}
-    # Its temporary index is gone, the marker is written, and a rerun is a no-op.
-    assert await _fetch(admin, "SELECT to_regclass('loom_events_parks')") == [(None,)]
-    assert await backfill_park_fences(pg_url, schema=schema) == 0
     report = await migrate(pg_url, schema=schema)
     assert report.backfilled_park_fences is None
+    # A new park writes none either.
+    await storage.events.append("new-park", OLD_PARK, expected_sequence=0)
+    assert await _fetch(admin, "SELECT count(*) FROM loom_fences") == [(0,)]
 
 
-async def test_backfilled_park_is_safe_against_the_answer_acquire_race(
+OLD_PARK = [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")]
+
+
+async def test_a_version_2_schema_is_migrated_and_its_old_signatures_are_dropped(
+    pg_url: str, schema: str, admin: Conn
+) -> None:
+    async with open_storage(pg_url, options={"schema": schema}) as storage:
+        await storage.events.append("old", OLD_PARK, expected_sequence=0)
+    # What a version 2 database has instead of step 3: the old signatures (stand-ins with
+    # the same argument types; their bodies do not matter, they must go).
+    await admin.execute("DELETE FROM loom_schema_version WHERE version >= 3")
+    await admin.execute(
+        'CREATE FUNCTION loom_batch("char"[], text[], bigint[], bigint[], boolean[], '
+        "boolean[], integer[], text[], text[], text[], text[], bigint, text[], text[], "
+        "double precision) RETURNS void LANGUAGE sql AS 'SELECT'"
+    )
+    await admin.execute(
+        "CREATE FUNCTION loom_copy_prefix(text, text, bigint, text, text, double precision) "
+        "RETURNS void LANGUAGE sql AS 'SELECT'"
+    )
+    await admin.execute("DROP FUNCTION loom_fence_tokens")
+    with pytest.raises(SchemaMigrationError, match=r"at version 2,"):
+        await open_storage(pg_url, options={"schema": schema, "migrate": False})
+    report = await migrate(pg_url, schema=schema)
+    assert (report.version_before, report.version_after) == (2, SCHEMA_VERSION)
+    arities = await _fetch(
+        admin,
+        "SELECT p.proname, p.pronargs FROM pg_proc p "
+        "WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'loom%%' "
+        "ORDER BY 1, 2",
+        (schema,),
+    )
+    assert [name for name, _ in arities] == sorted(
+        ["loom_acquire_fence_if", "loom_batch", "loom_copy_prefix", "loom_delete_execution",
+         "loom_fence_tokens", "loom_retry_unless", "loom_truncate_prefix",
+         "loom_write_events"]
+    )
+    assert {str(name): int(cast(int, n)) for name, n in arities}["loom_batch"] == 13
+    async with open_storage(pg_url, options={"schema": schema, "migrate": False}) as storage:
+        acquired = await storage.events.acquire_fence_if("old", fence=0, park_seq=1)
+        assert acquired.acquired
+        await storage.events.append(
+            "old", [NewEvent("EXECUTION_RESUMED")], expected_sequence=2, fence=acquired.fence
+        )
+        assert await storage.events.copy_prefix("old", "branch", through_sequence=1) == 2
+
+
+async def test_a_park_written_with_no_fence_row_is_safe_without_any_backfill(
     pg_url: str, schema: str, open_pg: Opener, admin: psycopg.AsyncConnection[tuple[object, ...]]
 ) -> None:
-    # The backfilled row is the one an answering append locks: after the backfill the
-    # pre-version park behaves like a new one (one side wins, never both).
-    await migrate(pg_url, schema=schema, backfill_park_fences=False)
+    # Parks from before token-0 rows, never backfilled: the head row orders the answer
+    # and the conditional acquire (one side wins, never both). The interleavings are
+    # forced in test_races; this is the same race left to the scheduler, on old logs.
+    await migrate(pg_url, schema=schema)
     logs = {f"old-{i}": OLD_LOGS["parked"] for i in range(40)}
     await _write_old_logs(admin, logs)
     node_a = await open_pg(schema=schema)
@@ -298,3 +333,4 @@ async def test_backfilled_park_is_safe_against_the_answer_acquire_race(
             answer(), node_b.events.acquire_fence_if(eid, fence=0, park_seq=1)
         )
         assert appended != acquired.acquired
+    assert await _fence_rows(admin) == set()
