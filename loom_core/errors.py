@@ -9,6 +9,7 @@ The tree::
     │   ├── InvalidSequenceError               negative, non-integer or out-of-range sequence
     │   ├── FenceNotIssuedError                .current_fence; a token above any ever issued
     │   ├── InvalidOptionError (TypeError)     an option of the wrong type or value
+    │   │   └── LayerBelowFanOutError          (loom_core.decorating) find_layer met a fan-out
     │   └── InvalidURLError
     │       └── UnknownSchemeError             no installed backend serves the URL scheme
     ├── ConflictError                          the store moved on; re-read and decide again
@@ -262,18 +263,26 @@ class StorageWriteError(StorageError):
 
 
 class WriteOutcomeUnknownError(StorageWriteError):
-    """The write was sent but its outcome could not be learned (the connection was lost
-    after the commit was sent and the store could not check). Re-read the log before
-    acting: the write may or may not be there, whole or not at all."""
+    """The write was sent but its outcome could not be learned (a connection lost after
+    the commit was sent, a commit that failed half-way to the disk). Re-read the log before
+    acting: the write may or may not be there, whole or not at all.
 
-    def __init__(self, operation: str, execution_id: str, cause: str) -> None:
+    ``operation`` is what was being done and ``target`` what it was done to (an execution
+    id, or the database when the write spanned several)."""
+
+    def __init__(self, operation: str, target: str, cause: str) -> None:
         self.operation = operation
-        self.execution_id = execution_id
+        self.target = target
         super().__init__(
-            f"{operation} on {execution_id!r}: the connection was lost after the write was "
-            f"sent and the outcome could not be checked ({cause}); it may or may not have "
-            "landed: re-read the log before deciding"
+            f"{operation} on {target!r}: the write was sent but its outcome could not be "
+            f"learned ({cause}); it may or may not have landed, whole or not at all: "
+            "re-read the log before deciding"
         )
+
+    @property
+    def execution_id(self) -> str:
+        """The execution the write was for, when it was for one (else the target)."""
+        return self.target
 
 
 class StorageReadError(StorageError):

@@ -8,9 +8,12 @@ one hop to the connection's thread is in flight, new ones wait, and the next hop
 all of them at once:
 
 - reads run first, each as its own autocommit statement(s);
-- writes run in arrival order inside one ``BEGIN IMMEDIATE`` … ``COMMIT``, each inside its
-  own ``SAVEPOINT``, so an operation that refuses (a stale fence, a moved head) or fails
-  is rolled back alone and gets its own error, while the others commit together.
+- writes run in arrival order inside one ``BEGIN IMMEDIATE`` … ``COMMIT``. Every
+  operation makes its checks before it writes, so one that refuses (a stale fence, a
+  moved head) has changed nothing and simply gets its error while the others commit
+  together. One that fails after it started writing (rare: the values themselves were
+  refused by SQLite) rolls the whole transaction back, and the others are run again
+  without it, so each round drops one operation and the loop ends.
 
 Every operation that was in the queue at the same time was concurrent with the others, so
 running them in this order is a valid serial order, and each caller's result is delivered
@@ -31,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias, TypeVar, cast, final
 
-from loom_core.errors import StorageWriteError
+from loom_core.errors import StorageWriteError, WriteOutcomeUnknownError
 from loom_sqlite.connection import SqliteConnection
 from loom_sqlite.errors import DatabaseClosedError
 
@@ -246,9 +249,24 @@ def _translated(
     return error_for
 
 
+# A COMMIT that fails with an I/O error may already have written its commit frame to the
+# -wal file (SQLite writes the frames, then syncs, then updates the wal-index): no reader
+# sees it, but after a crash the next opener rebuilds the index from the file and the
+# transaction appears. Every other commit failure (full, busy, read-only) wrote nothing.
+_COMMIT_MAYBE_LANDED: Final = frozenset({sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOMEM})
+
+
 def _commit_failed(
     pending: _Pending, cause: sqlite3.Error, connection: SqliteConnection
 ) -> BaseException:
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in _COMMIT_MAYBE_LANDED:
+        return WriteOutcomeUnknownError(
+            pending.doing,
+            connection.path,
+            f"the commit failed with an I/O error: {cause}; the transaction may be in the "
+            "-wal file and appear after a crash",
+        )
     return StorageWriteError(
         f"SQLite database {connection.path!r}: the commit failed while {pending.doing} "
         f"({cause}); the transaction was rolled back and nothing was written"

@@ -304,3 +304,43 @@ async def test_a_row_edited_outside_loom_is_a_read_error_naming_the_event(
     async with open_storage(url) as storage:
         with pytest.raises(StorageReadError, match=f"event 0 of 'edited' has .*{column}"):
             await storage.events.read("edited")
+
+
+@pytest.mark.parametrize(
+    ("code", "unknown"),
+    [
+        (sqlite3.SQLITE_IOERR, True),
+        (sqlite3.SQLITE_IOERR | (4 << 8), True),  # SQLITE_IOERR_FSYNC
+        (sqlite3.SQLITE_NOMEM, True),
+        (sqlite3.SQLITE_FULL, False),
+        (sqlite3.SQLITE_BUSY, False),
+        (sqlite3.SQLITE_READONLY, False),
+    ],
+    ids=["ioerr", "ioerr-fsync", "nomem", "full", "busy", "readonly"],
+)
+async def test_a_commit_that_failed_on_the_disk_is_an_unknown_outcome(
+    db_url: str, code: int, unknown: bool
+) -> None:
+    """A COMMIT refused before it wrote (full, busy, read-only) wrote nothing; one that
+    failed with an I/O error may have left its frames in the -wal file, so the caller is
+    told the outcome is unknown, never that nothing was written."""
+    from loom_sqlite.transactions import _commit_failed, _Pending
+
+    from loom_core import WriteOutcomeUnknownError
+
+    async with open_storage(db_url) as storage:
+        assert isinstance(storage.events, SqliteEventStore)
+        connection = storage.events._runner._connection
+        cause = sqlite3.OperationalError("the commit's error")
+        cause.sqlite_errorcode = code
+        pending = _Pending(
+            lambda raw: None, True, "appending to 'order-42'",
+            asyncio.get_running_loop().create_future(),
+        )
+        error = _commit_failed(pending, cause, connection)
+        assert isinstance(error, StorageWriteError)
+        assert isinstance(error, WriteOutcomeUnknownError) is unknown, error
+        if unknown:
+            assert "may be in the -wal file" in str(error)
+        else:
+            assert "nothing was written" in str(error)
