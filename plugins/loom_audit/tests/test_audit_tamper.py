@@ -19,9 +19,10 @@ with an exported head. A sample of every mutation kind also goes through a real 
 ``AuditEventStore.verify``.
 
 Then, on a real SQLite file (issue 11, item 7): a row forged at or past the head without
-moving it, the head moved back, a log of rows with no head at all, and the derived
-``answering`` column flipped. ``verify`` checks the store's head against the chain, and
-never calls intact a log of which ``read`` returns more than it verified.
+moving it, the head moved back, a log of rows with no head at all, and every input of
+the answering classification edited (the store keeps no derived column to flip: SQLite
+schema 2 derives it from kind and metadata). ``verify`` checks the store's head against
+the chain, and never calls intact a log of which ``read`` returns more than it verified.
 """
 
 from __future__ import annotations
@@ -354,7 +355,7 @@ def _forge_after(sql: sqlite3.Connection, execution_id: str, sequence: int,
     metadata: JsonValue = {"chain": {"v": 1, "prev": prev_hash, "hash": own}}
     sql.execute(
         "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, "
-        "recorded_at, answering) VALUES (?, ?, 'STEP_COMPLETED', ?, ?, 0, 0)",
+        "recorded_at) VALUES (?, ?, 'STEP_COMPLETED', ?, ?, 0)",
         (execution_id, sequence, canonical_json(payload), canonical_json(metadata)),
     )
 
@@ -442,7 +443,7 @@ async def test_every_input_of_the_answering_classification_is_chained(
     await _park_and_answer(on_sqlite)
     audit = find_audit_store(on_sqlite)
     edits = [
-        ("UPDATE loom_events SET kind = 'STEP_COMPLETED', answering = 0 "
+        ("UPDATE loom_events SET kind = 'STEP_COMPLETED' "
          "WHERE execution_id = 'p' AND sequence = 2"),
         ("UPDATE loom_events SET kind = 'app.done', "
          "metadata = json_set(metadata, '$.kernel', json('true')) "
@@ -451,7 +452,7 @@ async def test_every_input_of_the_answering_classification_is_chained(
          "WHERE execution_id = 'p' AND sequence = 2"),
     ]
     original = sql.execute(
-        "SELECT kind, metadata, answering FROM loom_events "
+        "SELECT kind, metadata FROM loom_events "
         "WHERE execution_id = 'p' AND sequence = 2"
     ).fetchone()
     for edit in edits:
@@ -460,26 +461,21 @@ async def test_every_input_of_the_answering_classification_is_chained(
         assert isinstance(broken, ChainBroken), edit
         assert (broken.sequence, broken.reason) == (2, "content")
         sql.execute(
-            "UPDATE loom_events SET kind = ?, metadata = ?, answering = ? "
+            "UPDATE loom_events SET kind = ?, metadata = ? "
             "WHERE execution_id = 'p' AND sequence = 2", original,
         )
     assert (await audit.verify("p")).ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the SQLite helper's change (issue 11 item 7): acquire_fence_if derives "
-    "answering-ness from kind and metadata at query time instead of trusting the stored "
-    "column; remove this marker when that branch is merged",
-)
-async def test_a_flipped_answering_column_neither_breaks_the_chain_nor_wins_the_park(
+async def test_no_derived_answering_column_is_left_to_flip_and_the_answer_still_wins(
     on_sqlite: Storage, sql: sqlite3.Connection
 ) -> None:
     token = await _park_and_answer(on_sqlite)
-    sql.execute("UPDATE loom_events SET answering = 0 WHERE execution_id = 'p' AND sequence = 2")
+    columns = {row[1] for row in sql.execute("PRAGMA table_info(loom_events)")}
+    assert "answering" not in columns  # nothing beside kind and metadata decides it
     # The log (kind, payload, metadata) is untouched, so the chain holds ...
     assert (await find_audit_store(on_sqlite).verify("p")).ok
-    # ... and the park was answered all the same: the conditional acquire must lose.
+    # ... and the park was answered: the conditional acquire must lose.
     assert isinstance(
         await on_sqlite.events.acquire_fence_if("p", fence=token, park_seq=1), FenceStale
     )
