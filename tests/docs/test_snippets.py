@@ -31,7 +31,7 @@ The convention, for whoever writes a snippet:
   - ``same-as=PATH`` (any language): the block is a copy of the repository's file PATH,
     and must stay one (the plugin guide's ``tox.ini``, which is then run itself).
 
-* Files in ``NOT_YET`` are not run yet; everything else is, and a block cannot opt out.
+* Every block of every file runs; a block cannot opt out.
 """
 
 from __future__ import annotations
@@ -62,14 +62,7 @@ __all__ = ["loom_postgres_server"]
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 
-# Waiting for edits elsewhere (their snippets need options and names the harness is ready
-# to give: see the "crypto-keys" setup). Remove a file from here to run its snippets.
-NOT_YET: Final = frozenset({"docs/crypto.md", "docs/audit.md"})
-
-DOCS: Final = tuple(
-    p for p in ["README.md", *sorted(f"docs/{f.name}" for f in (ROOT / "docs").glob("*.md"))]
-    if p not in NOT_YET
-)
+DOCS: Final = ("README.md", *sorted(f"docs/{f.name}" for f in (ROOT / "docs").glob("*.md")))
 
 # Files a project starts with that the guide points to instead of showing.
 PROJECT_BASE: Final[dict[str, dict[str, str]]] = {
@@ -442,11 +435,6 @@ def test_every_python_block_of_the_covered_docs_is_run() -> None:
     }
 
 
-def test_not_yet_names_only_files_that_exist() -> None:
-    for doc in NOT_YET:
-        assert (ROOT / doc).is_file(), f"{doc} is gone: take it out of NOT_YET"
-
-
 # -- the harness can fail ----------------------------------------------------------------
 
 
@@ -477,7 +465,6 @@ def test_a_name_no_setup_gives_is_a_name_error(context: Context, tmp_path: Path)
 
 
 def test_the_crypto_keys_setup_opens_crypto_above_audit(context: Context, tmp_path: Path) -> None:
-    # Ready for docs/crypto.md and docs/audit.md when they leave NOT_YET.
     text = (
         "<!-- snippet: setup=crypto-keys -->\n```python\n"
         "from loom_core import NewEvent, open_storage\n"
