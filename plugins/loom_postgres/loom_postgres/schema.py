@@ -19,7 +19,6 @@ How concurrent writers of one execution are ordered is written out above ``_BATC
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -680,11 +679,3 @@ async def migrate_connection(
         ) from exc
     after = max(before, SCHEMA_VERSION)
     return MigrationReport(target, before, after, None)
-
-
-def statements_of(version: int) -> Sequence[str]:
-    """The DDL of one migration step (for documentation and tests)."""
-    for number, _, statements in MIGRATIONS:
-        if number == version:
-            return statements
-    raise KeyError(version)
