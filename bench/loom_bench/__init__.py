@@ -1,5 +1,5 @@
-"""Loom's benchmark harness: ADR 0118's throughput table on any installed backend and
-decorator stack, every row beside the raw-driver floor measured in the same run.
+"""Loom's benchmark harness: the throughput of five kinds of execution on any installed
+backend and decorator stack, every row beside the raw-driver floor measured in the same run.
 
 Run it with ``python3 -m bench`` from the repository root (see ``docs/benchmarks.md``), or
 from code::

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python3 -m bench",
         description=(
-            "Loom's throughput table (ADR 0118's acceptance rows) on the installed "
+            "Loom's throughput table (five kinds of execution, fenced and not) on the installed "
             "backends and decorator stacks, each row beside its raw-driver floor run in "
             "the same repetitions."
         ),

@@ -3,7 +3,8 @@
 One connection per concurrent execution (``concurrency`` of them, autocommit, psycopg's
 automatic prepared statements), each append its own transaction, into an equivalent table
 (primary key ``(execution_id, sequence)``) in the same database as the store under test.
-The statements are the ones ADR 0118 D1 prescribes, written by hand:
+The statements are the minimal ones the fence and the conditional acquire need (see
+docs/design.md, "The conditional acquire"), written by hand:
 
 - an append is one ``INSERT``; a park also creates the execution's token-0 fence row in
   the same statement, so a later answer can lock it;
@@ -13,7 +14,7 @@ The statements are the ones ADR 0118 D1 prescribes, written by hand:
 - ``acquire_fence_if`` is one transaction: lock the fence row ``FOR UPDATE``, then bump it
   only if the token matches and no answering event exists past the park.
 
-This is the plain-pool loop the PostgreSQL issue measured at about 0.45x of pgbench on
+This is the plain-pool loop, measured at about 0.45x of pgbench on
 these machines: no pipelining, no group commit. It is a floor, not a ceiling;
 :mod:`loom_bench.pgbench` gives the ceiling.
 """

@@ -61,7 +61,8 @@ ACQUIRE: Final = (
     "ON CONFLICT (execution_id) DO UPDATE SET token = token + 1 RETURNING token"
 )
 CURRENT_TOKEN: Final = "SELECT token FROM fences WHERE execution_id = ?"
-# ADR 0118 D1's scan: an answering kernel kind, or an unknown kind stamped kernel: true.
+# The answered-park scan: an answering kernel kind, or an unknown kind stamped kernel: true
+# (see docs/design.md, "Answering and ignorable events").
 ANSWERED_AFTER: Final = (
     "SELECT EXISTS (SELECT 1 FROM events WHERE execution_id = ? AND sequence > ? AND ("
     "kind IN (SELECT value FROM json_each(?)) OR ("

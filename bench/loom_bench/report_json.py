@@ -74,7 +74,7 @@ def to_json_data(result: BenchResult) -> dict[str, object]:
         "rows": [_row(row) for row in result.rows],
         "targets": [
             {
-                "issue": check.issue,
+                "name": check.name,
                 "backend": check.backend,
                 "concurrency": check.concurrency,
                 "description": check.description,

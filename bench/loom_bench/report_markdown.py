@@ -189,7 +189,7 @@ def _bound(kind: str, value: float) -> str:
 
 
 def _targets_section(checks: Sequence[TargetCheck]) -> list[str]:
-    header = ["issue", "backend", "C", "target", "measured", "interval of the median", "met"]
+    header = ["name", "backend", "C", "target", "measured", "interval of the median", "met"]
     lines = []
     for check in checks:
         formatter = format_ratio if check.kind == "ratio" else format_overhead
@@ -205,7 +205,7 @@ def _targets_section(checks: Sequence[TargetCheck]) -> list[str]:
                 f"{_bound(check.kind, interval.low)} {_TO} {_bound(check.kind, interval.high)} "
                 f"({interval.confidence:.0%})"
             )
-        lines.append([check.issue, check.backend, str(check.concurrency), target, measured,
+        lines.append([check.name, check.backend, str(check.concurrency), target, measured,
                       shown, _VERDICTS[check.verdict]])
     return [
         "### Targets",

@@ -5,7 +5,7 @@ conditional acquire). The same script drives our stores through the SPI
 (:func:`run_execution`) and, in :mod:`loom_bench.raw_sqlite` / :mod:`loom_bench.raw_postgres`
 / :mod:`loom_bench.pgbench`, the bare-driver floors, so both sides write the same rows.
 
-The five rows of ADR 0118's acceptance table:
+The five rows of the throughput table the harness reproduces (see docs/benchmarks.md):
 
 - ``short``: start, one step, complete (three unfenced appends);
 - ``short-fenced``: ``acquire_fence``, then the same three appends under the token;
@@ -15,7 +15,7 @@ The five rows of ADR 0118's acceptance table:
 - ``park-resume-fence-if``: the same, but the resumer takes
   ``acquire_fence_if(fence=<the park's token>, park_seq=<the park's sequence>)``.
 
-One more row measures what issue 4's "fenced appends" target names, the appends alone:
+One more row measures what the ``fenced-append-cost`` target names, the appends alone:
 
 - ``short-fenced-appends``: the three appends of ``short-fenced`` under a token the
   execution already holds; its ``acquire_fence`` is the scenario's *setup*, run for every
@@ -23,7 +23,8 @@ One more row measures what issue 4's "fenced appends" target names, the appends 
   appends many times).
 
 The park is written unfenced (token 0), as a parent parked by the supervisor's unfenced
-first try is (ADR 0118, "Implementation (as built)").
+first try is: an execution that was never fenced has token 0 (docs/design.md, "The log
+and the fence").
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ SCENARIOS: Final[Mapping[str, Scenario]] = {
         ),
     )
 }
-"""Every scenario: the original's table, with the fenced appends alone after its fenced
-column."""
+"""Every scenario: the five rows of the table, with the fenced appends alone after its
+fenced column."""
 
 
 def scenario(key: str) -> Scenario:

@@ -74,8 +74,9 @@ def test_markdown_has_a_ratio_per_row_and_says_memory_has_no_floor() -> None:
         in markdown
     assert "`python3 -m bench --runs 2`" in markdown
     assert "commit abcdef012345" in markdown
-    # The SQLite target (issue 3) is evaluated from the same row.
+    # The SQLite target (sqlite-vs-raw) is evaluated from the same row.
     assert "unfenced: ours / raw sqlite3 >= 0.70\u00d7 | 0.85\u00d7" in markdown
+    assert "| sqlite-vs-raw | sqlite | 64 |" in markdown
 
 
 def test_a_missing_backend_is_one_line_not_a_crash() -> None:

@@ -1,4 +1,4 @@
-"""The issue targets are computed from paired repetitions of the right rows."""
+"""The targets are computed from paired repetitions of the right rows."""
 
 from __future__ import annotations
 
