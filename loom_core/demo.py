@@ -1,6 +1,7 @@
 """``loom demo``: an execution parked and resumed under a conditional fence, end to end.
 
-It plays ADR 0118's hard case on any backend: a park, an unfenced audit append after it,
+It plays the conditional acquire's hard case (see docs/design.md, "The conditional acquire")
+on any backend: a park, an unfenced audit append after it,
 a supervisor that acquires a fence and dies, a legitimate resume that still wins (by
 retrying with the token the store returns), a rival resumer that is refused because the
 park is already answered, and a zombie writer fenced out.

@@ -48,5 +48,5 @@ class Event:
 
 
 def is_answering(event: Event | NewEvent) -> bool:
-    """Whether ``event`` answers a park (ADR 0118 D1; see :func:`is_answering_kind`)."""
+    """Whether ``event`` answers a park (see :func:`is_answering_kind`)."""
     return is_answering_kind(event.kind, event.metadata)

@@ -1,4 +1,5 @@
-"""Kernel event kinds and their ADR 0118 D1 classification.
+"""Kernel event kinds and their answering/ignorable classification (see
+docs/design.md, "Answering and ignorable events").
 
 A conditional fence (``acquire_fence_if``) is stale when an *answering* event exists past
 the park it answers. Which kinds answer is a total mapping over :class:`EventKind`, checked
@@ -93,7 +94,7 @@ def build_classification(
     if missing:
         raise UnclassifiedKindError(
             f"kernel kinds without an answering/ignorable classification: {missing}; "
-            "add each to _ANSWERING or _IGNORABLE in loom_core/kinds.py (ADR 0118 D1)"
+            "add each to _ANSWERING or _IGNORABLE in loom_core/kinds.py (see docs/design.md, 'Answering and ignorable events')"
         )
     unknown = sorted(set(table) - {k.value for k in kinds})
     if unknown:
@@ -111,7 +112,8 @@ ANSWERING_KINDS: Final[frozenset[str]] = frozenset(
 
 
 def is_answering_kind(kind: str, metadata: Mapping[str, object]) -> bool:
-    """Whether an event of ``kind`` with ``metadata`` answers a park (ADR 0118 D1).
+    """Whether an event of ``kind`` with ``metadata`` answers a park (see
+    docs/design.md, "Answering and ignorable events").
 
     1. a kernel kind is classified by :data:`CLASSIFICATION`;
     2. any other kind is an application event and is ignorable,

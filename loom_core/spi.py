@@ -190,7 +190,7 @@ class EventStore(Protocol):
         ...
 
 
-# -- timers (ADR 0118 D4) -----------------------------------------------------------------
+# -- timers (see docs/design.md, "Timers and re-drives") -----------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class TimerStore(Protocol):
     async def close(self) -> None: ...
 
 
-# -- leases (runbook section 2) -------------------------------------------------------------
+# -- leases ------------------------------------------------------------------------------------
 
 LeaseScope: TypeAlias = Literal["process", "host", "cluster", "unknown"]
 """Who can see a lease: one process (memory), one host (SQLite file), every node

@@ -8,7 +8,7 @@ see ``docs/plugin-authors.md``. The public API:
   ``TestLeaseStoreContract``;
 - :mod:`loom_conformance.requirements`: the switch per optional method (``requires``);
 - :mod:`loom_conformance.decorating`: running the contract through registered decorators;
-- :mod:`loom_conformance.explorer`: the ADR 0118 schedule explorer.
+- :mod:`loom_conformance.explorer`: the schedule explorer of the conditional acquire.
 """
 
 import pytest

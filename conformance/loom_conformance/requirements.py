@@ -65,8 +65,8 @@ class Requirements:
 
     @property
     def acquire_fence_if(self) -> pytest.MarkDecorator:
-        """``acquire_fence_if(id, fence=, park_seq=)``: ADR 0118's conditional acquire.
-        Its cases are the ADR's conformance list and the schedule explorer."""
+        """``acquire_fence_if(id, fence=, park_seq=)``: the conditional acquire
+        (docs/design.md). Its cases are the fencing contract and the schedule explorer."""
         return _requires("acquire_fence_if")
 
     @property

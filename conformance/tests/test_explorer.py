@@ -22,8 +22,8 @@ asyncio_test = pytest.mark.asyncio(loop_scope="function")
 
 
 class TokenOnlyStore(MemoryEventStore):
-    """Broken on purpose: compares the token but not the tail past ``park_seq`` (ADR 0118
-    round 2's mistake), so a retry after a committed resume wins."""
+    """Broken on purpose: compares the token but not the tail past ``park_seq`` (the
+    token alone cannot see a committed resume), so a retry after a committed resume wins."""
 
     async def acquire_fence_if(
         self, execution_id: str, *, fence: int, park_seq: int
@@ -75,7 +75,7 @@ async def test_negative_control_reports_a_readable_example() -> None:
 
 @asyncio_test
 async def test_explorer_catches_a_conditional_acquire_that_ignores_the_park() -> None:
-    """ADR 0118 round 3's interleaving: B re-reads the park before A's resume lands and
+    """The interleaving that needs the park condition: B re-reads the park before A's resume lands and
     retries with the returned token after it; only the park condition refuses B. It takes
     all ten steps, which is why the exploration goes to n = 10."""
     report = await explore(token_only_factory())

@@ -1,4 +1,5 @@
-"""In-memory timer store (ADR 0118 D4 semantics; the reference for the SQL stores)."""
+"""In-memory timer store, the reference for the SQL stores (see
+docs/design.md, "Timers and re-drives")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The schedule explorer (ADR 0118): every interleaving of two resumers, with crashes.
+"""The schedule explorer: every interleaving of two resumers, with crashes.
 
 The model, precisely:
 
@@ -8,8 +8,8 @@ The model, precisely:
   EXECUTION_DENIED follows the park (an audit append that must not make anything stale),
   and a *dead acquirer* took token 1 and crashed without appending (with
   ``acquire_fence_if`` in the conditional run, ``acquire_fence`` in the control). Every
-  resumer therefore starts from a stale envelope token, so ADR 0118 D2's retry is on the
-  path of every schedule.
+  resumer therefore starts from a stale envelope token, so the retry with the returned token
+  (docs/design.md, "The conditional acquire") is on the path of every schedule.
 * **Two resumers, A and B**, run the same program, one store call per step:
 
   1. *read*: read the log, find the newest park; stop if it is answered;
@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     the conditional run is clean and the control finds a violation."""
     parser = argparse.ArgumentParser(
         prog="python -m loom_conformance.explorer",
-        description="Explore every interleaving of two resumers (ADR 0118) against a store.",
+        description="Explore every interleaving of two resumers of a park against a store.",
     )
     parser.add_argument("--url", help="storage URL (default: memory://)")
     parser.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="max schedule length")

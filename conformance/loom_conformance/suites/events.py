@@ -20,8 +20,8 @@ class TestEventStoreContract(
     EventStoreRefusalContract,
     ScheduleExplorerContract,
 ):
-    """Every required and optional method, every error with its data, ADR 0118's
-    conformance list, the unchanged store after every refusal and the schedule explorer,
+    """Every required and optional method, every error with its data, the
+    conditional acquire's cases, the unchanged store after every refusal and the schedule explorer,
     against ``loom_storage_factory``.
 
     Tests of an optional method run where the store offers it (``capabilities``) and are

@@ -1,5 +1,5 @@
-"""Fencing: StaleFenceError on append, ``acquire_fence``, ``acquire_fence_if`` (the full
-ADR 0118 conformance list) and ``append_if_unchanged``."""
+"""Fencing: StaleFenceError on append, ``acquire_fence``, ``acquire_fence_if`` (every case
+of docs/design.md, "The conditional acquire") and ``append_if_unchanged``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ NOT_ANSWERING: Final[tuple[EventKind, ...]] = (
     EventKind.EXECUTION_MIGRATED,
     EventKind.STEP_COMPLETED,
 )
-"""The ignorable kinds ADR 0118's conformance list names (audit appends after a park)."""
+"""Ignorable kinds that may follow a park without answering it (audit appends)."""
 
 UNKNOWN_KIND: Final = "KERNEL_KIND_FROM_A_NEWER_NODE"
 
@@ -199,7 +199,7 @@ class EventStoreFencingContract:
         )
         assert sorted(tokens) == list(range(1, 9))
 
-    # -- acquire_fence_if (ADR 0118 D1) -------------------------------------------------
+    # -- acquire_fence_if (docs/design.md, "The conditional acquire") -------------------
 
     @requires.acquire_fence_if
     async def test_conditional_acquire_returns_the_next_token_and_fences_the_old_holder(
@@ -394,7 +394,7 @@ class EventStoreFencingContract:
     async def test_answering_append_racing_a_conditional_acquire_never_both_succeed(
         self, loom_events: EventStore
     ) -> None:
-        """ADR 0118 D1's race: either the resume lands and the acquire is stale, or the
+        """The race the conditional acquire closes: either the resume lands and the acquire is stale, or the
         acquire wins and the resume is StaleFenceError; never both, never neither."""
         for round_ in range(16):
             execution_id = f"exec-race-{round_:02d}"
@@ -422,7 +422,7 @@ class EventStoreFencingContract:
     async def test_dead_acquirer_is_retried_with_the_returned_token(
         self, loom_events: EventStore
     ) -> None:
-        """ADR 0118 D2: a crashed resumer took a token and never appended; the park is still
+        """The retry: a crashed resumer took a token and never appended; the park is still
         unanswered, so the retry with the token the store returned wins."""
         park_seq = await park(loom_events, "exec-1")
         await loom_events.acquire_fence_if("exec-1", fence=0, park_seq=park_seq)  # then dies
@@ -436,7 +436,7 @@ class EventStoreFencingContract:
     async def test_retry_after_a_committed_resume_is_stale(
         self, loom_events: EventStore
     ) -> None:
-        """ADR 0118 round 3: the winner's resume does not move the token, so a rival that
+        """Why also the park: the winner's resume does not move the token, so a rival that
         re-read the token would match it; the answered park refuses it instead."""
         park_seq = await park(loom_events, "exec-1")
         won = await loom_events.acquire_fence_if("exec-1", fence=0, park_seq=park_seq)

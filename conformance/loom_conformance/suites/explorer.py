@@ -1,4 +1,4 @@
-"""The schedule explorer as contract tests (ADR 0118, issue 2 item 7)."""
+"""The schedule explorer as contract tests (see docs/design.md, "The conditional acquire")."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ScheduleExplorerContract:
         report = await explore(loom_storage_factory, isolation=loom_explorer_isolation)
         assert report.schedules == EXPECTED_SCHEDULES
         assert report.violations == (), "\n\n".join(v.explain() for v in report.violations[:3])
-        # Not vacuous: resumes landed, and D2's retry with the returned token was taken.
+        # Not vacuous: resumes landed, and the retry with the returned token was taken.
         assert report.resumed > 0
         assert report.retried > 0
 

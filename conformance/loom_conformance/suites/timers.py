@@ -1,4 +1,4 @@
-"""``TestTimerStoreContract``: durable wake-ups (ADR 0118 D4)."""
+"""``TestTimerStoreContract``: durable wake-ups (see docs/design.md, "Timers and re-drives")."""
 
 from __future__ import annotations
 

@@ -152,7 +152,8 @@ class DictEventStore(RefusesUnoffered):
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
         """Bump only if the token is ``fence`` AND nothing answers past ``park_seq``
-        (ADR 0118 D1: the token alone cannot see a resume that was already appended)."""
+        (the token alone cannot see a resume that was already appended; see
+        docs/design.md, "The conditional acquire")."""
         execution_id = check_execution_id(execution_id)
         fence = check_fence(fence)
         park_seq = check_sequence(park_seq, "park_seq")

@@ -12,7 +12,7 @@ store that returns it from ``read`` would hand out unverified. The last link of 
 chain is exactly at ``head() - 1``.
 
 What decides behaviour is covered: the hash covers every event's kind and metadata, and so
-every input of the ADR 0118 classification (the kind, ``metadata["kernel"]``) and the
+every input of the answering classification (the kind, ``metadata["kernel"]``) and the
 fence stamp. The walk reads nothing a store derives from them: a backend's own copy of the
 classification (SQLite's ``answering`` column) is not part of the log, so a flipped
 derived column is not a broken chain; it is the store's to derive from the covered fields

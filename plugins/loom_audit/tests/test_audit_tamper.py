@@ -18,7 +18,7 @@ apart: not detected by the walk alone when the head counter goes with the rows, 
 with an exported head. A sample of every mutation kind also goes through a real store and
 ``AuditEventStore.verify``.
 
-Then, on a real SQLite file (issue 11, item 7): a row forged at or past the head without
+Then, on a real SQLite file: a row forged at or past the head without
 moving it, the head moved back, a log of rows with no head at all, and every input of
 the answering classification edited (the store keeps no derived column to flip: SQLite
 schema 2 derives it from kind and metadata). ``verify`` checks the store's head against

@@ -44,7 +44,7 @@ class KeyStoreError(LoomError):
 class KeyNotFoundError(KeyStoreError, LookupError):
     """The key id was never created in this key store.
 
-    Seen after a restore that brought back a key store older than the log (runbook §5):
+    Seen after a restore that brought back a key store older than the log:
     the log holds payloads sealed under keys this key store never had.
     """
 

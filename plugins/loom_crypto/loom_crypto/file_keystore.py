@@ -12,7 +12,8 @@ crash leaves either the old record or the new one, never half of one. Destroying
 the key's record as a tombstone without its bytes; the tombstone is what
 :meth:`FileKeyStore.was_destroyed` reads, so destruction stays provable after a restart.
 
-Keep the directory **outside** the event database and outside its backup set (runbook §5).
+Keep the directory **outside** the event database and outside its backup set: a key
+backup that outlives ``shred_subject`` resurrects what it shredded.
 Erasure here is a file rewrite: the filesystem may keep the old bytes in free blocks until
 they are reused, so put the directory on an encrypted volume, or use a KMS or HSM when a
 destroyed key must be unrecoverable from the disk itself. Subject names are stored only as

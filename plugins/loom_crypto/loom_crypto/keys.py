@@ -1,7 +1,7 @@
 """The :class:`KeyStore` SPI: one AES-256 data key per subject, destroyable with proof.
 
 A key store lives **outside** the event database: a backup of the log must not carry the
-keys (runbook §5: a key backup that outlives ``shred_subject`` resurrects what it shredded).
+keys (a key backup that outlives ``shred_subject`` resurrects what it shredded).
 Implement it over a KMS, a vault or an HSM; :class:`~loom_crypto.MemoryKeyStore` and
 :class:`~loom_crypto.FileKeyStore` are the two that ship. A sketch over a KMS::
 

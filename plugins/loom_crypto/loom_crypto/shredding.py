@@ -1,6 +1,6 @@
 """``shred_subject``: erase one subject's payloads by destroying its key, with proof.
 
-The protocol (runbook §4, step 5); the log is never rewritten:
+The protocol; the log is never rewritten:
 
 1. **intent**: ERASURE_PENDING ``{"kid": …}`` on each log holding a payload sealed under the
    subject's key (skipped once the key store already proves the key destroyed);
@@ -15,7 +15,8 @@ destroyed writes the missing tombstones, because the key store proves the destru
 retry that finds it live runs the whole protocol. A tombstone is never written on anything
 but that proof.
 
-The markers are appended unfenced (like every audit append, ADR 0118) at the log's head,
+The markers are appended unfenced (like every audit append: it must never be refused because
+someone else holds the execution, see docs/design.md, "The log and the fence") at the log's head,
 re-reading the head on a conflict, without asking ``subject_of``: they carry only the opaque
 key id, in the clear, authenticated under the integrity key and the log's incarnation like
 every clear payload (on a log written by loom-crypto 0.1, bare, as 0.1 wrote them).

@@ -1,5 +1,6 @@
 """Sealed means authenticated: the decorator hands back only payloads it wrote, for that
-event, in that incarnation of the log (issue 11, item 6).
+event, in that incarnation of the log (see docs/design.md, "Sealed means authenticated, for
+this incarnation of the log").
 
 Every test tampers with a real SQLite file through ``sqlite3``, as someone with write access
 to the database (and none to the key store) would: a payload replaced with plaintext, a
@@ -150,7 +151,7 @@ async def test_a_payload_saved_before_delete_does_not_open_in_the_recreated_log(
     await storage.events.append(execution_id, [NewEvent("X", {"v": "new"})],
                                 expected_sequence=0)
 
-    _set(sql, execution_id, 0, saved)  # the payload alone, as the issue's UPDATE does
+    _set(sql, execution_id, 0, saved)  # the payload column alone, as a tamperer's UPDATE would
     with pytest.raises(PayloadAuthenticationError) as caught:
         await storage.events.read(execution_id)
     assert (caught.value.execution_id, caught.value.sequence) == (execution_id, 0)

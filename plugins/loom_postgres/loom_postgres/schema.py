@@ -107,7 +107,7 @@ END
 $loom$
 """
 
-# acquire_fence_if (ADR 0118 D1) for direct SQL use: one 'c' write of loom_batch, where
+# acquire_fence_if (see docs/design.md, "The conditional acquire") for direct SQL use: one 'c' write of loom_batch, where
 # the logic lives (below), so the store's path and this function cannot drift apart.
 # o_status is loom_batch's (0 acquired, 3 stale, 4 no log, 5 park_seq at or past the
 # head).
@@ -518,7 +518,7 @@ _FENCES_COMMENT: Final = """
     COMMENT ON TABLE loom_fences IS
     'Fence tokens. A row exists once someone acquires (schema 1 and 2 also wrote a '
     'token-0 row for every park; since schema 3 nothing needs one). Nothing locks a row '
-    'to read it: writers are ordered by the head row in loom_executions (ADR 0118 D1).'
+    'to read it: writers are ordered by the head row in loom_executions.'
     """
 
 _STEP_1: Final = (

@@ -1,4 +1,4 @@
-"""The PostgreSQL timer store (ADR 0118 D4), in the same database as the log, so one
+"""The PostgreSQL timer store (see docs/design.md, "Timers and re-drives"), in the same database as the log, so one
 backup holds the whole kernel state.
 
 ``schedule`` upserts with ``redrive = COALESCE(new, old)``: a re-drive row is never

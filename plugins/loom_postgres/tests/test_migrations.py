@@ -133,7 +133,7 @@ async def test_a_version_1_schema_is_migrated_to_the_batched_event_insert(
         ]
 
 
-# -- the timers table (ADR 0118 D4, review round 1 P3-5) ----------------------------------
+# -- the timers table gains redrive safely (docs/design.md, "Timers and re-drives") ------
 
 OLD_TIMERS = """
 CREATE TABLE loom_timers (

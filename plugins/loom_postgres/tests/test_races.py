@@ -1,4 +1,5 @@
-"""ADR 0118 D1 on PostgreSQL: an answering append racing ``acquire_fence_if``.
+"""The conditional acquire on PostgreSQL: an answering append racing ``acquire_fence_if``
+(see docs/design.md, "How PostgreSQL orders the writers of an execution").
 
 The invariant: "the answer lands and the acquire is stale" or "the acquire wins and the
 answer is StaleFenceError", never both, for every park: with a fence row, with a token-0

@@ -1,7 +1,7 @@
 """Online backup with SQLite's backup API.
 
 A naive file copy of a live WAL database can be torn (the ``-wal`` file holds commits the
-main file does not have yet), so the runbook asks for SQLite's backup API. The backup runs
+main file does not have yet), so it uses SQLite's backup API. The backup runs
 on its own connection in a worker thread, so the storage keeps serving reads and writes
 while it runs, and copies all pages in one step: one read transaction, hence one
 consistent snapshot (WAL readers do not block writers; a step-by-step copy would restart

@@ -6,7 +6,8 @@ on the connection's thread inside the ``BEGIN IMMEDIATE`` transaction of its ope
 (:mod:`loom_sqlite.transactions`). ``BEGIN IMMEDIATE`` takes SQLite's one write lock
 before the first read, so between a check here and the write that follows it no other
 writer — task, thread or process — can run: the check and the bump of
-``acquire_fence_if`` are one atomic step, as ADR 0118 D1 requires, and a fenced append's
+``acquire_fence_if`` are one atomic step, as the conditional acquire requires (see
+docs/design.md, "The conditional acquire"), and a fenced append's
 token check cannot be overtaken by an acquire.
 
 A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1;
@@ -16,7 +17,7 @@ re-created id stays fenced out. A token presented to a fenced append above the c
 was never issued (:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let
 a caller with a wrong number outrank every later acquire.
 
-The answered-park scan (condition (b) of ADR 0118 D1) classifies each event past the park
+The answered-park scan (the "no answering event past the park" condition) classifies each event past the park
 from its ``kind`` and ``metadata`` when it runs, exactly as
 :func:`loom_core.kinds.is_answering_kind` does: a kind in the kernel's answering list, or
 a kind that is not a kernel kind at all whose ``metadata.kernel`` is JSON ``true``
@@ -105,7 +106,7 @@ def acquire(raw: sqlite3.Connection, execution_id: str) -> int:
 def acquire_if(
     raw: sqlite3.Connection, execution_id: str, fence: int, park_seq: int
 ) -> ConditionalFence:
-    """ADR 0118 D1: bump only if the token is ``fence`` and no answering event exists
+    """Bump only if the token is ``fence`` and no answering event exists
     past ``park_seq``; otherwise change nothing and return the current token.
 
     Refuses, changing nothing, an execution with no log (``ExecutionNotFoundError``) and

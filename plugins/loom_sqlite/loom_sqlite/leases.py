@@ -1,7 +1,7 @@
 """The SQLite lease store: scope ``host``, expiry by the store's clock.
 
 Every process that opens the same file sees the same leases, so the scope is ``host``
-(runbook section 2: lease evidence holds only among nodes sharing the store). Expiry is
+(lease evidence holds only among nodes sharing the store). Expiry is
 decided by the store clock (:mod:`loom_sqlite.clock`: the host clock unless a ``clock``
 option was given), read inside the same ``BEGIN IMMEDIATE`` transaction that checks and
 writes the row, so two processes racing for a lease are ordered by SQLite's write lock

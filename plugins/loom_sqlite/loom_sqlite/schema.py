@@ -1,17 +1,17 @@
 """The tables, and bringing an existing file up to date when it is opened.
 
 Everything lives in one file, so one backup captures the log, the fence tokens, the
-timers and the leases together (runbook section 5). Tables are prefixed ``loom_`` so the
+timers and the leases together. Tables are prefixed ``loom_`` so the
 file can be shared with an application's own tables.
 
 - ``loom_executions``: one row per log; ``head`` is the next sequence (the number of events
   ever appended), kept here because prefix truncation removes events but not the head.
 - ``loom_events``: the log, the rows of an execution below its head. Nothing derived
-  from an event is stored beside it: ADR 0118 D1's classification is computed from
+  from an event is stored beside it: the answering classification is computed from
   ``kind`` and ``metadata`` when the conditional fence scans (:mod:`loom_sqlite.fencing`).
 - ``loom_fences``: one row per fenced execution; outlives the log when its token is > 0.
-- ``loom_timers``: ADR 0118 D4, keyed by (execution_id, wake_at); ``redrive`` is JSON.
-- ``loom_leases``: runbook section 2.
+- ``loom_timers``: keyed by (execution_id, wake_at); ``redrive`` is JSON.
+- ``loom_leases``: one row per held lease.
 
 Times are INTEGER microseconds since the epoch (:mod:`loom_sqlite.clock`).
 
@@ -20,7 +20,7 @@ Opening is safe when several processes open one file together: every change runs
 is already done (``IF NOT EXISTS``), and each migration looks at the columns first, in
 that same transaction. There are two:
 
-- a timer table from before ADR 0118 D4 lacks ``redrive``: the column is added
+- a timer table from before re-drives lacks ``redrive``: the column is added
   (tolerating a duplicate column in case a tool outside Loom added it meanwhile);
 - an event table of schema 1 carries a derived ``answering`` column and its partial
   index ``loom_events_answering``: both are dropped. A flag stored beside the event could
@@ -97,7 +97,7 @@ CREATE TABLE loom_timers (
     PRIMARY KEY (execution_id, wake_at)
 )
 """
-"""The timer table as it was before ADR 0118 D4 (no ``redrive``); for migration tests."""
+"""The timer table as it was before re-drives (no ``redrive``); for migration tests."""
 
 CREATE_TIMERS_DUE_INDEX: Final = """
 CREATE INDEX IF NOT EXISTS loom_timers_due ON loom_timers (wake_at, execution_id)

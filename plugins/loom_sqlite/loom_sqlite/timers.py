@@ -1,4 +1,4 @@
-"""The SQLite timer store (ADR 0118 D4): durable wake-ups keyed by (execution_id, wake_at).
+"""The SQLite timer store: durable wake-ups keyed by (execution_id, wake_at).
 
 ``schedule`` is an upsert that never downgrades a re-drive row and never lets a plain
 schedule clear one: ``redrive = COALESCE(new, old)``. ``due(redrive=False)`` excludes

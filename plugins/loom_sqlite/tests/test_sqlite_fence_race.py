@@ -6,7 +6,7 @@ interleaving is forced by the test, never left to the scheduler:
 - ``together``: the test holds the file's write lock (``BEGIN IMMEDIATE`` on its own
   connection) while it releases both racers, and lets go only once both have read the
   park. So both judge the same park, and both writes are queued on the lock when it is
-  released: the window ADR 0118 D1 closes is open in every round, however loaded the
+  released: the window the conditional acquire closes is open in every round, however loaded the
   machine. Either racer may then win; the invariant is checked on what both report and
   on what the file holds.
 - ``resume first`` / ``acquire first``: one racer is released and finishes before the

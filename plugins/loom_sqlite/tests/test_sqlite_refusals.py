@@ -1,6 +1,6 @@
 """What SQLite refuses, and that a refusal leaves the file exactly as it was.
 
-Issue 11 items 2-5: a fence token presented to an append above the current one was never
+See docs/design.md, "A refused write changes nothing": a fence token presented to an append above the current one was never
 issued (:class:`~loom_core.FenceNotIssuedError`; ``acquire_fence_if`` and
 ``append_if_unchanged`` compare a token they read, so above is stale there, as the kit
 pins), ``acquire_fence_if`` refuses a missing log and a park at or past the head,

@@ -1,6 +1,6 @@
 """A SQLite file changed behind the store's back does not change what the store decides.
 
-Issue 11 item 7, the store's half: a read never returns rows at or past the stored head,
+The store's half of "The audit chain covers what decides behaviour" (docs/design.md): a read never returns rows at or past the stored head,
 and ``acquire_fence_if`` derives whether an event answers a park from its ``kind`` and
 ``metadata`` (the columns an audit chain covers) when it scans, never from a flag stored
 beside them; a file of schema 1, which stored such a flag, loses it when opened. Each test

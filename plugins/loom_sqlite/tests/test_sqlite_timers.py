@@ -1,4 +1,4 @@
-"""The SQLite timer store (ADR 0118 D4) and the migration of an old-shape timer table."""
+"""The SQLite timer store (see docs/design.md, "Timers and re-drives") and the migration of an old-shape timer table."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ async def test_naive_times_are_refused(storage: Storage) -> None:
 
 
 def _old_shape_file(path: Path) -> None:
-    """A file written before ADR 0118 D4: a timer table without ``redrive``, one row."""
+    """A file written before re-drives existed: a timer table without ``redrive``, one row."""
     with sqlite3.connect(path) as raw:
         raw.execute(OLD_TIMERS)
         raw.execute(
