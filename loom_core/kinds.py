@@ -94,7 +94,8 @@ def build_classification(
     if missing:
         raise UnclassifiedKindError(
             f"kernel kinds without an answering/ignorable classification: {missing}; "
-            "add each to _ANSWERING or _IGNORABLE in loom_core/kinds.py (see docs/design.md, 'Answering and ignorable events')"
+            "add each to _ANSWERING or _IGNORABLE in loom_core/kinds.py (see "
+            "docs/design.md, 'Answering and ignorable events')"
         )
     unknown = sorted(set(table) - {k.value for k in kinds})
     if unknown:

@@ -75,9 +75,9 @@ async def test_negative_control_reports_a_readable_example() -> None:
 
 @asyncio_test
 async def test_explorer_catches_a_conditional_acquire_that_ignores_the_park() -> None:
-    """The interleaving that needs the park condition: B re-reads the park before A's resume lands and
-    retries with the returned token after it; only the park condition refuses B. It takes
-    all ten steps, which is why the exploration goes to n = 10."""
+    """The interleaving that needs the park condition: B re-reads the park before A's
+    resume lands and retries with the returned token after it; only the park condition
+    refuses B. It takes all ten steps, which is why the exploration goes to n = 10."""
     report = await explore(token_only_factory())
     assert report.violations
     assert {v.rule for v in report.violations} == {

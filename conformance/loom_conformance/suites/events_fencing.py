@@ -394,8 +394,9 @@ class EventStoreFencingContract:
     async def test_answering_append_racing_a_conditional_acquire_never_both_succeed(
         self, loom_events: EventStore
     ) -> None:
-        """The race the conditional acquire closes: either the resume lands and the acquire is stale, or the
-        acquire wins and the resume is StaleFenceError; never both, never neither."""
+        """The race the conditional acquire closes: either the resume lands and the
+        acquire is stale, or the acquire wins and the resume is StaleFenceError; never
+        both, never neither."""
         for round_ in range(16):
             execution_id = f"exec-race-{round_:02d}"
             park_seq = await park(loom_events, execution_id, fence=0)

@@ -4,8 +4,9 @@ Writes. ``append``, ``append_if_unchanged``, ``acquire_fence`` and ``acquire_fen
 go through group commit (:mod:`loom_postgres.batching`): concurrent calls share one
 ``loom_batch(...)`` statement, so one round-trip and one commit, yet each keeps its own
 all-or-nothing result and its own error. ``append_many`` is one statement of its own
-(the JOIN path). Both paths follow the same protocol (see docs/design.md, "How PostgreSQL orders the writers of an execution",
-and the comments of ``loom_postgres.schema``): the head row every append locks orders the writers of one
+(the JOIN path). Both paths follow the same protocol (see docs/design.md, "How
+PostgreSQL orders the writers of an execution", and the comments of
+``loom_postgres.schema``): the head row every append locks orders the writers of one
 execution; a fenced append reads the token only after that lock is granted, and
 ``acquire_fence`` / ``acquire_fence_if`` take it before they move the token. No append
 locks the fence row, and no park needs one.

@@ -107,10 +107,10 @@ END
 $loom$
 """
 
-# acquire_fence_if (see docs/design.md, "The conditional acquire") for direct SQL use: one 'c' write of loom_batch, where
-# the logic lives (below), so the store's path and this function cannot drift apart.
-# o_status is loom_batch's (0 acquired, 3 stale, 4 no log, 5 park_seq at or past the
-# head).
+# acquire_fence_if (see docs/design.md, "The conditional acquire") for direct SQL use:
+# one 'c' write of loom_batch, where the logic lives (below), so the store's path and
+# this function cannot drift apart. o_status is loom_batch's (0 acquired, 3 stale, 4 no
+# log, 5 park_seq at or past the head).
 _ACQUIRE_FENCE_IF: Final = """
 CREATE OR REPLACE FUNCTION loom_acquire_fence_if(
     p_id text, p_fence bigint, p_park_seq bigint, p_answering text[], p_kernel text[]

@@ -1,5 +1,5 @@
-"""The PostgreSQL timer store (see docs/design.md, "Timers and re-drives"), in the same database as the log, so one
-backup holds the whole kernel state.
+"""The PostgreSQL timer store, in the same database as the log, so one backup holds the
+whole kernel state (the rules: docs/design.md, "Timers and re-drives").
 
 ``schedule`` upserts with ``redrive = COALESCE(new, old)``: a re-drive row is never
 downgraded by a plain schedule of the same (execution, wake_at), and a plain row gains

@@ -17,8 +17,8 @@ re-created id stays fenced out. A token presented to a fenced append above the c
 was never issued (:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let
 a caller with a wrong number outrank every later acquire.
 
-The answered-park scan (the "no answering event past the park" condition) classifies each event past the park
-from its ``kind`` and ``metadata`` when it runs, exactly as
+The answered-park scan (the "no answering event past the park" condition) classifies
+each event past the park from its ``kind`` and ``metadata`` when it runs, exactly as
 :func:`loom_core.kinds.is_answering_kind` does: a kind in the kernel's answering list, or
 a kind that is not a kernel kind at all whose ``metadata.kernel`` is JSON ``true``
 (``json_type(...) = 'true'``: the number 1 and the string ``"true"`` do not count, while

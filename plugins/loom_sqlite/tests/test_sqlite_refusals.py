@@ -1,11 +1,11 @@
 """What SQLite refuses, and that a refusal leaves the file exactly as it was.
 
-See docs/design.md, "A refused write changes nothing": a fence token presented to an append above the current one was never
-issued (:class:`~loom_core.FenceNotIssuedError`; ``acquire_fence_if`` and
-``append_if_unchanged`` compare a token they read, so above is stale there, as the kit
-pins), ``acquire_fence_if`` refuses a missing log and a park at or past the head,
-positions and limits past 64 bits are refused by the kernel's
-validation when the method is called, and every store refuses after ``close()`` with
+See docs/design.md, "A refused write changes nothing": a fence token presented to an
+append above the current one was never issued (:class:`~loom_core.FenceNotIssuedError`;
+``acquire_fence_if`` and ``append_if_unchanged`` compare a token they read, so above is
+stale there, as the kit pins), ``acquire_fence_if`` refuses a missing log and a park at or
+past the head, positions and limits past 64 bits are refused by the kernel's validation
+when the method is called, and every store refuses after ``close()`` with
 :class:`~loom_core.StoreClosedError`. "Exactly as it was" is checked on the file itself:
 every row of every ``loom_`` table, read with the ``sqlite3`` module, is the same before
 and after the refusal (a stray fence row would show).

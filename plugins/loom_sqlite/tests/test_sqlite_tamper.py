@@ -1,10 +1,11 @@
 """A SQLite file changed behind the store's back does not change what the store decides.
 
-The store's half of "The audit chain covers what decides behaviour" (docs/design.md): a read never returns rows at or past the stored head,
-and ``acquire_fence_if`` derives whether an event answers a park from its ``kind`` and
-``metadata`` (the columns an audit chain covers) when it scans, never from a flag stored
-beside them; a file of schema 1, which stored such a flag, loses it when opened. Each test
-edits a real file with the ``sqlite3`` module, then goes through the real store.
+The store's half of "The audit chain covers what decides behaviour" (docs/design.md): a
+read never returns rows at or past the stored head, and ``acquire_fence_if`` derives
+whether an event answers a park from its ``kind`` and ``metadata`` (the columns an audit
+chain covers) when it scans, never from a flag stored beside them; a file of schema 1,
+which stored such a flag, loses it when opened. Each test edits a real file with the
+``sqlite3`` module, then goes through the real store.
 """
 
 from __future__ import annotations

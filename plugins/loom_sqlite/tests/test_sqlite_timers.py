@@ -1,4 +1,5 @@
-"""The SQLite timer store (see docs/design.md, "Timers and re-drives") and the migration of an old-shape timer table."""
+"""The SQLite timer store (see docs/design.md, "Timers and re-drives") and the migration
+of an old-shape timer table."""
 
 from __future__ import annotations
 
