@@ -8,8 +8,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
+import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer, loom_postgres_server
+from psycopg import sql
 
 from loom_core import Storage, open_storage
 
@@ -49,6 +51,17 @@ async def open_pg(pg_url: str) -> AsyncIterator[Opener]:
     yield opener
     for storage in opened:
         await storage.close()
+
+
+@pytest.fixture
+async def admin(pg_url: str, schema: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain autocommit connection whose search_path is the test's schema (created empty
+    if the store has not created it yet), for reading and tampering with the tables."""
+    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+    yield conn
+    await conn.close()
 
 
 @pytest.fixture

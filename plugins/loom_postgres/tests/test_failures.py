@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import psycopg
 import pytest
@@ -15,18 +15,16 @@ from loom_conformance.postgres import PostgresServer, ThrowawayCluster, with_dat
 from loom_postgres import LockTimeoutError, WriteOutcomeUnknownError
 
 from loom_core import AppendRequest, NewEvent, Storage, open_storage
-from loom_core.errors import LoomError, StorageError, StorageWriteError
+from loom_core.errors import (
+    ExecutionAlreadyExistsError,
+    LoomError,
+    SequenceConflictError,
+    StorageError,
+    StorageWriteError,
+)
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
-
-
-@pytest.fixture
-async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
-    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
-    yield conn
-    await conn.close()
 
 
 async def _blocked_backend(admin: Conn, needle: str) -> int:
@@ -247,8 +245,13 @@ async def test_server_crash_and_restart_loses_no_acknowledged_event_and_duplicat
             by_seq = {e.sequence: e.payload["token"] for e in log}  # type: ignore[index, call-overload]
             for seq, token in mine.items():
                 assert by_seq.get(seq) == token, f"{eid}: acknowledged event {seq} lost"
-    for error in errors:
-        assert isinstance(error, StorageError | LoomError)
+    # Every refusal is one the crash explains: a storage failure (unavailable, a write whose
+    # outcome could not be learned), or a moved head after a write that was reported as
+    # unknown had landed. A stale token or an input refusal here would be a bug: these
+    # writers are unfenced and their input is valid.
+    explained = (StorageError, SequenceConflictError, ExecutionAlreadyExistsError)
+    unexplained = [e for e in errors if not isinstance(e, explained)]
+    assert not unexplained, unexplained[:5]
 
 
 async def test_a_write_whose_outcome_cannot_be_learned_is_a_storage_write_error(

@@ -8,7 +8,7 @@ import json
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import cast
 
@@ -20,23 +20,12 @@ from loom_postgres import (
     backfill_park_fences,
     migrate,
 )
-from psycopg import sql
 
 from loom_core import NewEvent, Redrive, Storage, TimerRecord, open_storage
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
-    """A plain connection whose search_path is the test's schema (created empty)."""
-    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
-    yield conn
-    await conn.close()
 
 
 async def _fetch(

@@ -30,7 +30,7 @@ import asyncio
 import itertools
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,15 +61,6 @@ async def _connect(url: str, schema: str) -> Conn:
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
     await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
     return conn
-
-
-@pytest.fixture
-async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
-    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
-    yield conn
-    await conn.close()
 
 
 async def _park(

@@ -5,13 +5,12 @@ conditional appends, 64-bit limits, and every store after close()."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from loom_core import AppendRequest, NewEvent, Storage, TimerRecord
 from loom_core.errors import (
@@ -28,15 +27,6 @@ Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 PARK = [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")]
 STEP = [NewEvent("STEP_COMPLETED")]
-
-
-@pytest.fixture
-async def admin(pg_url: str, schema: str) -> AsyncIterator[Conn]:
-    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
-    yield conn
-    await conn.close()
 
 
 async def _tables(admin: Conn) -> tuple[list[tuple[Any, ...]], ...]:

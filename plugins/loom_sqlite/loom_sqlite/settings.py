@@ -94,18 +94,25 @@ def _url_options(url: str, query: str) -> dict[str, object]:
             )
         if name in options:
             raise InvalidOptionError(f"sqlite:/// URL option {name!r} is given twice")
-        options[name] = value
+        options[name] = _whole_number(name, value) if name in _MS_OPTIONS else value
     return options
 
 
+# A URL carries text, so its numbers are parsed here; options= must pass real ints, like
+# every other option of the wrong type is refused.
+_MS_OPTIONS: Final = frozenset({"busy_timeout_ms", "subscribe_poll_ms"})
+
+
+def _whole_number(name: str, text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise InvalidOptionError(
+            f"{name} in the URL must be a whole number of milliseconds, got {text!r}"
+        ) from None
+
+
 def _milliseconds(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value, 10)
-        except ValueError:
-            raise InvalidOptionError(
-                f"{name} must be a whole number of milliseconds, got {value!r}"
-            ) from None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOptionError(
             f"{name} must be an int (milliseconds), not {type(value).__name__}"

@@ -100,6 +100,8 @@ async def test_a_bad_url_is_refused_naming_the_problem(url: str, message: str) -
         ("?synchronous=FULL", {"synchronous": "FULL"}, "both in the URL and in options"),
         ("", {"busy_timeout_ms": True}, "must be an int"),
         ("", {"busy_timeout_ms": 1.5}, "must be an int"),
+        ("", {"busy_timeout_ms": "5000"}, "must be an int"),
+        ("", {"subscribe_poll_ms": "20"}, "must be an int"),
         ("", {"synchronous": 2}, "must be a str"),
         ("", {"clock": "now"}, "callable"),
         ("", {"offer": ()}, "unknown sqlite:/// option 'offer'"),
