@@ -5,9 +5,10 @@ A decorator wraps an inner :class:`~loom_core.spi.EventStore`. For **each** opti
 :class:`Decisions` mapping:
 
 - :data:`FORWARD`: the inner store's method, offered exactly when the inner store offers it;
-- ``Implement(method, requires=…)``: the decorator's own ``method`` (defined in the class
-  under the same name), offered always, or only while the inner store offers every method
-  named in ``requires``;
+- ``Implement(method)``: the decorator's own ``method`` (defined in the class under the
+  same name), offered while the inner store offers the method of that name (the common
+  case: the decorator's code calls it); ``requires=(...)`` names other methods it needs
+  instead, and ``requires=()`` offers it always (its code needs nothing optional below);
 - ``Refuse(reason)``: absent from ``capabilities``; calling it raises ``Unsupported(reason)``.
 
 ::
@@ -21,7 +22,7 @@ A decorator wraps an inner :class:`~loom_core.spi.EventStore`. For **each** opti
             acquire_fence=FORWARD,
             acquire_fence_if=FORWARD,
             append_if_unchanged=FORWARD,
-            append_many=Implement(append_many, requires=("append_many",)),
+            append_many=Implement(append_many),
             delete_execution=Refuse("counting stores never delete"),
             copy_prefix=FORWARD,
             truncate_prefix_keeping=FORWARD,
@@ -100,10 +101,15 @@ FORWARD: Final = Forward()
 @final
 @dataclass(frozen=True, slots=True)
 class Implement(Generic[_M]):
-    """Decision: the decorator's own method; offered while the inner offers ``requires``."""
+    """Decision: the decorator's own method; offered while the inner offers ``requires``
+    (by default, the method of the same name; ``()`` for always)."""
 
     method: _M
-    requires: Iterable[OptionalMethod] = ()
+    requires: Iterable[OptionalMethod] | None = None
+
+    def needs(self, method: str) -> frozenset[str]:
+        """What the store below must offer for ``method``, decided this way, to be offered."""
+        return frozenset({method}) if self.requires is None else frozenset(self.requires)
 
 
 @final
@@ -258,7 +264,7 @@ def _install_decisions(cls: type[EventStoreDecorator]) -> None:
                     f"{name} decides {method} as Implement but Implement must name the "
                     f"class's own {method}() method (got {implemented!r})"
                 )
-            requires = frozenset(decision.requires)
+            requires = decision.needs(method)
             bad = sorted(requires - set(OPTIONAL_EVENT_STORE_METHODS))
             if bad or isinstance(decision.requires, str):
                 raise DecoratorDefinitionError(

@@ -204,7 +204,7 @@ def _offered(method: OptionalMethod, decision: Decision | None, inner: frozenset
     if isinstance(decision, Forward):
         return method in inner
     if isinstance(decision, Implement):
-        return set(decision.requires) <= inner
+        return decision.needs(method) <= inner
     return False  # Refuse, or no decision at all
 
 

@@ -94,11 +94,11 @@ class PickyEventStore(EventStoreDecorator):
         acquire_fence=FORWARD,
         acquire_fence_if=FORWARD,
         append_if_unchanged=FORWARD,
-        append_many=Implement(append_many, requires=("append_many",)),
+        append_many=Implement(append_many),
         delete_execution=Refuse("picky stores keep every log"),
         copy_prefix=FORWARD,
         truncate_prefix_keeping=Refuse("picky stores never compact"),
-        subscribe=Implement(subscribe),
+        subscribe=Implement(subscribe, requires=()),
     )
 
 

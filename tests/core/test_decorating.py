@@ -55,10 +55,10 @@ class Counting(EventStoreDecorator):
         return 99
 
     decisions = Decisions(
-        acquire_fence=Implement(acquire_fence),
+        acquire_fence=Implement(acquire_fence, requires=()),
         acquire_fence_if=FORWARD,
         append_if_unchanged=FORWARD,
-        append_many=Implement(append_many, requires=("append_many",)),
+        append_many=Implement(append_many),
         delete_execution=Refuse("counting stores keep every log"),
         copy_prefix=FORWARD,
         truncate_prefix_keeping=FORWARD,
@@ -84,8 +84,25 @@ def test_decisions_shape_capabilities_over_full_and_bare_inners() -> None:
     bare = Counting(MemoryEventStore(offer=()))
     expected_full = set(OPTIONAL_EVENT_STORE_METHODS) - {"delete_execution", "subscribe"}
     assert full.capabilities == expected_full
-    # implemented without requirements: offered even when the inner lacks everything
+    # implemented with requires=(): offered even when the inner lacks everything
     assert bare.capabilities == {"acquire_fence"}
+
+
+def test_implement_by_default_requires_the_method_of_its_own_name() -> None:
+    class Plain(EventStoreDecorator):
+        async def delete_execution(self, execution_id: str) -> bool:
+            return await self.inner.delete_execution(execution_id)
+
+        decisions = Decisions(
+            acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,
+            append_many=FORWARD, delete_execution=Implement(delete_execution),
+            copy_prefix=FORWARD, truncate_prefix_keeping=FORWARD, subscribe=FORWARD,
+        )
+
+    assert "delete_execution" in Plain(MemoryEventStore()).capabilities
+    assert "delete_execution" not in Plain(MemoryEventStore(offer=())).capabilities
+    assert Implement(Plain.delete_execution).needs("delete_execution") == {"delete_execution"}
+    assert Implement(Plain.delete_execution, requires=()).needs("x") == frozenset()
 
 
 async def test_refused_method_raises_unsupported_with_the_reason() -> None:

@@ -310,8 +310,8 @@ class AuditEventStore(EventStoreDecorator):
     decisions = Decisions(
         acquire_fence=FORWARD,
         acquire_fence_if=FORWARD,
-        append_if_unchanged=Implement(append_if_unchanged, requires=("append_if_unchanged",)),
-        append_many=Implement(append_many, requires=("append_many",)),
+        append_if_unchanged=Implement(append_if_unchanged),
+        append_many=Implement(append_many),
         delete_execution=FORWARD,
         copy_prefix=Refuse(
             "every chain link hashes its execution id, so copied events would not verify in "
@@ -319,7 +319,7 @@ class AuditEventStore(EventStoreDecorator):
             "the audit decorator, which starts the target's own chain"
         ),
         truncate_prefix_keeping=FORWARD,
-        subscribe=Implement(subscribe, requires=("subscribe",)),
+        subscribe=Implement(subscribe),
     )
 
 

@@ -487,8 +487,8 @@ class CryptoEventStore(EventStoreDecorator):
     decisions = Decisions(
         acquire_fence=FORWARD,
         acquire_fence_if=FORWARD,
-        append_if_unchanged=Implement(append_if_unchanged, requires=("append_if_unchanged",)),
-        append_many=Implement(append_many, requires=("append_many",)),
+        append_if_unchanged=Implement(append_if_unchanged),
+        append_many=Implement(append_many),
         delete_execution=FORWARD,
         copy_prefix=Refuse(
             "sealed payloads are bound to their execution id, so a copied ciphertext would "
@@ -496,7 +496,7 @@ class CryptoEventStore(EventStoreDecorator):
             "decorator and appending it to the target, which seals it for the target"
         ),
         truncate_prefix_keeping=FORWARD,
-        subscribe=Implement(subscribe, requires=("subscribe",)),
+        subscribe=Implement(subscribe),
     )
 
 

@@ -217,15 +217,13 @@ class TenantEventStore(EventStoreDecorator):
                 await close()
 
     decisions = Decisions(
-        acquire_fence=Implement(acquire_fence, requires=("acquire_fence",)),
-        acquire_fence_if=Implement(acquire_fence_if, requires=("acquire_fence_if",)),
-        append_if_unchanged=Implement(append_if_unchanged, requires=("append_if_unchanged",)),
-        append_many=Implement(append_many, requires=("append_many",)),
-        delete_execution=Implement(delete_execution, requires=("delete_execution",)),
-        copy_prefix=Implement(copy_prefix, requires=("copy_prefix",)),
-        truncate_prefix_keeping=Implement(
-            truncate_prefix_keeping, requires=("truncate_prefix_keeping",)
-        ),
-        subscribe=Implement(subscribe, requires=("subscribe",)),
+        acquire_fence=Implement(acquire_fence),
+        acquire_fence_if=Implement(acquire_fence_if),
+        append_if_unchanged=Implement(append_if_unchanged),
+        append_many=Implement(append_many),
+        delete_execution=Implement(delete_execution),
+        copy_prefix=Implement(copy_prefix),
+        truncate_prefix_keeping=Implement(truncate_prefix_keeping),
+        subscribe=Implement(subscribe),
     )
 
