@@ -180,19 +180,28 @@ def _conditional(storage: Storage) -> Callable[[str, int], Coroutine[Any, Any, b
     return acquire
 
 
+async def _forced_conditional(
+    open_pg: Opener, schema: str, pg_url: str, admin: Conn, path: Path, row: FenceRow,
+    first: Literal["answer", "acquire"],
+) -> Forced:
+    """Two nodes race an answer and a conditional acquire, ``first`` queued first behind a
+    head row the test holds."""
+    node_a = await open_pg(schema=schema)
+    node_b = await open_pg(schema=schema)
+    holder = await _connect(pg_url, schema)
+    try:
+        return await _forced(node_a, node_b, admin, holder, path, row, first,
+                             _conditional(node_b))
+    finally:
+        await holder.close()
+
+
 @pytest.mark.parametrize("row", ["none", "token-0", "acquired"])
 @pytest.mark.parametrize("path", ["append", "append_many"])
 async def test_an_answer_queued_first_on_a_held_head_row_lands_and_the_acquire_is_stale(
     open_pg: Opener, schema: str, pg_url: str, admin: Conn, path: Path, row: FenceRow
 ) -> None:
-    node_a = await open_pg(schema=schema)
-    node_b = await open_pg(schema=schema)
-    holder = await _connect(pg_url, schema)
-    try:
-        outcome = await _forced(node_a, node_b, admin, holder, path, row, "answer",
-                                _conditional(node_b))
-    finally:
-        await holder.close()
+    outcome = await _forced_conditional(open_pg, schema, pg_url, admin, path, row, "answer")
     fence = 1 if row == "acquired" else 0
     assert outcome == Forced(appended=True, acquired=False, token=fence)
 
@@ -202,14 +211,7 @@ async def test_an_answer_queued_first_on_a_held_head_row_lands_and_the_acquire_i
 async def test_an_acquire_queued_first_on_a_held_head_row_wins_and_the_answer_is_stale(
     open_pg: Opener, schema: str, pg_url: str, admin: Conn, path: Path, row: FenceRow
 ) -> None:
-    node_a = await open_pg(schema=schema)
-    node_b = await open_pg(schema=schema)
-    holder = await _connect(pg_url, schema)
-    try:
-        outcome = await _forced(node_a, node_b, admin, holder, path, row, "acquire",
-                                _conditional(node_b))
-    finally:
-        await holder.close()
+    outcome = await _forced_conditional(open_pg, schema, pg_url, admin, path, row, "acquire")
     fence = 1 if row == "acquired" else 0
     assert outcome == Forced(appended=False, acquired=True, token=fence + 1)
 

@@ -1,10 +1,12 @@
-"""Helpers shared by the loom-sqlite tests: URLs and subprocess plumbing."""
+"""Helpers shared by the loom-sqlite tests: URLs, subprocess plumbing and a parked log."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+from loom_core import NewEvent, Storage
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 
@@ -68,3 +70,15 @@ def finish(process: subprocess.Popen[str], timeout: float = 60) -> None:
     if process.returncode != 0:
         assert process.stderr is not None
         raise AssertionError(f"worker exited {process.returncode}: {process.stderr.read()}")
+
+
+async def parked(storage: Storage, execution_id: str = "p") -> int:
+    """``execution_id`` started under a fence and parked at sequence 1; the park's token."""
+    token = await storage.events.acquire_fence(execution_id)
+    await storage.events.append(
+        execution_id,
+        [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")],
+        expected_sequence=0,
+        fence=token,
+    )
+    return token

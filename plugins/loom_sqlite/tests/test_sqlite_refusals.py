@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlite_helpers import parked
 
 from loom_core import (
     AppendRequest,
@@ -57,18 +58,6 @@ def snapshot(path: Path) -> dict[str, list[tuple[object, ...]]]:
         raw.close()
 
 
-async def _parked(storage: Storage, execution_id: str = "p") -> int:
-    """``execution_id`` started under a fence and parked at sequence 1; the park's token."""
-    token = await storage.events.acquire_fence(execution_id)
-    await storage.events.append(
-        execution_id,
-        [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")],
-        expected_sequence=0,
-        fence=token,
-    )
-    return token
-
-
 Call = Callable[[Storage], Awaitable[object]]
 
 NOT_ISSUED: dict[str, Call] = {
@@ -89,7 +78,7 @@ NOT_ISSUED: dict[str, Call] = {
 async def test_a_token_above_the_current_one_was_never_issued_and_changes_nothing(
     storage: Storage, db_path: Path, call: str
 ) -> None:
-    token = await _parked(storage)
+    token = await parked(storage)
     before = snapshot(db_path)
     with pytest.raises(FenceNotIssuedError) as caught:
         await NOT_ISSUED[call](storage)
@@ -109,7 +98,7 @@ async def test_a_token_above_the_current_one_was_never_issued_and_changes_nothin
 async def test_the_kit_probe_reads_the_token_and_writes_nothing(
     storage: Storage, db_path: Path
 ) -> None:
-    token = await _parked(storage)
+    token = await parked(storage)
     before = snapshot(db_path)
     with pytest.raises(FenceNotIssuedError) as caught:
         await storage.events.append("p", [NewEvent("A")], expected_sequence=2, fence=2**62)
@@ -118,7 +107,7 @@ async def test_the_kit_probe_reads_the_token_and_writes_nothing(
 
 
 async def test_the_sequence_is_checked_before_the_fence(storage: Storage) -> None:
-    await _parked(storage)
+    await parked(storage)
     with pytest.raises(SequenceConflictError):
         await storage.events.append("p", [NewEvent("A")], expected_sequence=7, fence=5)
     with pytest.raises(ExecutionAlreadyExistsError):
@@ -136,7 +125,7 @@ async def test_the_sequence_is_checked_before_the_fence(storage: Storage) -> Non
 async def test_a_higher_token_is_stale_for_the_calls_that_compare_one(
     storage: Storage, db_path: Path
 ) -> None:
-    token = await _parked(storage)
+    token = await parked(storage)
     before = snapshot(db_path)
     assert await storage.events.acquire_fence_if("p", fence=token + 4, park_seq=1) == FenceStale(
         token
@@ -163,7 +152,7 @@ async def test_acquire_fence_if_on_an_execution_with_no_log_is_not_found(
 async def test_acquire_fence_if_refuses_a_park_at_or_past_the_head(
     storage: Storage, db_path: Path
 ) -> None:
-    token = await _parked(storage)  # head 2
+    token = await parked(storage)  # head 2
     before = snapshot(db_path)
     for park_seq in (2, 3, 2**63 - 1):
         with pytest.raises(InvalidSequenceError, match=r"at or past the head of 'p' \(2\)"):
@@ -175,7 +164,7 @@ async def test_acquire_fence_if_refuses_a_park_at_or_past_the_head(
 
 
 async def test_a_stale_conditional_acquire_moves_nothing(storage: Storage, db_path: Path) -> None:
-    token = await _parked(storage)
+    token = await parked(storage)
     await storage.events.acquire_fence("p")
     before = snapshot(db_path)
     result = await storage.events.acquire_fence_if("p", fence=token, park_seq=1)

@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sqlite_helpers import expect_line, finish, send, spawn, url_for
+from sqlite_helpers import expect_line, finish, parked, send, spawn, url_for
 
 from loom_core import Event, FenceAcquired, FenceStale, JsonObject, NewEvent, Storage, open_storage
 from loom_core.validation import canonical_json
@@ -83,17 +83,6 @@ def _forge(path: Path, execution_id: str, sequence: int, kind: str) -> None:
     _edit(path, sql, (sequence, kind, execution_id))
 
 
-async def _parked(storage: Storage, execution_id: str = "p") -> int:
-    token = await storage.events.acquire_fence(execution_id)
-    await storage.events.append(
-        execution_id,
-        [NewEvent("EXECUTION_STARTED"), NewEvent("EXECUTION_SUSPENDED")],
-        expected_sequence=0,
-        fence=token,
-    )
-    return token
-
-
 def _schema_1_file(path: Path, answer_flag: int) -> None:
     """A schema-1 file: ``p`` fenced at 1, parked at 1 and resumed at 2, with the
     resume's stored ``answering`` flag set to ``answer_flag`` (1 is what 0.1 wrote)."""
@@ -119,7 +108,7 @@ def _schema_1_file(path: Path, answer_flag: int) -> None:
 async def test_a_row_forged_at_the_head_is_not_read(db_path: Path) -> None:
     url = url_for(db_path)
     async with open_storage(url) as storage:
-        await _parked(storage)
+        await parked(storage)
     _forge(db_path, "p", 2, "EXECUTION_RESUMED")
     _forge(db_path, "p", 7, "EXECUTION_COMPLETED")
     async with open_storage(url) as storage:
@@ -132,7 +121,7 @@ async def test_a_row_forged_at_the_head_is_not_read(db_path: Path) -> None:
 async def test_a_row_forged_at_the_head_is_not_delivered_to_a_subscriber(db_path: Path) -> None:
     url = url_for(db_path)
     async with open_storage(url) as storage:
-        await _parked(storage)
+        await parked(storage)
     _forge(db_path, "p", 2, "EXECUTION_RESUMED")
     async with open_storage(url) as storage:
         subscription = storage.events.subscribe("p")
@@ -155,7 +144,7 @@ async def test_a_row_forged_at_the_head_is_not_delivered_to_a_subscriber(db_path
 async def test_the_conditional_acquire_scans_the_same_log_a_read_returns(db_path: Path) -> None:
     url = url_for(db_path)
     async with open_storage(url) as storage:
-        token = await _parked(storage)
+        token = await parked(storage)
     _forge(db_path, "p", 2, "EXECUTION_RESUMED")
     async with open_storage(url) as storage:
         # The forged answer past the head is not in the log, so it answers nothing.
@@ -165,7 +154,7 @@ async def test_the_conditional_acquire_scans_the_same_log_a_read_returns(db_path
 
 
 async def test_the_file_stores_no_derived_answering_flag(storage: Storage, db_path: Path) -> None:
-    await _parked(storage)
+    await parked(storage)
     assert _columns(db_path, "loom_events") == EVENT_COLUMNS
     raw = sqlite3.connect(db_path)
     try:
@@ -193,7 +182,7 @@ async def test_metadata_written_into_the_file_is_what_the_acquire_judges(
 ) -> None:
     url = url_for(db_path)
     async with open_storage(url) as storage:
-        token = await _parked(storage)
+        token = await parked(storage)
         await storage.events.append("p", [NewEvent("future.kind")], expected_sequence=2)
     _edit(
         db_path,
@@ -208,7 +197,7 @@ async def test_metadata_written_into_the_file_is_what_the_acquire_judges(
 async def test_a_kind_written_into_the_file_is_what_the_acquire_judges(db_path: Path) -> None:
     url = url_for(db_path)
     async with open_storage(url) as storage:
-        token = await _parked(storage)
+        token = await parked(storage)
         await storage.events.append("p", [NewEvent("order.shipped")], expected_sequence=2)
     _edit(
         db_path,
