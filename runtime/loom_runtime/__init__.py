@@ -1,0 +1,76 @@
+"""Loom runtime: durable workflows whose steps are served from the log on replay.
+
+::
+
+    from loom_runtime import Context, Loom, Retry
+
+    app = Loom("sqlite:///orders.db")
+
+    @app.workflow()
+    async def checkout(ctx: Context, order_id: str) -> dict:
+        card = await ctx.step(charge_card, order_id, retry=Retry(attempts=5))
+        await ctx.sleep(30)
+        return {"card": card}
+
+    async with app:
+        handle = await app.start(checkout, "o-42", id="order-42")
+        print(await handle.result())
+"""
+
+from loom_runtime.app import Authorize, Handle, Loom
+from loom_runtime.clock import Clock, RandomSource, SystemClock
+from loom_runtime.context import Context, Durable
+from loom_runtime.errors import (
+    ActionDeniedError,
+    AppNotRunningError,
+    ExecutionCancelledError,
+    InvalidDurationError,
+    LogFormatError,
+    NotJsonError,
+    RedriveExhaustedError,
+    ReplayDivergedError,
+    ReservedExecutionIdError,
+    ResultTimeoutError,
+    ResumeContendedError,
+    ResumeRefusedError,
+    StepFailedError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+)
+from loom_runtime.fold import Status, View, fold
+from loom_runtime.retry import Retry
+from loom_runtime.timers import TimerService
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActionDeniedError",
+    "AppNotRunningError",
+    "Authorize",
+    "Clock",
+    "Context",
+    "Durable",
+    "ExecutionCancelledError",
+    "Handle",
+    "InvalidDurationError",
+    "LogFormatError",
+    "Loom",
+    "NotJsonError",
+    "RandomSource",
+    "RedriveExhaustedError",
+    "ReplayDivergedError",
+    "ReservedExecutionIdError",
+    "ResultTimeoutError",
+    "ResumeContendedError",
+    "ResumeRefusedError",
+    "Retry",
+    "Status",
+    "StepFailedError",
+    "SystemClock",
+    "TimerService",
+    "View",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+    "__version__",
+    "fold",
+]

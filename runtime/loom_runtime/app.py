@@ -1,0 +1,841 @@
+"""The app: :class:`Loom` registers workflows, starts and drives executions, and runs the
+services a node needs (the timer service, recovery of its own executions)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import logging
+import random as random_module
+import socket
+import types
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
+
+from loom_core import (
+    Event,
+    ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
+    InvalidInputError,
+    InvalidOptionError,
+    JsonValue,
+    LoomError,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+    Storage,
+    StoreClosedError,
+    TimerRecord,
+    open_storage,
+)
+from loom_runtime import records
+from loom_runtime.clock import Clock, RandomSource, SystemClock
+from loom_runtime.context import Context
+from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor
+from loom_runtime.errors import (
+    ActionDeniedError,
+    AppNotRunningError,
+    ExecutionCancelledError,
+    ReplayDivergedError,
+    ReservedExecutionIdError,
+    ResultTimeoutError,
+    ResumeRefusedError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+)
+from loom_runtime.fold import Status, View, fold
+from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
+from loom_runtime.inbox import Inbox
+from loom_runtime.records import INBOX_PREFIX, Position, Wait, json_value
+from loom_runtime.resume import answer_park, read_tail
+from loom_runtime.timers import Fired, TimerService
+
+__all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
+
+_log = logging.getLogger("loom_runtime")
+
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
+"""``authorize(principal, action, execution_id)``: True allows ``action`` (``"resume"`` or
+``"cancel"``); False refuses it, and the refusal is recorded as EXECUTION_DENIED."""
+
+CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
+"""``(execution_id, position, call name, "before" | "after") -> crash now?`` (the test kit's
+crash injection; see :mod:`loom_runtime.testing`)."""
+
+DecoratorSpec: TypeAlias = "str | tuple[str, Mapping[str, object]]"
+
+
+@final
+class Handle(Generic[R]):
+    """A started execution, wherever it runs. Waiting follows continue-as-new chains."""
+
+    __slots__ = ("_app", "execution_id")
+
+    def __init__(self, app: Loom, execution_id: str) -> None:
+        self._app = app
+        self.execution_id = execution_id
+
+    def __repr__(self) -> str:
+        return f"Handle({self.execution_id!r})"
+
+    async def view(self) -> View:
+        """The execution as its log says it is (see :func:`loom_runtime.fold.fold`)."""
+        view = await self._app.inspect(self.execution_id)
+        if view.status is None:
+            raise ExecutionNotFoundError(self.execution_id)
+        return view
+
+    async def status(self) -> Status:
+        """``running``, ``suspended``, ``completed``, ``failed``, ``cancelled`` or
+        ``continued``."""
+        view = await self.view()
+        assert view.status is not None
+        return view.status
+
+    async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the API)
+        """The workflow's return value, once it has one (following continue-as-new).
+
+        Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError (when the
+        run in this process diverged) or ResultTimeoutError after ``timeout`` seconds.
+        """
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0
+        ):
+            raise InvalidInputError(f"timeout= must be seconds >= 0 or None, not {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        execution_id = self.execution_id
+        interval = 0.01
+        while True:
+            view = await self._app.inspect(execution_id)
+            if view.status is None:
+                raise ExecutionNotFoundError(execution_id)
+            if view.status == "completed":
+                return cast(R, view.result)
+            if view.status == "failed":
+                assert view.error is not None
+                raise WorkflowFailedError(execution_id, *view.error)
+            if view.status == "cancelled":
+                raise ExecutionCancelledError(execution_id, view.cancel_reason)
+            if view.status == "continued":
+                assert view.successor is not None
+                execution_id = view.successor
+                continue
+            diverged = self._app.diverged.get(execution_id)
+            if diverged is not None:
+                raise diverged
+            wait = interval
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ResultTimeoutError(self.execution_id, float(timeout or 0), view.status)
+                wait = min(wait, remaining)
+            await self._app.wait_changed(execution_id, wait)
+            interval = min(interval * 2, 1.0)
+
+
+class Loom:
+    """A durable-workflow app on one storage.
+
+    ``Loom("sqlite:///orders.db")`` opens the storage when the app is entered
+    (``async with app:``) and closes it at the exit; ``Loom(storage)`` uses a
+    :class:`~loom_core.Storage` you opened (and close) yourself. Inside ``async with``
+    the app drives the executions it starts or resumes in this process, fires due timers
+    and re-drives the executions its ``node`` was running when it last died.
+
+    ``node`` names this process's failure domain (default: the host name): give every
+    process that drives executions its own, stable name, so that a restart of ``web-1``
+    recovers exactly ``web-1``'s work.
+    """
+
+    def __init__(
+        self,
+        storage: str | Storage,
+        *,
+        decorators: Sequence[DecoratorSpec] = (),
+        options: Mapping[str, object] | None = None,
+        node: str | None = None,
+        on_error: OnError | None = None,
+        on_event: OnEvent | None = None,
+        on_durable_event: OnDurableEvent | None = None,
+        on_storage_error: OnStorageError | None = None,
+        authorize: Authorize | None = None,
+        clock: Clock | None = None,
+        random: RandomSource | None = None,
+        poll_interval: float = 0.25,
+        timers: bool = True,
+        recover: bool = True,
+    ) -> None:
+        if isinstance(storage, Storage):
+            if decorators or options:
+                raise InvalidOptionError(
+                    "decorators= and options= apply when Loom opens the storage from a URL; "
+                    "pass them to open_storage() for a Storage you open yourself"
+                )
+            self._url: str | None = None
+            self._storage: Storage | None = storage
+        elif isinstance(storage, str):
+            self._url = storage
+            self._storage = None
+        else:
+            raise InvalidOptionError(
+                f"Loom() takes a storage URL or a Storage, not {type(storage).__name__}"
+            )
+        if node is None:
+            node = socket.gethostname() or "local"
+        if not isinstance(node, str) or not node:
+            raise InvalidOptionError(f"Loom(node=...) must be a non-empty str, not {node!r}")
+        if authorize is not None and not callable(authorize):
+            raise InvalidOptionError(f"Loom(authorize=...) must be callable, not {authorize!r}")
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidOptionError(f"Loom(clock=...) must have now() and sleep(), not {clock!r}")
+        if random is not None and not isinstance(random, RandomSource):
+            raise InvalidOptionError(
+                f"Loom(random=...) must have random() and getrandbits(), not {random!r}"
+            )
+        if (
+            not isinstance(poll_interval, int | float)
+            or isinstance(poll_interval, bool)
+            or not poll_interval > 0
+        ):
+            raise InvalidOptionError(
+                f"Loom(poll_interval=...) must be seconds > 0, not {poll_interval!r}"
+            )
+        self._decorators = tuple(decorators)
+        self._options = options
+        self.node = node
+        self.hooks = Hooks(
+            on_event=on_event,
+            on_durable_event=on_durable_event,
+            on_storage_error=on_storage_error,
+            on_error=on_error,
+        )
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.random: RandomSource = random if random is not None else random_module.Random()
+        self._authorize = authorize
+        self.timer_service = TimerService(self, poll_interval=float(poll_interval))
+        self._serve_timers = timers
+        self._recover_on_enter = recover
+        self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self._names: dict[Callable[..., Awaitable[Any]], str] = {}
+        self._fingerprints: dict[str, str] = {}
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._signals: dict[str, asyncio.Event] = {}
+        self._services: list[asyncio.Task[Any]] = []
+        self._entered = False
+        self._owns_storage = False
+        self._inbox: Inbox | None = None
+        self.diverged: dict[str, ReplayDivergedError] = {}
+        self.crash_points: list[CrashPoint] = []
+
+    # -- registration ----------------------------------------------------------------------
+
+    def workflow(self, *, name: str | None = None) -> Callable[[F], F]:
+        """Register an ``async def body(ctx, *args)``; ``name`` (what the log records and
+        what a resume looks up) defaults to the function's qualified name."""
+
+        def register(fn: F) -> F:
+            if not inspect.iscoroutinefunction(fn):
+                raise InvalidOptionError(
+                    f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r}"
+                )
+            workflow_name = name if name is not None else fn.__qualname__
+            if not isinstance(workflow_name, str) or not workflow_name:
+                raise InvalidOptionError(f"a workflow name must be a non-empty str: {name!r}")
+            if workflow_name in self._workflows and self._workflows[workflow_name] is not fn:
+                raise InvalidOptionError(
+                    f"a workflow named {workflow_name!r} is already registered on this app; "
+                    "pass @app.workflow(name=...) to tell them apart"
+                )
+            self._workflows[workflow_name] = fn
+            self._names[fn] = workflow_name
+            self._fingerprints[workflow_name] = _fingerprint(fn)
+            return fn  # type: ignore[return-value]  # the same object, registered
+
+        return register
+
+    @property
+    def workflows(self) -> Mapping[str, Callable[..., Awaitable[Any]]]:
+        return types.MappingProxyType(self._workflows)
+
+    def _resolve(self, workflow: object) -> tuple[str, Callable[..., Awaitable[Any]]]:
+        if isinstance(workflow, str):
+            fn = self._workflows.get(workflow)
+            if fn is None:
+                raise WorkflowNotFoundError(workflow, known=tuple(self._workflows))
+            return workflow, fn
+        if callable(workflow):
+            registered = self._names.get(cast(Callable[..., Awaitable[Any]], workflow))
+            if registered is not None:
+                return registered, self._workflows[registered]
+        raise WorkflowNotFoundError(
+            getattr(workflow, "__qualname__", repr(workflow)), known=tuple(self._workflows)
+        )
+
+    def _body_of(self, view: View) -> Callable[..., Awaitable[Any]]:
+        fn = self._workflows.get(view.workflow)
+        if fn is None:
+            raise WorkflowNotFoundError(view.workflow, view.execution_id, tuple(self._workflows))
+        return fn
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def storage(self) -> Storage:
+        if self._storage is None:
+            raise AppNotRunningError("app.storage of a Loom opened from a URL")
+        return self._storage
+
+    @property
+    def inbox(self) -> Inbox:
+        if self._inbox is None:
+            self._inbox = Inbox(self.storage.events)
+        return self._inbox
+
+    async def __aenter__(self) -> Loom:
+        if self._entered:
+            raise InvalidOptionError("this Loom app is already running; enter it once")
+        if self._storage is None:
+            assert self._url is not None
+            self._storage = await open_storage(
+                self._url, decorators=self._decorators, options=self._options
+            )
+            self._owns_storage = True
+        elif self._storage.closed:
+            raise StoreClosedError(repr(self._storage))
+        self._inbox = Inbox(self._storage.events)
+        self._entered = True
+        if self._serve_timers:
+            self._services.append(asyncio.create_task(self.timer_service.run()))
+        if self._recover_on_enter:
+            self._services.append(asyncio.create_task(self._recover_quietly()))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._entered = False
+        # Runs stop where they are, as a process that exits would: the log keeps them, and
+        # the node's next start recovers what was running.
+        tasks = [*self._services, *self._runs.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._services.clear()
+        self._runs.clear()
+        if self._owns_storage and self._storage is not None:
+            storage, self._storage = self._storage, None
+            self._owns_storage = False
+            self._inbox = None
+            await storage.close()
+
+    def _running(self, what: str) -> Storage:
+        if not self._entered:
+            raise AppNotRunningError(what)
+        return self.storage
+
+    async def _recover_quietly(self) -> None:
+        try:
+            await self.recover()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.hooks.error(exc)
+
+    # -- the public verbs ------------------------------------------------------------------
+
+    @overload
+    async def start(
+        self, workflow: Callable[..., Awaitable[R]], *args: object, id: str | None = None
+    ) -> Handle[R]: ...
+    @overload
+    async def start(
+        self, workflow: str, *args: object, id: str | None = None
+    ) -> Handle[JsonValue]: ...
+    async def start(
+        self, workflow: object, *args: object, id: str | None = None
+    ) -> Handle[Any]:
+        """Start ``workflow(ctx, *args)`` as a new execution and drive it in this process.
+
+        ``id`` defaults to a random one; a start onto an id that exists is refused with
+        ExecutionAlreadyExistsError before the body runs. The arguments must be JSON.
+        """
+        self._running("app.start")
+        name, fn = self._resolve(workflow)
+        execution_id = uuid.uuid4().hex if id is None else _check_id(id)
+        inputs = json_value(list(args), f"the input of workflow {name!r}")
+        assert isinstance(inputs, list)
+        event = records.started(
+            name, inputs, fingerprint=self._fingerprints[name], node=self.node, root=execution_id
+        )
+        token, written = await self._create(execution_id, event)
+        self._spawn(Run(self, fold(written), token, fn))
+        return Handle(self, execution_id)
+
+    def get(self, execution_id: str) -> Handle[JsonValue]:
+        """A handle on an execution started anywhere."""
+        return Handle(self, _check_id(execution_id))
+
+    async def inspect(self, execution_id: str) -> View:
+        """Fold the execution's log (``status`` is None when there is none)."""
+        storage = self.storage
+        execution_id = _check_id(execution_id)
+        return fold(await storage.events.read(execution_id), execution_id=execution_id)
+
+    async def send(
+        self,
+        execution_id: str,
+        topic: str,
+        value: object = None,
+        *,
+        key: str | None = None,
+    ) -> int:
+        """Store a message for ``execution_id`` durably, then wake it if it waits on
+        ``topic``; returns the message's id. With ``key`` a repeated send is a no-op
+        returning the first message's id."""
+        storage = self._running("app.send")
+        execution_id = _check_id(execution_id)
+        if not isinstance(topic, str) or not topic:
+            raise InvalidInputError(f"a topic must be a non-empty str, not {topic!r}")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise InvalidInputError(f"key= must be a non-empty str or None, not {key!r}")
+        payload = json_value(value, f"the message on {topic!r}")
+        if await storage.events.head(execution_id) == 0:
+            raise ExecutionNotFoundError(execution_id)
+        # The wake row comes first: a sender that dies after storing the message leaves a
+        # due row behind, and the timer service delivers what it finds.
+        wake = TimerRecord(execution_id, self.clock.now())
+        await storage.timers.schedule(wake)
+        stored = await self.inbox.put(execution_id, topic, payload, key)
+        outcome = await self._deliver(wake)
+        if outcome != "left":
+            await storage.timers.complete(wake.execution_id, wake.wake_at)
+        return stored.sequence
+
+    async def resume(
+        self, execution_id: str, *, fence_if_parked_at: int, principal: object = None
+    ) -> None:
+        """Answer the park at sequence ``fence_if_parked_at`` now, through the conditional
+        fence, and drive the body on in this process.
+
+        The answer is a waiting message if one is there, else the earliest timer of the
+        park (woken early if it is not due). Raises ResumeRefusedError (not-suspended,
+        nothing-to-answer) or ResumeContendedError (retry later); see docs/runtime.md.
+        """
+        self._running("app.resume")
+        execution_id = _check_id(execution_id)
+        if (
+            not isinstance(fence_if_parked_at, int)
+            or isinstance(fence_if_parked_at, bool)
+            or fence_if_parked_at < 0
+        ):
+            raise InvalidInputError(
+                f"fence_if_parked_at must be the park's sequence (an int >= 0), not "
+                f"{fence_if_parked_at!r}"
+            )
+        view = await self.inspect(execution_id)
+        await self._answer(view, fence_if_parked_at, force=True, principal=principal)
+
+    async def cancel(
+        self, execution_id: str, *, reason: str | None = None, principal: object = None
+    ) -> bool:
+        """Cancel the execution: a parked one through the fence, a running one by fencing
+        its driver out (it stops at its next durable call). False if it had finished."""
+        storage = self._running("app.cancel")
+        execution_id = _check_id(execution_id)
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidInputError(f"reason= must be a str or None, not {reason!r}")
+        events = storage.events
+        view = await self.inspect(execution_id)
+        if view.status is None:
+            raise ExecutionNotFoundError(execution_id)
+        if view.terminal:
+            return False
+        await self._check_allowed(principal, "cancel", view)
+        cancel_event = records.cancelled(reason, self.node)
+        if view.park is not None:
+            try:
+                await answer_park(events, view, view.park.sequence, _constant([cancel_event]))
+            except LoomError:
+                view = await self.inspect(execution_id)  # answered or contended: fence it
+            else:
+                await self._cancelled(execution_id)
+                return True
+        token = await events.acquire_fence(execution_id) if "acquire_fence" in (
+            events.capabilities
+        ) else view.fence
+        while True:
+            view = await read_tail(events, view)
+            if view.terminal:
+                return False
+            try:
+                await events.append(
+                    execution_id, [cancel_event], expected_sequence=view.head, fence=token
+                )
+            except SequenceConflictError:
+                continue
+            except StaleFenceError:
+                token = await events.acquire_fence(execution_id)
+                continue
+            await self._cancelled(execution_id)
+            return True
+
+    async def recover(self) -> list[Handle[JsonValue]]:
+        """Re-drive every execution this node was running when it last stopped: take a
+        fresh fence (anything left of the previous process is fenced out), record
+        EXECUTION_RECOVERED, and replay. Returns a handle per execution taken over."""
+        storage = self._running("app.recover")
+        events = storage.events
+        handles: list[Handle[JsonValue]] = []
+        after: str | None = None
+        while True:
+            ids = await events.list_executions(after=after, limit=100)
+            if not ids:
+                return handles
+            after = ids[-1]
+            for execution_id in ids:
+                if execution_id.startswith("$") or execution_id in self._runs:
+                    continue
+                view = await self.inspect(execution_id)
+                if view.status != "running" or view.node != self.node:
+                    continue
+                try:
+                    fn = self._body_of(view)
+                    taken = await self._take_over(view)
+                except WorkflowNotFoundError as exc:
+                    self.hooks.error(exc)
+                    continue
+                except StaleFenceError:
+                    continue  # someone took it after us; theirs now
+                if taken is not None:
+                    token, view = taken
+                    self._spawn(Run(self, view, token, fn))
+                    handles.append(Handle(self, execution_id))
+
+    @property
+    def driving(self) -> frozenset[str]:
+        """The executions this process is driving right now."""
+        return frozenset(self._runs)
+
+    async def drain(self) -> None:
+        """Wait until this process drives nothing (every local run finished or parked)."""
+        while self._runs:
+            await asyncio.gather(*list(self._runs.values()), return_exceptions=True)
+
+    # -- what the driver and the timer service call ------------------------------------------
+
+    def crash_point(self, run: Run, position: Position, name: str, when: str) -> bool:
+        return any(point(run.execution_id, position, name, when) for point in self.crash_points)
+
+    def changed(self, execution_id: str) -> None:
+        signal = self._signals.pop(execution_id, None)
+        if signal is not None:
+            signal.set()
+
+    async def wait_changed(self, execution_id: str, seconds: float) -> None:
+        """Wait until a run in this process writes to ``execution_id``, or ``seconds``."""
+        signal = self._signals.setdefault(execution_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), seconds)
+
+    async def create_successor(self, view: View, args: list[JsonValue]) -> Successor:
+        successor = f"{view.root or view.execution_id}#{view.generation + 1}"
+        event = records.started(
+            view.workflow,
+            args,
+            fingerprint=self._fingerprints.get(view.workflow, ""),
+            node=self.node,
+            root=view.root or view.execution_id,
+            generation=view.generation + 1,
+            continued_from=view.execution_id,
+            parent=view.parent,
+        )
+        try:
+            token, written = await self._create(successor, event)
+            return Successor(successor, token, fold(written))
+        except ExecutionAlreadyExistsError:
+            existing = await self.inspect(successor)
+            if existing.continued_from != view.execution_id:
+                raise
+            # An earlier attempt created it and died before recording the continuation.
+            taken = await self._take_over(existing)
+            token, existing = taken if taken is not None else (existing.fence, existing)
+            return Successor(successor, token, existing)
+
+    async def wake(self, row: TimerRecord) -> Fired:
+        """What the timer service does with a due row (see loom_runtime.timers)."""
+        return await self._deliver(row)
+
+    async def _deliver(self, row: TimerRecord) -> Fired:
+        view = await self.inspect(row.execution_id)
+        if view.status is None or view.terminal:
+            return "obsolete"
+        own = [w for w in view.waits.values() if w.wake_at == row.wake_at]
+        if own and all(w.position in view.records for w in own):
+            return "obsolete"
+        if view.park is None or row.execution_id in self._runs:
+            return "left"  # its driver parks again (or is recovered) and re-schedules
+        try:
+            answered = await self._answer(view, view.park.sequence, prefer=row.wake_at)
+        except ResumeRefusedError as exc:
+            if exc.reason == "nothing-to-answer":
+                return "obsolete"
+            return "left"  # answered by someone else meanwhile: the next poll decides again
+        return "resumed" if answered.wake_at == row.wake_at else "left"
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _create(self, execution_id: str, event: NewEvent) -> tuple[int, tuple[Event, ...]]:
+        """Append EXECUTION_STARTED at 0 under token 0 (a new log's token)."""
+        events = self.storage.events
+        self.hooks.event(execution_id, event)
+        try:
+            written = await events.append(execution_id, [event], expected_sequence=0, fence=0)
+            token = 0
+        except StaleFenceError:
+            # The id was used before and deleted; its token outlived the log. Take a newer
+            # one so no writer of the old log can write to this one.
+            token = await events.acquire_fence(execution_id)
+            written = await events.append(execution_id, [event], expected_sequence=0, fence=token)
+        for durable in written:
+            self.hooks.durable_event(durable)
+        return token, written
+
+    def _spawn(self, run: Run) -> None:
+        task = asyncio.create_task(self._drive(run), name=f"loom:{run.execution_id}")
+        self._runs[run.execution_id] = task
+
+    async def _drive(self, run: Run) -> None:
+        execution_id = run.execution_id
+        task = asyncio.current_task()
+        try:
+            try:
+                outcome = await run.drive()
+            finally:
+                if self._runs.get(execution_id) is task:
+                    del self._runs[execution_id]
+            await self._settle(run, outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.hooks.error(exc)
+        finally:
+            self.changed(execution_id)
+
+    async def _settle(self, run: Run, outcome: Outcome) -> None:
+        execution_id = run.execution_id
+        if outcome.kind == "stopped":
+            reason = outcome.reason
+            if isinstance(reason, ReplayDivergedError):
+                self.diverged[execution_id] = reason
+                self.hooks.error(reason)
+            elif isinstance(reason, FencedOut):
+                _log.debug("%s", reason)
+            elif not isinstance(reason, SimulatedCrash) and reason is not None:
+                self.hooks.error(reason)
+            return
+        self.diverged.pop(execution_id, None)
+        if outcome.kind == "suspended":
+            await self._after_park(run.final_view(), outcome.park_seq)
+        elif outcome.kind == "continued":
+            assert outcome.successor is not None
+            successor = outcome.successor
+            if successor.execution_id not in self._runs:
+                self._spawn(
+                    Run(self, successor.view, successor.token, self._body_of(successor.view))
+                )
+        elif run.final_view().waits:
+            await self.storage.timers.cancel(execution_id)
+
+    async def _after_park(self, view: View, park_seq: int) -> None:
+        """Answer our own park at once when it is already answerable: a timer that is due
+        (``ctx.sleep(0)``) or a message that arrived while the body ran."""
+        now = self.clock.now()
+        pending = view.pending_waits()
+        answerable = any(w.wake_at is not None and w.wake_at <= now for w in pending)
+        if not answerable:
+            for wait in pending:
+                if wait.topic is not None and await self.inbox.next(
+                    view.execution_id, wait.topic, view.consumed
+                ):
+                    answerable = True
+                    break
+        if not answerable:
+            return
+        try:
+            answered = await self._answer(view, park_seq)
+        except ResumeRefusedError:
+            return  # answered by someone else, or nothing to answer after all
+        except LoomError as exc:
+            _log.debug("self-resume of %s left to the timer rows: %s", view.execution_id, exc)
+            return
+        if answered.wake_at is not None and answered.wake_at <= now:
+            await self.storage.timers.complete(view.execution_id, answered.wake_at)
+
+    async def _answer(
+        self,
+        view: View,
+        park_seq: int,
+        *,
+        prefer: datetime | None = None,
+        force: bool = False,
+        principal: object = None,
+    ) -> Wait:
+        """Answer the park through :func:`answer_park` and drive the body on."""
+        events = self.storage.events
+        if view.status is not None:
+            fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
+        chosen: list[Wait] = []
+
+        async def answer(current: View) -> Sequence[NewEvent]:
+            batch, wait = await self._answer_events(current, park_seq, prefer, force)
+            chosen[:] = [wait]
+            return batch
+
+        async def checked(current: View) -> None:
+            await self._check_allowed(principal, "resume", current)
+
+        token, resumed, written = await answer_park(events, view, park_seq, answer, checked=checked)
+        for event in written:
+            self.hooks.durable_event(event)
+        self.changed(view.execution_id)
+        self._spawn(Run(self, resumed, token, fn))
+        return chosen[0]
+
+    async def _answer_events(
+        self, view: View, park_seq: int, prefer: datetime | None, force: bool
+    ) -> tuple[list[NewEvent], Wait]:
+        pending = view.pending_waits()
+        for wait in pending:
+            if wait.call == "receive" and wait.topic is not None:
+                found = await self.inbox.next(view.execution_id, wait.topic, view.consumed)
+                if found is not None:
+                    batch = [
+                        records.consumed(wait.position, wait.topic, found.sequence, found.value),
+                        records.resumed(
+                            park_seq,
+                            wait.position,
+                            {"kind": "message", "message": found.sequence},
+                            self.node,
+                        ),
+                    ]
+                    for event in batch:
+                        self.hooks.event(view.execution_id, event)
+                    return batch, wait
+        now = self.clock.now()
+        timed = sorted(
+            (w for w in pending if w.wake_at is not None), key=lambda w: (w.wake_at, w.position)
+        )
+        pick = next((w for w in timed if prefer is not None and w.wake_at == prefer), None)
+        if pick is None:
+            pick = next((w for w in timed if w.wake_at is not None and w.wake_at <= now), None)
+        if pick is None and force and timed:
+            pick = timed[0]
+        if pick is None:
+            raise ResumeRefusedError(
+                view.execution_id,
+                "nothing-to-answer",
+                "it waits for messages and none is there" if pending else "it waits for nothing",
+            )
+        kind = "timer" if pick.call == "sleep" else "timeout"
+        event = records.resumed(park_seq, pick.position, {"kind": kind}, self.node)
+        self.hooks.event(view.execution_id, event)
+        return [event], pick
+
+    async def _check_allowed(self, principal: object, action: str, view: View) -> None:
+        if self._authorize is None:
+            return
+        verdict = self._authorize(principal, action, view.execution_id)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is True:
+            return
+        try:
+            recorded: JsonValue = json_value(principal, "principal")
+        except InvalidInputError:
+            recorded = repr(principal)
+        events = self.storage.events
+        denial = records.denied(action, recorded)
+        head = view.head
+        while True:
+            try:
+                await events.append(view.execution_id, [denial], expected_sequence=head)
+                break
+            except SequenceConflictError as exc:
+                head = exc.actual_head
+        raise ActionDeniedError(view.execution_id, action, principal)
+
+    async def _take_over(self, view: View) -> tuple[int, View] | None:
+        """Fence out whatever drove ``view``'s execution before, and record the takeover."""
+        events = self.storage.events
+        execution_id = view.execution_id
+        token = (
+            await events.acquire_fence(execution_id)
+            if "acquire_fence" in events.capabilities
+            else view.fence
+        )
+        while True:
+            view = await read_tail(events, view)
+            if view.status != "running":
+                return None
+            try:
+                written = await events.append(
+                    execution_id,
+                    [records.recovered(self.node, token)],
+                    expected_sequence=view.head,
+                    fence=token,
+                )
+            except SequenceConflictError:
+                continue
+            return token, fold(written, into=view)
+
+    async def _cancelled(self, execution_id: str) -> None:
+        await self.storage.timers.cancel(execution_id)
+        self.changed(execution_id)
+
+
+def _check_id(execution_id: object) -> str:
+    if not isinstance(execution_id, str):
+        raise InvalidInputError(f"an execution id must be a str, not {execution_id!r}")
+    if execution_id.startswith("$"):
+        raise ReservedExecutionIdError(execution_id)
+    if not execution_id:
+        raise InvalidInputError("an execution id must not be empty")
+    return execution_id
+
+
+def _constant(batch: list[NewEvent]) -> Callable[[View], Awaitable[Sequence[NewEvent]]]:
+    async def answer(_: View) -> Sequence[NewEvent]:
+        return batch
+
+    return answer
+
+
+def _fingerprint(fn: Callable[..., Any]) -> str:
+    """A short digest of the body's code, recorded at start (which code began the run)."""
+    digest = hashlib.sha256()
+
+    def feed(code: types.CodeType) -> None:
+        digest.update(code.co_code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                feed(const)
+            else:
+                digest.update(repr(const).encode())
+        digest.update(repr(code.co_names).encode())
+
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        feed(code)
+    else:
+        digest.update(getattr(fn, "__qualname__", repr(fn)).encode())
+    return digest.hexdigest()[:16]
+
+
+# Context is re-exported here for type checkers reading ``app.workflow`` bodies.
+_ = (Context, INBOX_PREFIX)

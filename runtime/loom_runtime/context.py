@@ -1,0 +1,296 @@
+"""What a workflow body sees: :class:`Context`, and the durable calls it makes.
+
+Each durable call takes its *position* when it is made, not when it finishes: a call in the
+body is ``(k,)``; a branch of :meth:`Context.gather` made at position ``p`` numbers its own
+calls ``p + (branch, k)``. On replay each call is matched against the log by position.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import sys
+import uuid as uuid_module
+from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, final, overload
+
+from loom_core import InvalidInputError, JsonValue
+from loom_runtime.errors import InvalidDurationError
+from loom_runtime.records import Position
+from loom_runtime.retry import Retry
+
+if TYPE_CHECKING:
+    from loom_runtime.driver import Run
+
+__all__ = ["Context", "Durable"]
+
+T = TypeVar("T")
+T1 = TypeVar("T1")
+T2 = TypeVar("T2")
+T3 = TypeVar("T3")
+T4 = TypeVar("T4")
+
+
+@dataclass(slots=True)
+class Branch:
+    """The numbering of one line of durable calls."""
+
+    prefix: Position = ()
+    counter: int = 0
+    tasks: list[Any] = field(default_factory=list)
+
+    def peek(self) -> Position:
+        return (*self.prefix, self.counter)
+
+    def take(self) -> Position:
+        position = self.peek()
+        self.counter += 1
+        return position
+
+
+BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar("loom_branch")
+
+
+def call_site(depth: int = 2) -> str:
+    """``file:line`` of the body code that made the call."""
+    frame = sys._getframe(depth)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        "loom_runtime."
+    ):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+
+
+@final
+class Durable(Generic[T]):
+    """A durable call with its position taken; await it once (directly or in gather)."""
+
+    __slots__ = ("_coro", "position")
+
+    def __init__(self, position: Position, coro: Coroutine[Any, Any, T]) -> None:
+        self.position = position
+        self._coro = coro
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._coro.__await__()
+
+    def close(self) -> None:
+        self._coro.close()
+
+
+class _ReplayQuiet(logging.LoggerAdapter[logging.Logger]):
+    """Drops records while the body is replaying what the log already holds."""
+
+    def __init__(self, logger: logging.Logger, ctx: Context) -> None:
+        super().__init__(logger, {})
+        self._ctx = ctx
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's own name)
+        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
+
+    def process(
+        self, msg: object, kwargs: MutableMapping[str, Any]
+    ) -> tuple[object, MutableMapping[str, Any]]:
+        extra = dict(kwargs.get("extra") or {})
+        extra.setdefault("execution_id", self._ctx.execution_id)
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+
+@final
+class Context:
+    """The body's handle on its execution. Every method that touches the outside world or
+    time is a durable call: recorded once, then served from the log on replay."""
+
+    __slots__ = ("_run", "logger")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self.logger: logging.LoggerAdapter[logging.Logger] = _ReplayQuiet(
+            logging.getLogger(f"loom_runtime.workflow.{run.workflow}"), self
+        )
+
+    @property
+    def execution_id(self) -> str:
+        return self._run.execution_id
+
+    @property
+    def workflow(self) -> str:
+        return self._run.workflow
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the body is making calls the log already holds."""
+        return self._run.is_replaying()
+
+    @overload
+    def step(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: object,
+        name: str | None = None,
+        retry: Retry | None = None,
+    ) -> Durable[T]: ...
+    @overload
+    def step(
+        self,
+        fn: Callable[..., T],
+        /,
+        *args: object,
+        name: str | None = None,
+        retry: Retry | None = None,
+    ) -> Durable[T]: ...
+    def step(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: object,
+        name: str | None = None,
+        retry: Retry | None = None,
+    ) -> Durable[Any]:
+        """Run ``fn(*args)`` at least once and record its result.
+
+        ``fn`` may be async, or sync (it then runs in a worker thread, so it cannot stall
+        the event loop); bind keyword arguments with ``functools.partial``. ``name``
+        defaults to ``fn``'s qualified name and is what replay matches; ``retry`` defaults
+        to one attempt. The result must be JSON, and the body gets the recorded JSON value
+        live and on replay alike (a tuple comes back as a list).
+        """
+        if not callable(fn):
+            raise InvalidInputError(f"ctx.step needs a function, not {fn!r}")
+        if retry is not None and not isinstance(retry, Retry):
+            raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")
+        step_name = name if name is not None else _qualname(fn)
+        if not isinstance(step_name, str) or not step_name:
+            raise InvalidInputError(f"a step name must be a non-empty str, not {step_name!r}")
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(position, self._run.step(position, step_name, fn, args, retry, site))
+
+    def sleep(self, duration: float | timedelta) -> Durable[None]:
+        """Park for ``duration`` (seconds or a timedelta); the deadline is computed once."""
+        seconds = _seconds(duration, "ctx.sleep")
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(position, self._run.sleep(position, seconds, None, site))
+
+    def sleep_until(self, when: datetime) -> Durable[None]:
+        """Park until ``when`` (a timezone-aware datetime)."""
+        if not isinstance(when, datetime) or when.utcoffset() is None:
+            raise InvalidDurationError(
+                f"ctx.sleep_until needs a timezone-aware datetime, not {when!r}; "
+                "use datetime.now(UTC) + ... or attach tzinfo"
+            )
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(position, self._run.sleep(position, None, when.astimezone(UTC), site))
+
+    def receive(
+        self, topic: str, *, timeout: float | timedelta | None = None
+    ) -> Durable[JsonValue]:
+        """The next message sent on ``topic``, exactly once; ``None`` when ``timeout``
+        (seconds or a timedelta) passes first."""
+        if not isinstance(topic, str) or not topic:
+            raise InvalidInputError(f"a topic must be a non-empty str, not {topic!r}")
+        seconds = None if timeout is None else _seconds(timeout, "ctx.receive(timeout=...)")
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(position, self._run.receive(position, topic, seconds, site))
+
+    @overload
+    async def gather(self, a: Awaitable[T1], /) -> tuple[T1]: ...
+    @overload
+    async def gather(self, a: Awaitable[T1], b: Awaitable[T2], /) -> tuple[T1, T2]: ...
+    @overload
+    async def gather(
+        self, a: Awaitable[T1], b: Awaitable[T2], c: Awaitable[T3], /
+    ) -> tuple[T1, T2, T3]: ...
+    @overload
+    async def gather(
+        self, a: Awaitable[T1], b: Awaitable[T2], c: Awaitable[T3], d: Awaitable[T4], /
+    ) -> tuple[T1, T2, T3, T4]: ...
+    @overload
+    async def gather(self, *aws: Awaitable[T]) -> tuple[T, ...]: ...
+    async def gather(self, *aws: Awaitable[Any]) -> tuple[Any, ...]:
+        """Await durable calls (or coroutines that make them) concurrently.
+
+        Positions follow the order the calls were made, never the order they finished, so
+        a replay on another node sees the same log. Every branch runs to its end; then the
+        first failure in argument order is raised, or the results are returned in order.
+        """
+        for aw in aws:
+            if not inspect.isawaitable(aw):
+                raise InvalidInputError(f"ctx.gather takes awaitables, not {aw!r}")
+        position = BRANCH.get().take()
+        return await self._run.gather(position, aws)
+
+    def now(self) -> datetime:
+        """The current time (UTC), recorded so replay sees the same value."""
+        position = BRANCH.get().take()
+        raw = self._run.value(position, "now", call_site(), lambda: self._run.clock_now())
+        assert isinstance(raw, str)
+        return datetime.fromisoformat(raw)
+
+    def random(self) -> float:
+        """A float in [0, 1), recorded so replay sees the same value."""
+        position = BRANCH.get().take()
+        raw = self._run.value(position, "random", call_site(), self._run.draw_random)
+        assert isinstance(raw, float | int)
+        return float(raw)
+
+    def uuid(self) -> uuid_module.UUID:
+        """A random UUID (version 4), recorded so replay sees the same value."""
+        position = BRANCH.get().take()
+        raw = self._run.value(position, "uuid", call_site(), self._run.draw_uuid)
+        assert isinstance(raw, str)
+        return uuid_module.UUID(raw)
+
+    def patched(self, name: str) -> bool:
+        """True in executions that reach this point with the new code, False in those that
+        recorded this stretch with the old: the way to change code under running
+        executions (``if ctx.patched("x"): new path else: old path``)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"a patch name must be a non-empty str, not {name!r}")
+        return self._run.patched(BRANCH.get(), name, call_site())
+
+    def continue_as_new(self, *args: object) -> NoReturn:
+        """End this execution and start a fresh one of the same workflow with ``args``
+        (EXECUTION_CONTINUED names it); the handle's result follows the chain."""
+        raise ContinueAsNew(args)
+
+
+class ContinueAsNew(BaseException):
+    """Unwinds the body for continue-as-new; a BaseException so ``except Exception`` in the
+    body cannot swallow it."""
+
+    def __init__(self, args: tuple[object, ...]) -> None:
+        super().__init__()
+        self.args_ = args
+
+
+def _qualname(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    module = getattr(fn, "__module__", None)
+    if not isinstance(name, str):
+        return type(fn).__qualname__
+    return f"{module}.{name}" if isinstance(module, str) and module != "__main__" else name
+
+
+def _seconds(duration: object, what: str) -> float:
+    if isinstance(duration, timedelta):
+        seconds = duration.total_seconds()
+    elif isinstance(duration, int | float) and not isinstance(duration, bool):
+        seconds = float(duration)
+    else:
+        raise InvalidDurationError(
+            f"{what} takes seconds (int or float) or a timedelta, not {duration!r}"
+        )
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise InvalidDurationError(f"{what} needs a finite duration, not {duration!r}")
+    if seconds < 0:
+        raise InvalidDurationError(f"{what} needs a duration >= 0, not {duration!r}")
+    return seconds

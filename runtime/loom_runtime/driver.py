@@ -1,0 +1,567 @@
+"""One run of a workflow body under a fence token: :class:`Run`.
+
+A run replays the body from the top against a :class:`~loom_runtime.fold.View` of the log,
+serves every recorded call from it, makes the new calls live and appends their records
+under the token it holds, and ends in exactly one of: a terminal event, a park (every
+branch of the body waits), or a stop (fenced out, diverged, a storage failure, a simulated
+crash) that appends nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from loom_core import (
+    Event,
+    InvalidInputError,
+    JsonValue,
+    LoomError,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+    TimerRecord,
+    is_answering,
+)
+from loom_runtime import records
+from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew
+from loom_runtime.errors import ReplayDivergedError, StepFailedError
+from loom_runtime.fold import Recorded, View, fold
+from loom_runtime.records import Position, Wait, json_value, position_text
+from loom_runtime.retry import NO_RETRY, Retry
+
+if TYPE_CHECKING:
+    from loom_runtime.app import Loom
+
+__all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash"]
+
+
+class _Stop(BaseException):
+    """Unwinds every branch of a run that must append nothing more. A BaseException so an
+    ``except Exception`` in the body cannot swallow it."""
+
+
+class FencedOut(LoomError):
+    """Another driver holds the execution now (a newer token, or an answer we did not
+    write): this run stops quietly."""
+
+    def __init__(self, execution_id: str, detail: str) -> None:
+        self.execution_id = execution_id
+        super().__init__(f"run of {execution_id!r} was fenced out: {detail}")
+
+
+class SimulatedCrash(LoomError):
+    """A crash the test kit injected: the run vanishes as a killed process would."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a run ended."""
+
+    kind: Literal["completed", "failed", "suspended", "continued", "stopped"]
+    view: View
+    park_seq: int = -1
+    successor: Successor | None = None
+    reason: BaseException | None = None
+    seen: list[Event] = field(default_factory=list)
+
+
+Workflow = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Successor:
+    """The execution a continue-as-new created, ready to be driven under ``token``."""
+
+    execution_id: str
+    token: int
+    view: View
+
+
+class Run:
+    """Drives one execution's body once; see the module docstring."""
+
+    def __init__(
+        self,
+        app: Loom,
+        view: View,
+        token: int,
+        fn: Workflow,
+        *,
+        replay_only: bool = False,
+    ) -> None:
+        self.app = app
+        self.execution_id = view.execution_id
+        self.workflow = view.workflow
+        self.token = token
+        self._view = view
+        self._fn = fn
+        self._replay_only = replay_only
+        self._head = view.head
+        self._consumed = set(view.consumed)
+        self._visited: set[Position] = set()
+        self._waits: dict[Position, Wait] = {}
+        self._active = 1
+        self._quiet = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._stop_reason: BaseException | None = None
+        self._lock = asyncio.Lock()
+        self._pending: list[NewEvent] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._seen: list[Event] = []
+
+    # -- the run ---------------------------------------------------------------------------
+
+    async def drive(self) -> Outcome:
+        """Run the body to its end, its park, or its stop."""
+        ctx = Context(self)
+        branch_context = contextvars.copy_context()
+        branch_context.run(BRANCH.set, Branch())
+        body = asyncio.create_task(self._body(ctx), context=branch_context)
+        quiet = asyncio.create_task(self._quiet.wait())
+        stopped = asyncio.create_task(self._stopped.wait())
+        try:
+            await asyncio.wait({body, quiet, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await self._teardown(body)
+            raise
+        finally:
+            quiet.cancel()
+            stopped.cancel()
+        parked = not body.done() and not self._stopped.is_set()
+        if not body.done() or self._stopped.is_set():
+            await self._teardown(body)
+        if self._stopped.is_set():
+            return self._outcome("stopped", reason=self._stop_reason)
+        if parked:
+            return await self._park()
+        try:
+            return await self._finish(body)
+        except _Stop:
+            return self._outcome("stopped", reason=self._stop_reason)
+
+    async def _body(self, ctx: Context) -> Any:
+        return await self._fn(ctx, *self._view.input)
+
+    async def _teardown(self, body: asyncio.Task[Any]) -> None:
+        tasks = [body, *self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _outcome(
+        self,
+        kind: Literal["completed", "failed", "suspended", "continued", "stopped"],
+        **extra: Any,
+    ) -> Outcome:
+        return Outcome(kind, self._view, seen=self._seen, **extra)
+
+    def final_view(self) -> View:
+        """The view the run started from, advanced by everything it wrote or read past."""
+        return fold(self._seen, into=self._view)
+
+    async def _finish(self, body: asyncio.Task[Any]) -> Outcome:
+        exc = body.exception()
+        if isinstance(exc, _Stop):
+            return self._outcome("stopped", reason=self._stop_reason)
+        if isinstance(exc, ContinueAsNew):
+            self._check_all_visited("the body continued as new")
+            if self._replay_only:
+                self._expect_terminal("continued")
+                return self._outcome("continued")
+            try:
+                args = json_value(list(exc.args_), f"the input of {self.workflow!r}'s successor")
+            except InvalidInputError as refused:
+                await self._append([records.failed(_type_name(refused), str(refused))])
+                return self._outcome("failed")
+            assert isinstance(args, list)
+            successor = await self.app.create_successor(self._view, args)
+            await self._append([records.continued(successor.execution_id, args)])
+            return self._outcome("continued", successor=successor)
+        if exc is not None:
+            if not isinstance(exc, Exception):
+                raise exc
+            self._check_all_visited(f"the body raised {type(exc).__name__}")
+            if self._replay_only:
+                self._expect_terminal("failed")
+                return self._outcome("failed")
+            await self._append([records.failed(_type_name(exc), str(exc))])
+            return self._outcome("failed")
+        self._check_all_visited("the body returned")
+        try:
+            result = json_value(body.result(), f"the result of workflow {self.workflow!r}")
+        except InvalidInputError as refused:
+            if self._replay_only:
+                self._expect_terminal("failed")
+                return self._outcome("failed")
+            await self._append([records.failed(_type_name(refused), str(refused))])
+            return self._outcome("failed")
+        if self._replay_only:
+            self._expect_terminal("completed")
+            return self._outcome("completed")
+        await self._append([records.completed(result)])
+        return self._outcome("completed")
+
+    def _expect_terminal(self, kind: str) -> None:
+        if self._view.status != kind:
+            self._diverge(
+                (len(self._view.records),),
+                f"an execution that ended {self._view.status}",
+                f"a body that ends {kind}",
+            )
+
+    async def _park(self) -> Outcome:
+        if self._replay_only:
+            first = min(self._waits)
+            self._diverge(first, None, f"a wait at {self._waits[first].site}")
+        try:
+            self._check_all_visited("the body parked")
+        except _Stop:
+            return self._outcome("stopped", reason=self._stop_reason)
+        waits = sorted(self._waits.values(), key=lambda w: w.position)
+        try:
+            if self.app.crash_point(self, (), "park", "before"):
+                self._halt(SimulatedCrash("simulated crash before the park"))
+            for wake_at in sorted({w.wake_at for w in waits if w.wake_at is not None}):
+                await self.app.storage.timers.schedule(TimerRecord(self.execution_id, wake_at))
+            written = await self._append([records.suspended(waits)])
+        except _Stop:
+            return self._outcome("stopped", reason=self._stop_reason)
+        return self._outcome("suspended", park_seq=written[-1].sequence)
+
+    # -- what Context calls ----------------------------------------------------------------
+
+    def is_replaying(self) -> bool:
+        return len(self._visited) < len(self._view.records)
+
+    def clock_now(self) -> str:
+        return self.app.clock.now().isoformat()
+
+    def draw_random(self) -> float:
+        return self.app.random.random()
+
+    def draw_uuid(self) -> str:
+        return str(uuid.UUID(int=self.app.random.getrandbits(128), version=4))
+
+    async def step(
+        self,
+        position: Position,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[object, ...],
+        retry: Retry | None,
+        site: str,
+    ) -> Any:
+        attempted = f"step {name!r} at {site}"
+        recorded = self._recorded(position, attempted, "step", name)
+        if recorded is not None:
+            if recorded.error is not None:
+                raise StepFailedError(
+                    name, position_text(position), recorded.attempt, *recorded.error
+                )
+            return recorded.value
+        self._go_live(position, attempted)
+        policy = retry or NO_RETRY
+        attempt = 0
+        while True:
+            attempt += 1
+            if self.app.crash_point(self, position, name, "before"):
+                self._halt(SimulatedCrash(f"simulated crash before step {name!r}"))
+            try:
+                value = await self._call(fn, args)
+            except Exception as exc:
+                self._check_alive()
+                if attempt < policy.attempts and policy.retries(exc):
+                    await self.app.clock.sleep(policy.delay(attempt))
+                    continue
+                error_type = _type_name(exc)
+                await self._append(
+                    [records.step_failed(position, name, error_type, str(exc), attempt, site)]
+                )
+                if self.app.crash_point(self, position, name, "after"):
+                    self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
+                raise StepFailedError(
+                    name, position_text(position), attempt, error_type, str(exc)
+                ) from exc
+            self._check_alive()
+            result = json_value(value, f"the result of step {name!r}")
+            await self._append(
+                [records.step_completed(position, "step", name, result, attempt, site)]
+            )
+            if self.app.crash_point(self, position, name, "after"):
+                self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
+            return result
+
+    async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        result = await asyncio.to_thread(fn, *args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def sleep(
+        self, position: Position, seconds: float | None, until: Any, site: str
+    ) -> None:
+        attempted = f"sleep at {site}"
+        if self._recorded(position, attempted, "sleep", "") is not None:
+            return
+        earlier = self._earlier_wait(position, attempted, "sleep", None)
+        self._go_live(position, attempted, waits=True)
+        if earlier is not None:
+            wake_at = earlier.wake_at
+        elif until is not None:
+            wake_at = until
+        else:
+            assert seconds is not None
+            wake_at = self.app.clock.now() + timedelta(seconds=seconds)
+        await self._wait(Wait(position, "sleep", wake_at, None, site))
+
+    async def receive(
+        self, position: Position, topic: str, seconds: float | None, site: str
+    ) -> JsonValue:
+        attempted = f"receive({topic!r}) at {site}"
+        recorded = self._recorded(position, attempted, "receive", topic)
+        if recorded is not None:
+            return recorded.value
+        earlier = self._earlier_wait(position, attempted, "receive", topic)
+        self._go_live(position, attempted, waits=True)
+        if earlier is not None:
+            wake_at = earlier.wake_at
+        elif seconds is not None:
+            wake_at = self.app.clock.now() + timedelta(seconds=seconds)
+        else:
+            wake_at = None
+        message = await self.app.inbox.next(self.execution_id, topic, self._consumed)
+        self._check_alive()
+        if message is not None:
+            self._consumed.add(message.sequence)
+            await self._append(
+                [records.consumed(position, topic, message.sequence, message.value)]
+            )
+            return message.value
+        await self._wait(Wait(position, "receive", wake_at, topic, site))
+
+    async def gather(self, position: Position, aws: Sequence[Awaitable[Any]]) -> tuple[Any, ...]:
+        self._check_alive()
+        if not aws:
+            return ()
+        remaining = len(aws)
+
+        def settled(_: asyncio.Task[Any]) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0:
+                self._active += 1  # the gathering branch wakes before its last child leaves
+            self._active -= 1
+            self._check_quiet()
+
+        self._active += len(aws) - 1
+        tasks: list[asyncio.Task[Any]] = []
+        for index, aw in enumerate(aws):
+            child = contextvars.copy_context()
+            child.run(BRANCH.set, Branch((*position, index)))
+            task = asyncio.create_task(_await(aw), context=child)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(settled)
+            tasks.append(task)
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
+        for task in tasks:
+            if task.cancelled():
+                raise asyncio.CancelledError
+            failure = task.exception()
+            if failure is not None and not isinstance(failure, Exception):
+                raise failure
+        for task in tasks:
+            failure = task.exception()
+            if failure is not None:
+                raise failure
+        return tuple(task.result() for task in tasks)
+
+    def value(
+        self, position: Position, call: str, site: str, draw: Callable[[], JsonValue]
+    ) -> JsonValue:
+        attempted = f"{call}() at {site}"
+        recorded = self._recorded(position, attempted, call, "")
+        if recorded is not None:
+            return recorded.value
+        self._go_live(position, attempted)
+        value = draw()
+        self._pending.append(records.step_completed(position, call, "", value, 1, site))
+        return value
+
+    def patched(self, branch: Branch, name: str, site: str) -> bool:
+        self._check_alive()
+        position = branch.peek()
+        recorded = self._view.records.get(position)
+        if recorded is not None:
+            if recorded.call == "patch" and recorded.name == name:
+                branch.take()
+                self._visited.add(position)
+                return True
+            return False
+        if position in self._view.waits or self._has_history(branch) or self._replay_only:
+            return False
+        branch.take()
+        self._pending.append(records.step_completed(position, "patch", name, None, 1, site))
+        return True
+
+    # -- replay matching -------------------------------------------------------------------
+
+    def _recorded(
+        self, position: Position, attempted: str, call: str, name: str
+    ) -> Recorded | None:
+        self._check_alive()
+        recorded = self._view.records.get(position)
+        if recorded is None:
+            return None
+        self._visited.add(position)
+        if recorded.call != call or recorded.name != name:
+            self._diverge(position, recorded.describe(), attempted)
+        return recorded
+
+    def _earlier_wait(
+        self, position: Position, attempted: str, call: str, topic: str | None
+    ) -> Wait | None:
+        """The unanswered wait an earlier park recorded here (its deadline stands)."""
+        earlier = self._view.waits.get(position)
+        if earlier is None:
+            return None
+        if earlier.call != call or earlier.topic != topic:
+            self._diverge(position, _describe_wait(earlier), attempted)
+        return earlier
+
+    def _go_live(self, position: Position, attempted: str, *, waits: bool = False) -> None:
+        """Refuse a live call where the log holds an unanswered wait of an earlier park
+        (unless this call is that wait), or any live call when only replaying."""
+        if not waits and (earlier := self._view.waits.get(position)) is not None:
+            self._diverge(position, _describe_wait(earlier), attempted)
+        if self._replay_only:
+            self._diverge(position, None, attempted)
+
+    def _has_history(self, branch: Branch) -> bool:
+        depth = len(branch.prefix)
+        for position in (*self._view.records, *self._view.waits):
+            if (
+                len(position) > depth
+                and position[:depth] == branch.prefix
+                and position[depth] >= branch.counter
+            ):
+                return True
+        return False
+
+    def _check_all_visited(self, attempted: str) -> None:
+        missing = sorted(set(self._view.records) - self._visited)
+        if missing:
+            self._diverge(missing[0], self._view.records[missing[0]].describe(), attempted)
+
+    def _diverge(self, position: Position, recorded: str | None, attempted: str | None) -> NoReturn:
+        self._halt(
+            ReplayDivergedError(self.execution_id, position_text(position), recorded, attempted)
+        )
+
+    # -- parking ---------------------------------------------------------------------------
+
+    async def _wait(self, wait: Wait) -> NoReturn:
+        self._waits[wait.position] = wait
+        self._active -= 1
+        self._check_quiet()
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("a wait is only ever left by cancellation")  # pragma: no cover
+
+    def _check_quiet(self) -> None:
+        if self._active == 0 and self._waits and not self._stopped.is_set():
+            self._quiet.set()
+
+    # -- stopping and appending ------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._stopped.is_set() or self._quiet.is_set():
+            raise _Stop
+
+    def _halt(self, reason: BaseException) -> NoReturn:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stopped.set()
+        raise _Stop
+
+    async def _append(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
+        async with self._lock:
+            if self._stopped.is_set():
+                raise _Stop
+            batch = [*self._pending, *events]
+            for new in batch:
+                self.app.hooks.event(self.execution_id, new)
+            store = self.app.storage.events
+            while True:
+                try:
+                    written = await store.append(
+                        self.execution_id, batch, expected_sequence=self._head, fence=self.token
+                    )
+                    break
+                except SequenceConflictError:
+                    await self._skip_unfenced_tail()
+                except StaleFenceError as exc:
+                    self._halt(FencedOut(self.execution_id, str(exc)))
+                except InvalidInputError:
+                    raise  # refused before anything was written: the body sees it
+                except LoomError as exc:
+                    self.app.hooks.storage_error(self.execution_id, exc)
+                    self._halt(exc)
+            self._pending.clear()
+            self._head = written[-1].sequence + 1
+            self._seen.extend(written)
+            for event in written:
+                self.app.hooks.durable_event(event)
+            self.app.changed(self.execution_id)
+            return written
+
+    async def _skip_unfenced_tail(self) -> None:
+        """Someone appended past our head. Audit appends (an unfenced EXECUTION_DENIED, an
+        application event) do not take the execution from us: step over them. Anything
+        that answers, or carries a newer token, does."""
+        try:
+            tail = await self.app.storage.events.read(self.execution_id, from_sequence=self._head)
+        except LoomError as exc:
+            self.app.hooks.storage_error(self.execution_id, exc)
+            self._halt(exc)
+        for event in tail:
+            if is_answering(event) or event.fence > self.token:
+                self._halt(
+                    FencedOut(
+                        self.execution_id,
+                        f"event {event.sequence} ({event.kind}) was written by another driver",
+                    )
+                )
+        if tail:
+            self._head = tail[-1].sequence + 1
+            self._seen.extend(tail)
+
+
+async def _await(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _describe_wait(wait: Wait) -> str:
+    what = "sleep" if wait.call == "sleep" else f"receive({wait.topic!r})"
+    return what + (f" at {wait.site}" if wait.site else "")
+

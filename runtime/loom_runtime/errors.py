@@ -1,0 +1,246 @@
+"""The errors the runtime raises, all in the :class:`~loom_core.errors.LoomError` tree.
+
+The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
+
+    LoomError
+    ├── InvalidInputError (ValueError)
+    │   ├── NotJsonError                   an input, result or message that is not JSON
+    │   ├── InvalidDurationError           a negative sleep, a naive datetime, a bad timeout
+    │   └── ReservedExecutionIdError       an id the runtime keeps for itself ("$...")
+    ├── WorkflowNotFoundError (LookupError)  no workflow of that name on this app
+    ├── ResumeRefusedError                 .reason: the park cannot be answered; final
+    ├── ResumeContendedError               .retryable = True: rivals kept taking the fence
+    ├── ActionDeniedError (PermissionError)  the authorize hook said no (recorded in the log)
+    ├── ReplayDivergedError                the code no longer matches the log
+    ├── StepFailedError                    a step's last attempt failed (raised into the body)
+    ├── WorkflowFailedError                handle.result() of a failed execution
+    ├── ExecutionCancelledError            handle.result() of a cancelled execution
+    ├── ResultTimeoutError (TimeoutError)  handle.result(timeout=...) ran out
+    ├── RedriveExhaustedError              a contended timer wake gave up; recover() it
+    ├── AppNotRunningError                 a call that needs ``async with app`` outside it
+    └── LogFormatError                     a runtime event without the shape it must have
+
+:class:`ResumeContendedError` is deliberately not a :class:`ResumeRefusedError`: a caller
+that treats every refusal as final must not mistake "retry me" for "refused".
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from loom_core import InvalidInputError, LoomError
+
+__all__ = [
+    "ActionDeniedError",
+    "AppNotRunningError",
+    "ExecutionCancelledError",
+    "InvalidDurationError",
+    "LogFormatError",
+    "NotJsonError",
+    "RedriveExhaustedError",
+    "ReplayDivergedError",
+    "ReservedExecutionIdError",
+    "ResultTimeoutError",
+    "ResumeContendedError",
+    "ResumeRefusedError",
+    "StepFailedError",
+    "WorkflowFailedError",
+    "WorkflowNotFoundError",
+]
+
+
+class NotJsonError(InvalidInputError):
+    """A value the runtime must record is not JSON (``where`` says which)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        super().__init__(
+            f"{where} is not JSON: {reason}; pass dicts, lists, str, int, float, bool or "
+            "None (convert dataclasses and datetimes yourself)"
+        )
+
+
+class InvalidDurationError(InvalidInputError):
+    """A sleep, deadline or timeout the runtime cannot honour."""
+
+
+class ReservedExecutionIdError(InvalidInputError):
+    """Execution ids starting with ``$`` are the runtime's own (its inbox streams)."""
+
+    def __init__(self, execution_id: str) -> None:
+        self.execution_id = execution_id
+        super().__init__(
+            f"execution id {execution_id!r} starts with '$', which the runtime reserves for "
+            "its own streams; choose another id"
+        )
+
+
+class WorkflowNotFoundError(LoomError, LookupError):
+    """The log names a workflow this app has not registered."""
+
+    def __init__(
+        self, name: str, execution_id: str | None = None, known: tuple[str, ...] = ()
+    ) -> None:
+        self.name = name
+        self.known = known
+        self.execution_id = execution_id
+        super().__init__(
+            f"no workflow named {name!r} is registered on this app"
+            + (f" (execution {execution_id!r} needs it)" if execution_id else "")
+            + (f"; registered: {', '.join(known)}" if known else "")
+            + "; register it with @app.workflow(name=...) before starting or resuming"
+        )
+
+
+ResumeRefusal = Literal["not-suspended", "nothing-to-answer", "terminal"]
+
+
+class ResumeRefusedError(LoomError):
+    """The park cannot be answered; nothing was appended and no token was taken.
+
+    ``reason`` is ``"not-suspended"`` (the park is answered, gone, or not a park at that
+    sequence), ``"nothing-to-answer"`` (it waits only for messages and none is there) or
+    ``"terminal"`` (the execution has finished).
+    """
+
+    def __init__(self, execution_id: str, reason: ResumeRefusal, detail: str = "") -> None:
+        self.execution_id = execution_id
+        self.reason: ResumeRefusal = reason
+        super().__init__(
+            f"cannot resume {execution_id!r}: {reason}" + (f" ({detail})" if detail else "")
+        )
+
+
+class ResumeContendedError(LoomError):
+    """Rivals kept taking the fence while the park stayed unanswered; retry later."""
+
+    retryable: Final = True
+
+    def __init__(self, execution_id: str, attempts: int) -> None:
+        self.execution_id = execution_id
+        self.attempts = attempts
+        super().__init__(
+            f"resume of {execution_id!r} was contended {attempts} times: another node keeps "
+            "taking the fence while the park stays unanswered; retry later (the timer "
+            "service does, with backoff)"
+        )
+
+
+class ActionDeniedError(LoomError, PermissionError):
+    """The authorize hook refused ``action``; an EXECUTION_DENIED records it."""
+
+    def __init__(self, execution_id: str, action: str, principal: object) -> None:
+        self.execution_id = execution_id
+        self.action = action
+        self.principal = principal
+        super().__init__(f"{principal!r} may not {action} {execution_id!r}")
+
+
+class ReplayDivergedError(LoomError):
+    """The body no longer makes the calls its log recorded; nothing was appended.
+
+    ``recorded`` and ``attempted`` describe the two calls (``None`` when one side has no
+    call at ``position``), each with its call site. Fix the code (``ctx.patched`` is the
+    way to change code under running executions), then resume or cancel the execution.
+    """
+
+    def __init__(
+        self,
+        execution_id: str,
+        position: str,
+        recorded: str | None,
+        attempted: str | None,
+    ) -> None:
+        self.execution_id = execution_id
+        self.position = position
+        self.recorded = recorded
+        self.attempted = attempted
+        super().__init__(
+            f"replay of {execution_id!r} diverged at position {position}: the log recorded "
+            f"{recorded or 'no call'}, the code now makes {attempted or 'no call'}; the log "
+            "is untouched: fix the code (guard changes with ctx.patched) and resume, or "
+            "cancel the execution"
+        )
+
+
+class StepFailedError(LoomError):
+    """A step's last attempt raised; recorded as STEP_FAILED and replayed identically."""
+
+    def __init__(
+        self, step: str, position: str, attempts: int, error_type: str, error_message: str
+    ) -> None:
+        self.step = step
+        self.position = position
+        self.attempts = attempts
+        self.error_type = error_type
+        self.error_message = error_message
+        super().__init__(
+            f"step {step!r} at position {position} failed after {attempts} attempt"
+            f"{'s' if attempts != 1 else ''}: {error_type}: {error_message}"
+        )
+
+
+class WorkflowFailedError(LoomError):
+    """The execution ended with EXECUTION_FAILED."""
+
+    def __init__(self, execution_id: str, error_type: str, error_message: str) -> None:
+        self.execution_id = execution_id
+        self.error_type = error_type
+        self.error_message = error_message
+        super().__init__(f"execution {execution_id!r} failed: {error_type}: {error_message}")
+
+
+class ExecutionCancelledError(LoomError):
+    """The execution ended with EXECUTION_CANCELLED."""
+
+    def __init__(self, execution_id: str, reason: str | None) -> None:
+        self.execution_id = execution_id
+        self.reason = reason
+        super().__init__(
+            f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else "")
+        )
+
+
+class ResultTimeoutError(LoomError, TimeoutError):
+    """``handle.result(timeout=...)`` gave up waiting; the execution goes on."""
+
+    def __init__(self, execution_id: str, timeout: float, status: str) -> None:
+        self.execution_id = execution_id
+        self.timeout = timeout
+        self.status = status
+        super().__init__(
+            f"execution {execution_id!r} did not finish within {timeout}s (it is {status}); "
+            "it goes on: wait again, or look at it with handle.status()"
+        )
+
+
+class RedriveExhaustedError(LoomError):
+    """A contended timer wake was retried ``attempts`` times; the row is retired."""
+
+    def __init__(self, execution_id: str, attempts: int) -> None:
+        self.execution_id = execution_id
+        self.attempts = attempts
+        super().__init__(
+            f"gave up waking {execution_id!r} after {attempts} contended attempts; the timer "
+            "row is retired and the park is still unanswered: resume it by hand "
+            "(app.resume(..., fence_if_parked_at=...)) once the contention is gone"
+        )
+
+
+class AppNotRunningError(LoomError):
+    """The call needs the app's storage and worker: use it inside ``async with app``."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} needs a running app: call it inside 'async with app:'")
+
+
+class LogFormatError(LoomError):
+    """An event of a runtime kind lacks the shape docs/runtime.md gives it."""
+
+    def __init__(self, execution_id: str, sequence: int, kind: str, detail: str) -> None:
+        self.execution_id = execution_id
+        self.sequence = sequence
+        super().__init__(
+            f"event {sequence} ({kind}) of {execution_id!r} is not a runtime record: {detail}; "
+            "was it written by something other than loom-runtime?"
+        )

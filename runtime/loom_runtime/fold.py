@@ -1,0 +1,241 @@
+"""One pure function from a log to what it means: :func:`fold`.
+
+The runtime (replay, resume, recovery), the timer service, the handle and the ``loom``
+command all read an execution through this function and nothing else, so they can never
+disagree about its state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, TypeAlias
+
+from loom_core import Event, EventKind, JsonObject, JsonValue
+from loom_runtime.errors import LogFormatError
+from loom_runtime.records import Position, Wait, parse_position
+
+__all__ = ["Park", "Recorded", "Status", "TERMINAL", "View", "fold"]
+
+Status: TypeAlias = Literal[
+    "running", "suspended", "completed", "failed", "cancelled", "continued"
+]
+TERMINAL: frozenset[Status] = frozenset({"completed", "failed", "cancelled", "continued"})
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What the log holds for one durable call."""
+
+    position: Position
+    call: str
+    name: str
+    value: JsonValue = None
+    error: tuple[str, str] | None = None
+    attempt: int = 1
+    site: str = ""
+    sequence: int = 0
+
+    def describe(self) -> str:
+        what = {
+            "step": f"step {self.name!r}",
+            "patch": f"patched({self.name!r})",
+            "receive": f"receive({self.name!r})",
+        }.get(self.call, f"{self.call}()")
+        return what + (f" at {self.site}" if self.site else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """The newest park while it is unanswered."""
+
+    sequence: int
+    fence: int
+    waits: tuple[Wait, ...]
+
+
+@dataclass(slots=True)
+class View:
+    """An execution as its log says it is. ``status`` is None when there is no log."""
+
+    execution_id: str
+    head: int = 0
+    status: Status | None = None
+    workflow: str = ""
+    input: list[JsonValue] = field(default_factory=list)
+    fingerprint: str = ""
+    node: str = ""
+    root: str = ""
+    generation: int = 0
+    continued_from: str | None = None
+    parent: JsonValue = None
+    fence: int = 0
+    records: dict[Position, Recorded] = field(default_factory=dict)
+    waits: dict[Position, Wait] = field(default_factory=dict)
+    park: Park | None = None
+    consumed: set[int] = field(default_factory=set)
+    result: JsonValue = None
+    error: tuple[str, str] | None = None
+    cancel_reason: str | None = None
+    successor: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def pending_waits(self) -> tuple[Wait, ...]:
+        """The waits of the open park that no answer has reached."""
+        if self.park is None:
+            return ()
+        return tuple(w for w in self.park.waits if w.position not in self.records)
+
+
+def fold(events: Iterable[Event], into: View | None = None, *, execution_id: str = "") -> View:
+    """Fold ``events`` (in sequence order) onto ``into`` (a copy; ``into`` is not changed)."""
+    view = copy.deepcopy(into) if into is not None else View(execution_id)
+    for event in events:
+        if not view.execution_id:
+            view.execution_id = event.execution_id
+        try:
+            _apply(view, event)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise LogFormatError(view.execution_id, event.sequence, event.kind, str(exc)) from exc
+        view.head = event.sequence + 1
+        view.fence = max(view.fence, event.fence)
+    return view
+
+
+def _obj(payload: JsonValue) -> Mapping[str, JsonValue]:
+    if not isinstance(payload, dict):
+        raise TypeError(f"payload must be a JSON object, not {type(payload).__name__}")
+    return payload
+
+
+def _str(raw: Mapping[str, JsonValue], key: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str):
+        raise TypeError(f"{key!r} must be a str, not {value!r}")
+    return value
+
+
+def _opt_str(raw: Mapping[str, JsonValue], key: str) -> str | None:
+    value = raw.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(raw: Mapping[str, JsonValue], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{key!r} must be an int, not {value!r}")
+    return value
+
+
+def _error(raw: JsonValue) -> tuple[str, str]:
+    err = _obj(raw)
+    return _str(err, "type"), _str(err, "message")
+
+
+def _apply(view: View, event: Event) -> None:
+    kind = event.kind
+    payload = event.payload
+    if kind == EventKind.EXECUTION_STARTED:
+        p = _obj(payload)
+        view.status = "running"
+        view.workflow = _str(p, "workflow")
+        raw_input = p.get("input")
+        view.input = list(raw_input) if isinstance(raw_input, list) else []
+        view.fingerprint = _opt_str(p, "fingerprint") or ""
+        view.node = _opt_str(p, "node") or ""
+        view.root = _opt_str(p, "root") or event.execution_id
+        view.generation = _int(p, "generation", 0)
+        view.continued_from = _opt_str(p, "continued_from")
+        view.parent = p.get("parent")
+        view.started_at = event.recorded_at
+    elif kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED):
+        p = _obj(payload)
+        position = parse_position(p.get("position"))
+        error = _error(p.get("error")) if kind == EventKind.STEP_FAILED else None
+        view.records[position] = Recorded(
+            position=position,
+            call=_str(p, "call"),
+            name=_opt_str(p, "name") or "",
+            value=p.get("result"),
+            error=error,
+            attempt=_int(p, "attempt", 1),
+            site=_opt_str(p, "site") or "",
+            sequence=event.sequence,
+        )
+    elif kind == EventKind.MESSAGE_CONSUMED:
+        p = _obj(payload)
+        position = parse_position(p.get("position"))
+        view.consumed.add(_int(p, "message"))
+        wait = view.waits.get(position)
+        view.records[position] = Recorded(
+            position=position,
+            call="receive",
+            name=_str(p, "topic"),
+            value=p.get("value"),
+            site=wait.site if wait is not None else "",
+            sequence=event.sequence,
+        )
+    elif kind == EventKind.EXECUTION_SUSPENDED:
+        p = _obj(payload)
+        raw_waits = p.get("waits")
+        if not isinstance(raw_waits, list):
+            raise TypeError("'waits' must be a list")
+        waits = tuple(Wait.from_json(_obj(w)) for w in raw_waits)
+        for wait in waits:
+            view.waits[wait.position] = wait
+        view.park = Park(event.sequence, event.fence, waits)
+        view.status = "suspended"
+    elif kind == EventKind.EXECUTION_RESUMED:
+        p = _obj(payload)
+        position = parse_position(p.get("position"))
+        answer = _obj(p.get("answer"))
+        wait = view.waits.get(position)
+        answer_kind = _str(answer, "kind")
+        if answer_kind != "message":
+            # A message's record is its MESSAGE_CONSUMED, appended in the same write.
+            view.records[position] = Recorded(
+                position=position,
+                call=wait.call if wait is not None else "sleep",
+                name=(wait.topic or "") if wait is not None else "",
+                value=None,
+                site=wait.site if wait is not None else "",
+                sequence=event.sequence,
+            )
+        view.park = None
+        view.status = "running"
+        view.node = _opt_str(p, "node") or view.node
+    elif kind == EventKind.EXECUTION_RECOVERED:
+        view.node = _opt_str(_obj(payload), "node") or view.node
+    elif kind == EventKind.EXECUTION_COMPLETED:
+        view.result = _obj(payload).get("result")
+        _finish(view, "completed", event)
+    elif kind == EventKind.EXECUTION_FAILED:
+        view.error = _error(_obj(payload).get("error"))
+        _finish(view, "failed", event)
+    elif kind == EventKind.EXECUTION_CANCELLED:
+        view.cancel_reason = _opt_str(_obj(payload), "reason")
+        _finish(view, "cancelled", event)
+    elif kind == EventKind.EXECUTION_CONTINUED:
+        view.successor = _str(_obj(payload), "successor")
+        _finish(view, "continued", event)
+    # Every other kind (EXECUTION_DENIED, annotations, application events) changes nothing
+    # the runtime acts on.
+
+
+def _finish(view: View, status: Status, event: Event) -> None:
+    view.status = status
+    view.park = None
+    view.finished_at = event.recorded_at
+
+
+def answer_of(kind: str, **extra: JsonValue) -> JsonObject:
+    out: JsonObject = {"kind": kind}
+    out.update(extra)
+    return out

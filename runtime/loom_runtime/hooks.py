@@ -1,0 +1,79 @@
+"""The app's observability hooks, called so that a failing hook never breaks a run.
+
+- ``on_event(execution_id, new_event)`` fires *before* the durable write: after a crash or
+  a failed write it may report an event the log never recorded. Never page, bill or audit
+  from it.
+- ``on_durable_event(event)`` fires after the write: what it reports is in the log. It is
+  at most once: a process that dies just after a write never delivers that event.
+- ``on_storage_error(execution_id, error)``: a store call failed under a run.
+- ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
+  background, an exhausted re-drive, a failing poll).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import final
+
+from loom_core import Event, InvalidOptionError, NewEvent
+
+__all__ = ["Hooks"]
+
+_log = logging.getLogger("loom_runtime")
+
+OnEvent = Callable[[str, NewEvent], object]
+OnDurableEvent = Callable[[Event], object]
+OnStorageError = Callable[[str, BaseException], object]
+OnError = Callable[[BaseException], object]
+
+
+@final
+class Hooks:
+    __slots__ = ("on_durable_event", "on_error", "on_event", "on_storage_error")
+
+    def __init__(
+        self,
+        *,
+        on_event: OnEvent | None = None,
+        on_durable_event: OnDurableEvent | None = None,
+        on_storage_error: OnStorageError | None = None,
+        on_error: OnError | None = None,
+    ) -> None:
+        for name, hook in (
+            ("on_event", on_event),
+            ("on_durable_event", on_durable_event),
+            ("on_storage_error", on_storage_error),
+            ("on_error", on_error),
+        ):
+            if hook is not None and not callable(hook):
+                raise InvalidOptionError(f"Loom({name}=...) must be callable, not {hook!r}")
+        self.on_event = on_event
+        self.on_durable_event = on_durable_event
+        self.on_storage_error = on_storage_error
+        self.on_error = on_error
+
+    def event(self, execution_id: str, event: NewEvent) -> None:
+        if self.on_event is not None:
+            self._call("on_event", self.on_event, execution_id, event)
+
+    def durable_event(self, event: Event) -> None:
+        if self.on_durable_event is not None:
+            self._call("on_durable_event", self.on_durable_event, event)
+
+    def storage_error(self, execution_id: str, error: BaseException) -> None:
+        if self.on_storage_error is not None:
+            self._call("on_storage_error", self.on_storage_error, execution_id, error)
+
+    def error(self, error: BaseException) -> None:
+        if self.on_error is None:
+            _log.error("%s", error, exc_info=error)
+            return
+        self._call("on_error", self.on_error, error)
+
+    @staticmethod
+    def _call(name: str, hook: Callable[..., object], *args: object) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            _log.exception("the %s hook raised; the run goes on", name)

@@ -1,0 +1,109 @@
+"""Messages waiting for an execution: the reserved stream ``$inbox:<id>``.
+
+A message is durable once :meth:`Inbox.put` returns: it is an event of the inbox stream,
+and its sequence there is its id. Delivery never moves it: the receiver's log records the
+consumption (MESSAGE_CONSUMED names the inbox sequence), so "consumed" is a fact of the
+receiver's log, written under the receiver's fence, and a message is delivered once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import Final, final
+
+from loom_core import (
+    ConflictError,
+    Event,
+    EventStore,
+    ExecutionAlreadyExistsError,
+    JsonValue,
+    SequenceConflictError,
+)
+from loom_runtime.records import MESSAGE_KIND, inbox_of, message
+
+__all__ = ["Inbox", "Message"]
+
+_CACHE_SIZE: Final = 1024
+_PUT_ATTEMPTS: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    sequence: int
+    topic: str
+    value: JsonValue
+    key: str | None
+
+
+def _message(event: Event) -> Message | None:
+    payload = event.payload
+    if event.kind != MESSAGE_KIND or not isinstance(payload, dict):
+        return None
+    topic = payload.get("topic")
+    key = payload.get("key")
+    if not isinstance(topic, str):
+        return None
+    return Message(
+        event.sequence, topic, payload.get("value"), key if isinstance(key, str) else None
+    )
+
+
+@final
+class Inbox:
+    """Reads and writes inbox streams; keeps what it read (the streams only grow)."""
+
+    __slots__ = ("_cache", "_events")
+
+    def __init__(self, events: EventStore) -> None:
+        self._events = events
+        self._cache: OrderedDict[str, tuple[int, list[Message]]] = OrderedDict()
+
+    async def messages(self, execution_id: str) -> list[Message]:
+        """Every message sent to ``execution_id``, in the order they were stored."""
+        stream = inbox_of(execution_id)
+        head, known = self._cache.pop(stream, (0, []))
+        tail = await self._events.read(stream, from_sequence=head)
+        if tail:
+            known = [*known, *(m for e in tail if (m := _message(e)) is not None)]
+            head = tail[-1].sequence + 1
+        self._cache[stream] = (head, known)
+        while len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return known
+
+    async def next(
+        self, execution_id: str, topic: str, consumed: Set[int]
+    ) -> Message | None:
+        """The oldest message on ``topic`` that is not in ``consumed``."""
+        for candidate in await self.messages(execution_id):
+            if candidate.topic == topic and candidate.sequence not in consumed:
+                return candidate
+        return None
+
+    async def put(
+        self, execution_id: str, topic: str, value: JsonValue, key: str | None
+    ) -> Message:
+        """Store a message durably; a second put with the same ``key`` returns the first."""
+        stream = inbox_of(execution_id)
+        for _ in range(_PUT_ATTEMPTS):
+            known = await self.messages(execution_id)
+            if key is not None:
+                for existing in known:
+                    if existing.key == key:
+                        return existing
+            head, _known = self._cache[stream]
+            try:
+                written = await self._events.append(
+                    stream, [message(topic, value, key)], expected_sequence=head
+                )
+            except (SequenceConflictError, ExecutionAlreadyExistsError):
+                continue  # another sender got there first: re-read, then decide again
+            stored = _message(written[0])
+            assert stored is not None
+            return stored
+        raise ConflictError(
+            f"could not store a message for {execution_id!r}: {_PUT_ATTEMPTS} other senders "
+            "got in first; send again (with key= it is idempotent)"
+        )

@@ -1,0 +1,268 @@
+"""What the runtime writes to an execution's log: one builder per kind, and the JSON rules.
+
+Every payload is documented in docs/runtime.md, "The log"; :mod:`loom_runtime.fold` reads
+them back. A *position* names a durable call: ``(k,)`` is the body's k-th call, and a
+branch of ``ctx.gather`` at position ``p`` numbers its own calls ``p + (branch, k)``, so
+positions never depend on the order in which concurrent calls finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final, Literal, TypeAlias
+
+from loom_core import EventKind, JsonObject, JsonValue, NewEvent
+from loom_runtime.errors import NotJsonError
+
+__all__ = [
+    "INBOX_PREFIX",
+    "MESSAGE_KIND",
+    "Position",
+    "Wait",
+    "WaitCall",
+    "cancelled",
+    "completed",
+    "consumed",
+    "continued",
+    "denied",
+    "failed",
+    "inbox_of",
+    "json_value",
+    "message",
+    "parse_position",
+    "position_json",
+    "position_text",
+    "recovered",
+    "resumed",
+    "started",
+    "step_completed",
+    "step_failed",
+    "suspended",
+]
+
+Position: TypeAlias = tuple[int, ...]
+WaitCall: TypeAlias = Literal["sleep", "receive"]
+
+INBOX_PREFIX: Final = "$inbox:"
+"""Messages for execution ``x`` live in the reserved stream ``$inbox:x``."""
+
+MESSAGE_KIND: Final = "MESSAGE"
+"""The kind of an inbox event (an application kind: it never answers a park)."""
+
+
+def inbox_of(execution_id: str) -> str:
+    return INBOX_PREFIX + execution_id
+
+
+def position_text(position: Position) -> str:
+    return ".".join(map(str, position))
+
+
+def position_json(position: Position) -> list[JsonValue]:
+    return list(position)
+
+
+def json_value(value: object, where: str) -> JsonValue:
+    """``value`` as the JSON it will be recorded as (tuples become lists); refuse the rest.
+
+    Live and replayed runs both see this normalised value, so a body cannot tell them apart.
+    """
+    return _json(value, where, 0)
+
+
+def _json(value: object, where: str, depth: int) -> JsonValue:
+    if depth > 100:
+        raise NotJsonError(where, "nested more than 100 levels deep")
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NotJsonError(where, f"{value!r} has no JSON form")
+        return value
+    if isinstance(value, list | tuple):
+        return [_json(v, where, depth + 1) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise NotJsonError(where, f"dict key {k!r} is a {type(k).__name__}, not a str")
+            out[k] = _json(v, where, depth + 1)
+        return out
+    raise NotJsonError(where, f"a {type(value).__name__} ({value!r:.60})")
+
+
+def parse_position(raw: JsonValue) -> Position:
+    """A position read back from JSON; ValueError when ``raw`` is not one."""
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in raw)
+    ):
+        raise ValueError(f"a position is a non-empty list of non-negative ints, not {raw!r}")
+    return tuple(p for p in raw if isinstance(p, int))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """One thing a park waits for: a timer (``sleep``) or a message on ``topic``
+    (``receive``, with ``wake_at`` as its timeout when it has one)."""
+
+    position: Position
+    call: WaitCall
+    wake_at: datetime | None = None
+    topic: str | None = None
+    site: str = ""
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"position": position_json(self.position), "call": self.call}
+        if self.wake_at is not None:
+            out["wake_at"] = _iso(self.wake_at)
+        if self.topic is not None:
+            out["topic"] = self.topic
+        if self.site:
+            out["site"] = self.site
+        return out
+
+    @staticmethod
+    def from_json(raw: Mapping[str, JsonValue]) -> Wait:
+        """Read a wait back; ValueError when ``raw`` is not one."""
+        position = parse_position(raw.get("position"))
+        call = raw.get("call")
+        wake_at = raw.get("wake_at")
+        topic = raw.get("topic")
+        site = raw.get("site")
+        if call in ("sleep", "receive"):
+            return Wait(
+                position=position,
+                call="sleep" if call == "sleep" else "receive",
+                wake_at=datetime.fromisoformat(wake_at) if isinstance(wake_at, str) else None,
+                topic=topic if isinstance(topic, str) else None,
+                site=site if isinstance(site, str) else "",
+            )
+        raise ValueError(f"a wait's call is 'sleep' or 'receive', not {call!r}")
+
+
+def started(
+    workflow: str,
+    args: Sequence[JsonValue],
+    *,
+    fingerprint: str,
+    node: str,
+    root: str,
+    generation: int = 0,
+    continued_from: str | None = None,
+    parent: JsonValue = None,
+) -> NewEvent:
+    """The first event of every execution. ``parent`` is the edge a child execution will
+    carry (``None`` for a top-level one)."""
+    return NewEvent(
+        EventKind.EXECUTION_STARTED,
+        {
+            "workflow": workflow,
+            "input": list(args),
+            "fingerprint": fingerprint,
+            "node": node,
+            "root": root,
+            "generation": generation,
+            "continued_from": continued_from,
+            "parent": parent,
+        },
+    )
+
+
+def step_completed(
+    position: Position, call: str, name: str, value: JsonValue, attempt: int, site: str
+) -> NewEvent:
+    """A recorded result: a step's (``call="step"``), or a value the body asked for
+    (``now``, ``random``, ``uuid``) or a ``patch`` marker."""
+    return NewEvent(
+        EventKind.STEP_COMPLETED,
+        {
+            "position": position_json(position),
+            "call": call,
+            "name": name,
+            "result": value,
+            "attempt": attempt,
+            "site": site,
+        },
+    )
+
+
+def step_failed(
+    position: Position, name: str, error_type: str, message_: str, attempt: int, site: str
+) -> NewEvent:
+    return NewEvent(
+        EventKind.STEP_FAILED,
+        {
+            "position": position_json(position),
+            "call": "step",
+            "name": name,
+            "error": {"type": error_type, "message": message_},
+            "attempt": attempt,
+            "site": site,
+        },
+    )
+
+
+def suspended(waits: Sequence[Wait]) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_SUSPENDED, {"waits": [w.to_json() for w in waits]})
+
+
+def resumed(
+    park_seq: int, position: Position, answer: JsonObject, node: str
+) -> NewEvent:
+    """The answer to the park at ``park_seq``: ``answer["kind"]`` is ``timer``, ``timeout``
+    or ``message`` (with its inbox ``message`` sequence)."""
+    return NewEvent(
+        EventKind.EXECUTION_RESUMED,
+        {"park": park_seq, "position": position_json(position), "answer": answer, "node": node},
+    )
+
+
+def consumed(position: Position, topic: str, message_seq: int, value: JsonValue) -> NewEvent:
+    return NewEvent(
+        EventKind.MESSAGE_CONSUMED,
+        {
+            "position": position_json(position),
+            "topic": topic,
+            "message": message_seq,
+            "value": value,
+        },
+    )
+
+
+def completed(result: JsonValue) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_COMPLETED, {"result": result})
+
+
+def failed(error_type: str, message_: str) -> NewEvent:
+    return NewEvent(
+        EventKind.EXECUTION_FAILED, {"error": {"type": error_type, "message": message_}}
+    )
+
+
+def cancelled(reason: str | None, node: str) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_CANCELLED, {"reason": reason, "node": node})
+
+
+def continued(successor: str, args: Sequence[JsonValue]) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_CONTINUED, {"successor": successor, "input": list(args)})
+
+
+def recovered(node: str, fence: int) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_RECOVERED, {"node": node, "fence": fence})
+
+
+def denied(action: str, principal: JsonValue) -> NewEvent:
+    return NewEvent(EventKind.EXECUTION_DENIED, {"action": action, "principal": principal})
+
+
+def message(topic: str, value: JsonValue, key: str | None) -> NewEvent:
+    return NewEvent(MESSAGE_KIND, {"topic": topic, "value": value, "key": key})

@@ -1,0 +1,119 @@
+"""Answering a park under the conditional fence: :func:`answer_park`.
+
+The rule (docs/design.md, "The conditional acquire", and docs/runtime.md, "Resume"): read
+the park, present the token it was written under (``metadata.fence``, 0 when unfenced)
+with its sequence to ``acquire_fence_if``; on stale, re-read: a park still unanswered
+means someone acquired and never answered (a dead resumer), so try again with the token
+the store returned and the same park; anything else means the park is answered or gone.
+The fence is the last thing taken; under it the park is checked again against the view
+plus one tail read, and the answer is appended at the head that tail gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from loom_core import (
+    Event,
+    EventStore,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+)
+from loom_runtime.errors import ResumeContendedError, ResumeRefusedError
+from loom_runtime.fold import View, fold
+
+__all__ = ["ACQUIRE_ATTEMPTS", "Answer", "answer_park", "still_parked"]
+
+ACQUIRE_ATTEMPTS: Final = 3
+
+Answer = Callable[[View], Awaitable[Sequence[NewEvent]]]
+"""Builds the events that answer the park, from the freshest view (called before the
+acquire, so a refusal takes no token, and again under the fence)."""
+
+
+def still_parked(view: View, park_seq: int) -> bool:
+    return view.park is not None and view.park.sequence == park_seq
+
+
+async def read_tail(events: EventStore, view: View) -> View:
+    return fold(await events.read(view.execution_id, from_sequence=view.head), into=view)
+
+
+def _refuse(view: View) -> ResumeRefusedError:
+    if view.status is None:
+        return ResumeRefusedError(view.execution_id, "not-suspended", "there is no such log")
+    if view.terminal:
+        return ResumeRefusedError(view.execution_id, "not-suspended", f"it is {view.status}")
+    return ResumeRefusedError(
+        view.execution_id, "not-suspended", "the park is answered, or is not at that sequence"
+    )
+
+
+async def answer_park(
+    events: EventStore,
+    view: View,
+    park_seq: int,
+    answer: Answer,
+    *,
+    checked: Callable[[View], Awaitable[None]] | None = None,
+) -> tuple[int, View, tuple[Event, ...]]:
+    """Answer the park at ``park_seq`` of ``view``'s execution; return the token now held,
+    the view advanced past the answer, and the events written.
+
+    ``checked`` runs after every check that can refuse without writing (the authorisation
+    hook goes there), just before the first acquire. Raises ResumeRefusedError (nothing
+    appended, no token taken) or ResumeContendedError (after ACQUIRE_ATTEMPTS stale
+    acquisitions with the park still unanswered).
+    """
+    if not still_parked(view, park_seq):
+        raise _refuse(view)
+    await answer(view)  # refuses (nothing to answer) before any token is taken
+    if checked is not None:
+        await checked(view)
+    assert view.park is not None
+    expected = view.park.fence
+    capabilities = events.capabilities
+    execution_id = view.execution_id
+    for _attempt in range(ACQUIRE_ATTEMPTS):
+        if "acquire_fence_if" in capabilities:
+            outcome = await events.acquire_fence_if(
+                execution_id, fence=expected, park_seq=park_seq
+            )
+            if not outcome.acquired:
+                view = await read_tail(events, view)
+                if not still_parked(view, park_seq):
+                    raise _refuse(view)
+                expected = outcome.fence  # a dead acquirer moved it; the park is still open
+                continue
+            token = outcome.fence
+        elif "acquire_fence" in capabilities:
+            # Without the conditional method: the unconditional acquire, then the re-check
+            # below (a rival's running body can be fenced out in the window between).
+            token = await events.acquire_fence(execution_id)
+        else:
+            # A store that does not fence: the sequence check alone orders resumers.
+            token = expected
+        view = await read_tail(events, view)
+        while True:
+            if not still_parked(view, park_seq):
+                raise _refuse(view)
+            batch = await answer(view)
+            try:
+                written = await events.append(
+                    execution_id, batch, expected_sequence=view.head, fence=token
+                )
+            except SequenceConflictError:
+                view = await read_tail(events, view)  # an unfenced audit append: step over it
+                continue
+            except StaleFenceError as exc:
+                # A rival acquired between our acquire and our append: a clean refusal;
+                # re-read, and if the park is still open try again under its token.
+                view = await read_tail(events, view)
+                expected = exc.current_fence
+                break
+            return token, fold(written, into=view), written
+        if not still_parked(view, park_seq):
+            raise _refuse(view)
+    raise ResumeContendedError(execution_id, ACQUIRE_ATTEMPTS)

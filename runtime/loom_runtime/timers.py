@@ -1,0 +1,183 @@
+"""The timer service: fires due TimerStore rows by answering the park they wake.
+
+Each poll asks the store for due rows and decides each one from the execution's log:
+
+- the execution is gone or finished, or every wait the row was written for is answered:
+  the row is obsolete and retired;
+- the execution is running (its driver will park again and re-schedule what it still
+  waits for, or is being recovered): the row is left for a later poll;
+- the execution is parked: it is resumed through the conditional fence
+  (``fence_if_parked_at``), answering a waiting message first, else the wait this row was
+  written for, else another due wait; when nothing in the park can be answered the row is
+  retired.
+
+A contended resume (rivals keep taking the fence) backs off in process, per execution:
+exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``, at most
+``max_attempts`` tries, then one :class:`RedriveExhaustedError` to ``on_error`` and the
+row is retired (the park stays unanswered for an operator or a recovery). The memory of
+those tries is bounded (``capacity`` executions; the oldest is forgotten first). Re-drive
+rows (``TimerRecord.redrive``) belong to registered re-drivers; with none registered the
+service never asks for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final, Literal
+
+from loom_core import LoomError, Redrive, TimerRecord
+from loom_runtime.errors import (
+    RedriveExhaustedError,
+    ResumeContendedError,
+    ResumeRefusedError,
+    WorkflowNotFoundError,
+)
+
+if TYPE_CHECKING:
+    from loom_runtime.app import Loom
+
+__all__ = ["Fired", "Redriver", "TimerService"]
+
+Fired = Literal["resumed", "obsolete", "left", "backing-off", "exhausted"]
+
+Redriver = Callable[[TimerRecord], Awaitable[Literal["done", "noop", "contended"]]]
+"""Re-derives a resume for a re-drive row; the first answer other than ``noop`` wins."""
+
+DEFAULT_CAPACITY: Final = 1024
+
+
+@dataclass(slots=True)
+class _Backoff:
+    attempt: int
+    next_try: datetime
+
+
+class TimerService:
+    """Fires due timer rows for one app; see the module docstring."""
+
+    def __init__(
+        self,
+        app: Loom,
+        *,
+        poll_interval: float = 0.25,
+        batch: int = 100,
+        max_attempts: int = 8,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 30.0,
+        capacity: int = DEFAULT_CAPACITY,
+        redrivers: Sequence[Redriver] = (),
+    ) -> None:
+        self.app = app
+        self.poll_interval = poll_interval
+        self.batch = batch
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.capacity = capacity
+        self.redrivers: list[Redriver] = list(redrivers)
+        self._backoff: OrderedDict[str, _Backoff] = OrderedDict()
+
+    def register_redriver(self, redriver: Redriver) -> None:
+        self.redrivers.append(redriver)
+
+    def backing_off(self) -> dict[str, tuple[int, datetime]]:
+        """Executions whose wake is backing off: attempt and next try, for inspection."""
+        return {k: (v.attempt, v.next_try) for k, v in self._backoff.items()}
+
+    async def run(self) -> None:
+        """Poll until cancelled; a failing poll is reported and the loop goes on."""
+        while True:
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.app.hooks.error(exc)
+            await self.app.clock.sleep(self.poll_interval)
+
+    async def poll_once(self) -> dict[TimerRecord, Fired]:
+        """Fire every due row once; return what became of each."""
+        now = self.app.clock.now()
+        rows = await self.app.storage.timers.due(
+            now, limit=self.batch, redrive=bool(self.redrivers)
+        )
+        fired: dict[TimerRecord, Fired] = {}
+        for row in rows:
+            if row.redrive is not None:
+                await self._redrive(row)
+                continue
+            backoff = self._backoff.get(row.execution_id)
+            if backoff is not None and backoff.next_try > now:
+                fired[row] = "backing-off"
+                continue
+            fired[row] = await self.fire(row)
+        return fired
+
+    async def fire(self, row: TimerRecord) -> Fired:
+        timers = self.app.storage.timers
+        try:
+            outcome = await self.app.wake(row)
+        except ResumeContendedError:
+            return await self._contended(row)
+        except WorkflowNotFoundError as exc:
+            # This node cannot run the body; another node may. Report, and back off.
+            self.app.hooks.error(exc)
+            return await self._contended(row, count=False)
+        except ResumeRefusedError:
+            outcome = "obsolete"
+        self._backoff.pop(row.execution_id, None)
+        if outcome != "left":
+            await timers.complete(row.execution_id, row.wake_at)
+        return outcome
+
+    async def _contended(self, row: TimerRecord, *, count: bool = True) -> Fired:
+        now = self.app.clock.now()
+        entry = self._backoff.pop(row.execution_id, None)
+        attempt = (entry.attempt if entry is not None else 0) + (1 if count else 0)
+        if attempt >= self.max_attempts:
+            self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
+            await self.app.storage.timers.complete(row.execution_id, row.wake_at)
+            return "exhausted"
+        self._backoff[row.execution_id] = _Backoff(attempt, now + self._jitter(attempt))
+        while len(self._backoff) > self.capacity:
+            self._backoff.popitem(last=False)
+        return "backing-off"
+
+    def _jitter(self, attempt: int) -> timedelta:
+        """Full jitter: uniform in [0, min(cap, base * 2**(attempt - 1))) seconds."""
+        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** max(attempt - 1, 0))
+        return timedelta(seconds=self.app.random.random() * ceiling)
+
+    async def _redrive(self, row: TimerRecord) -> None:
+        """Hand a re-drive row to the re-drivers. ``contended`` (or a re-driver that
+        raises) writes the next row, attempt + 1, before this one is retired; the last
+        attempt reports RedriveExhaustedError once instead."""
+        assert row.redrive is not None
+        timers = self.app.storage.timers
+        answer: Literal["done", "noop", "contended"] = "noop"
+        for redriver in self.redrivers:
+            try:
+                answer = await redriver(row)
+            except LoomError as exc:
+                self.app.hooks.error(exc)
+                answer = "contended"
+            if answer != "noop":
+                break
+        if answer == "contended":
+            attempt = row.redrive.attempt + 1
+            if attempt >= self.max_attempts:
+                self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
+            else:
+                # Strictly after the fired row, so a zero draw cannot rewrite the same key.
+                wake_at = max(
+                    self.app.clock.now() + self._jitter(attempt),
+                    row.wake_at + timedelta(microseconds=1),
+                )
+                await timers.schedule(
+                    TimerRecord(row.execution_id, wake_at, Redrive(attempt))
+                )
+        await timers.complete(row.execution_id, row.wake_at)

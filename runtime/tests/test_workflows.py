@@ -1,0 +1,140 @@
+"""A workflow's life on the embedded store: steps recorded once, replayed from the log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from loom_runtime import Context, Loom, Retry, StepFailedError, WorkflowFailedError
+from loom_runtime.testing import VirtualClock, check_replay, crash_at
+
+from loom_core import EventKind, ExecutionAlreadyExistsError
+
+
+async def kinds(app: Loom, execution_id: str) -> list[str]:
+    return [e.kind for e in await app.storage.events.read(execution_id)]
+
+
+async def test_steps_run_once_and_the_result_is_recorded(app: Loom) -> None:
+    ran: list[str] = []
+
+    async def reserve(order: str) -> dict[str, str]:
+        ran.append(order)
+        return {"reserved": order}
+
+    @app.workflow()
+    async def checkout(ctx: Context, order: str) -> dict[str, Any]:
+        reserved = await ctx.step(reserve, order)
+        return {"reserved": reserved}
+
+    handle = await app.start(checkout, "o-1", id="order-1")
+    assert await handle.result(timeout=5) == {"reserved": {"reserved": "o-1"}}
+    assert ran == ["o-1"]
+    assert await kinds(app, "order-1") == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+    assert await handle.status() == "completed"
+
+
+async def test_a_crashed_run_is_recovered_and_recorded_steps_do_not_run_again(app: Loom) -> None:
+    ran: list[str] = []
+
+    async def one() -> int:
+        ran.append("one")
+        return 1
+
+    async def two() -> int:
+        ran.append("two")
+        return 2
+
+    @app.workflow()
+    async def flow(ctx: Context) -> int:
+        return await ctx.step(one) + await ctx.step(two)
+
+    crash = crash_at(app, step="two", when="before")
+    handle = await app.start(flow, id="f")
+    await crash.fired.wait()
+    await app.drain()
+    assert await handle.status() == "running"
+    assert ran == ["one"]
+    recovered = await app.recover()
+    assert [h.execution_id for h in recovered] == ["f"]
+    assert await handle.result(timeout=5) == 3
+    assert ran == ["one", "two"]
+    log = await app.storage.events.read("f")
+    assert [e.sequence for e in log] == list(range(len(log)))
+    assert EventKind.EXECUTION_RECOVERED in [e.kind for e in log]
+    # The recovery took a newer token: everything after it is written under it.
+    recovered_at = next(e for e in log if e.kind == EventKind.EXECUTION_RECOVERED)
+    assert recovered_at.fence == 1
+    assert log[-1].fence == 1
+    assert await check_replay(app) == ["f"]
+
+
+async def test_a_failing_step_is_retried_then_recorded_and_raised_into_the_body(
+    app: Loom,
+) -> None:
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        raise ConnectionError("card network down")
+
+    @app.workflow()
+    async def pay(ctx: Context) -> str:
+        try:
+            await ctx.step(flaky, retry=Retry(attempts=3, initial_interval=0))
+        except StepFailedError as exc:
+            return f"gave up after {exc.attempts}: {exc.error_type}"
+        return "paid"
+
+    handle = await app.start(pay, id="p")
+    assert await handle.result(timeout=5) == "gave up after 3: ConnectionError"
+    assert len(attempts) == 3
+    assert EventKind.STEP_FAILED in await kinds(app, "p")
+    assert await check_replay(app) == ["p"]
+
+
+async def test_an_uncaught_failure_fails_the_execution(app: Loom) -> None:
+    @app.workflow()
+    async def broken(ctx: Context) -> None:
+        raise ValueError("bad order")
+
+    handle = await app.start(broken, id="b")
+    with pytest.raises(WorkflowFailedError, match="ValueError: bad order"):
+        await handle.result(timeout=5)
+    assert await handle.status() == "failed"
+
+
+async def test_a_start_onto_an_existing_id_is_refused_before_the_body_runs(app: Loom) -> None:
+    ran: list[int] = []
+
+    @app.workflow()
+    async def once(ctx: Context) -> None:
+        ran.append(1)
+
+    await (await app.start(once, id="same")).result(timeout=5)
+    with pytest.raises(ExecutionAlreadyExistsError):
+        await app.start(once, id="same")
+    await app.drain()
+    assert ran == [1]
+
+
+async def test_sleep_parks_and_the_timer_service_resumes_it(app: Loom, clock: VirtualClock) -> None:
+    @app.workflow()
+    async def nap(ctx: Context) -> str:
+        await ctx.sleep(30)
+        return "awake"
+
+    handle = await app.start(nap, id="n")
+    await app.drain()
+    assert await handle.status() == "suspended"
+    (row,) = await app.storage.timers.pending("n")
+    assert (row.wake_at - clock.now()).total_seconds() == 30
+    await clock.advance(29)
+    assert await handle.status() == "suspended"
+    await clock.advance(1)
+    assert await handle.result(timeout=5) == "awake"
+    assert await app.storage.timers.pending("n") == ()
