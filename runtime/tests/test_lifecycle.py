@@ -1,0 +1,223 @@
+"""Cancel, continue-as-new, refusals of bad input, and the observability hooks."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+import pytest
+from loom_runtime import (
+    ActionDeniedError,
+    Context,
+    ExecutionCancelledError,
+    InvalidDurationError,
+    Loom,
+    NotJsonError,
+    ReservedExecutionIdError,
+    WorkflowFailedError,
+    WorkflowNotFoundError,
+)
+from loom_runtime.testing import VirtualClock, check_replay
+
+from loom_core import Event, EventKind, InvalidInputError, NewEvent, open_storage
+
+
+async def test_cancel_a_parked_execution_through_the_fence(app: Loom) -> None:
+    @app.workflow()
+    async def waiting(ctx: Context) -> None:
+        await ctx.sleep(timedelta(hours=1))
+
+    handle = await app.start(waiting, id="c")
+    await app.drain()
+    assert await app.cancel("c", reason="customer") is True
+    with pytest.raises(ExecutionCancelledError, match="customer"):
+        await handle.result(timeout=5)
+    log = await app.storage.events.read("c")
+    assert log[-1].kind == EventKind.EXECUTION_CANCELLED
+    assert log[-1].fence == 1  # written under the token the conditional acquire took
+    assert await app.storage.timers.pending("c") == ()
+    assert await app.cancel("c") is False
+
+
+async def test_cancel_a_running_execution_stops_it_at_its_next_durable_call(app: Loom) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+    after: list[str] = []
+
+    async def long_step() -> str:
+        entered.set()
+        await release.wait()
+        return "done"
+
+    async def next_step() -> None:
+        after.append("ran")
+
+    @app.workflow()
+    async def busy(ctx: Context) -> None:
+        await ctx.step(long_step)
+        await ctx.step(next_step)
+
+    handle = await app.start(busy, id="busy")
+    await entered.wait()
+    assert await app.cancel("busy", reason="stop") is True
+    release.set()
+    await app.drain()
+    assert after == []
+    assert await handle.status() == "cancelled"
+    kinds = [e.kind for e in await app.storage.events.read("busy")]
+    assert kinds == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_CANCELLED]
+
+
+async def test_continue_as_new_names_its_successor_and_the_handle_follows(app: Loom) -> None:
+    @app.workflow()
+    async def countdown(ctx: Context, n: int) -> str:
+        if n > 0:
+            ctx.continue_as_new(n - 1)
+        return "liftoff"
+
+    handle = await app.start(countdown, 2, id="cd")
+    assert await handle.result(timeout=5) == "liftoff"
+    assert await handle.status() == "continued"
+    first = await app.inspect("cd")
+    assert first.successor == "cd#1"
+    second = await app.inspect("cd#1")
+    assert (second.continued_from, second.successor, second.input) == ("cd", "cd#2", [1])
+    assert (await app.inspect("cd#2")).status == "completed"
+    assert sorted(await check_replay(app)) == ["cd", "cd#1", "cd#2"]
+
+
+async def test_bad_input_is_refused_with_a_typed_error_and_nothing_appended(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def echo(ctx: Context, value: object) -> object:
+        return value
+
+    with pytest.raises(NotJsonError, match="the input of workflow"):
+        await app.start(echo, object(), id="bad-input")
+    with pytest.raises(ReservedExecutionIdError):
+        await app.start(echo, 1, id="$mine")
+    with pytest.raises(WorkflowNotFoundError, match="'nope'"):
+        await app.start("nope", 1, id="no-such")
+
+    async def stray(ctx: Context) -> None:
+        return None
+
+    with pytest.raises(WorkflowNotFoundError):
+        await app.start(stray, id="unregistered")
+    assert await app.storage.events.list_executions() == ()
+
+
+async def test_a_result_that_is_not_json_fails_the_execution_with_the_reason(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def returns_a_set(ctx: Context) -> object:
+        return {1, 2}
+
+    handle = await app.start(returns_a_set, id="set")
+    with pytest.raises(WorkflowFailedError, match="NotJsonError"):
+        await handle.result(timeout=5)
+
+
+async def test_bad_durations_are_refused_inside_the_body_before_anything_is_written(
+    app: Loom,
+) -> None:
+    refused: list[str] = []
+
+    @app.workflow()
+    async def careless(ctx: Context) -> list[str]:
+        for attempt in (
+            lambda: ctx.sleep(-1),
+            lambda: ctx.sleep_until(datetime(2030, 1, 1)),  # naive
+            lambda: ctx.receive("t", timeout=-5),
+            lambda: ctx.sleep("soon"),  # type: ignore[arg-type]
+        ):
+            try:
+                attempt()
+            except InvalidDurationError as exc:
+                refused.append(type(exc).__name__)
+        return refused
+
+    handle = await app.start(careless, id="durations")
+    assert await handle.result(timeout=5) == ["InvalidDurationError"] * 4
+    kinds = [e.kind for e in await app.storage.events.read("durations")]
+    assert kinds == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
+
+
+async def test_an_unknown_workflow_on_resume_is_refused_naming_it_and_takes_no_token() -> None:
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", recover=False, clock=VirtualClock())
+
+        @first.workflow(name="renamed-away")
+        async def sleeper(ctx: Context) -> None:
+            await ctx.sleep(60)
+
+        async with first:
+            await first.start(sleeper, id="s")
+            await first.drain()
+        before = await storage.events.read("s")
+        view_park = next(e for e in before if e.kind == EventKind.EXECUTION_SUSPENDED)
+        second = Loom(storage, node="n", recover=False, clock=VirtualClock())
+        async with second:
+            with pytest.raises(WorkflowNotFoundError, match="'renamed-away'"):
+                await second.resume("s", fence_if_parked_at=view_park.sequence)
+        assert await storage.events.read("s") == before
+        # No token was taken: the park's own token (0) still wins the conditional acquire.
+        won = await storage.events.acquire_fence_if("s", fence=0, park_seq=view_park.sequence)
+        assert won.acquired
+
+
+async def test_hooks_fire_before_and_after_the_durable_write() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def on_event(execution_id: str, event: NewEvent) -> None:
+        seen.append(("before", event.kind))
+
+    def on_durable_event(event: Event) -> None:
+        seen.append(("after", event.kind))
+
+    app = Loom("memory://", node="n", on_event=on_event, on_durable_event=on_durable_event)
+    async with app:
+
+        @app.workflow()
+        async def tiny(ctx: Context) -> int:
+            return 1
+
+        await (await app.start(tiny, id="h")).result(timeout=5)
+    assert seen == [
+        ("before", EventKind.EXECUTION_STARTED),
+        ("after", EventKind.EXECUTION_STARTED),
+        ("before", EventKind.EXECUTION_COMPLETED),
+        ("after", EventKind.EXECUTION_COMPLETED),
+    ]
+
+
+async def test_a_denied_cancel_is_recorded_unfenced_and_refused() -> None:
+    def only_admins(principal: object, action: str, execution_id: str) -> bool:
+        return principal == "admin"
+
+    app = Loom("memory://", node="n", authorize=only_admins, clock=VirtualClock())
+    async with app:
+
+        @app.workflow()
+        async def long(ctx: Context) -> None:
+            await ctx.sleep(60)
+
+        handle = await app.start(long, id="d")
+        await app.drain()
+        with pytest.raises(ActionDeniedError, match="'mallory' may not cancel 'd'"):
+            await app.cancel("d", principal="mallory")
+        log = await app.storage.events.read("d")
+        assert log[-1].kind == EventKind.EXECUTION_DENIED
+        assert "fence" not in log[-1].metadata
+        assert await handle.status() == "suspended"
+        assert await app.cancel("d", principal="admin") is True
+
+
+def test_options_are_checked_when_the_app_is_built() -> None:
+    with pytest.raises(InvalidInputError):
+        Loom("memory://", node="")
+    with pytest.raises(InvalidInputError):
+        Loom("memory://", poll_interval=0)
+    with pytest.raises(InvalidInputError):
+        Loom(42)  # type: ignore[arg-type]

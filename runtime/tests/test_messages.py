@@ -1,0 +1,111 @@
+"""Messages: stored durably before send returns, delivered to their receiver exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from loom_runtime import Context, Loom, NotJsonError, ReservedExecutionIdError
+from loom_runtime.testing import VirtualClock
+
+from loom_core import EventKind, ExecutionNotFoundError
+
+
+async def consumed(app: Loom, execution_id: str) -> list[object]:
+    return [
+        e.payload["value"]  # type: ignore[index,call-overload]
+        for e in await app.storage.events.read(execution_id)
+        if e.kind == EventKind.MESSAGE_CONSUMED
+    ]
+
+
+async def test_a_parked_receiver_gets_the_message_in_one_append_with_its_resume(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def wait_for_ship(ctx: Context) -> object:
+        return await ctx.receive("shipped")
+
+    handle = await app.start(wait_for_ship, id="r")
+    await app.drain()
+    assert await handle.status() == "suspended"
+    await app.send("r", "shipped", {"carrier": "DHL"}, key="ship-1")
+    assert await handle.result(timeout=5) == {"carrier": "DHL"}
+    log = await app.storage.events.read("r")
+    consumed_at = next(e for e in log if e.kind == EventKind.MESSAGE_CONSUMED)
+    resumed_at = log[consumed_at.sequence + 1]
+    assert resumed_at.kind == EventKind.EXECUTION_RESUMED
+    # One append: both carry the token of the resume that wrote them.
+    assert consumed_at.fence == resumed_at.fence == 1
+    assert await app.storage.timers.pending("r") == ()
+
+
+async def test_a_message_sent_before_the_receive_is_consumed_without_parking(
+    app: Loom,
+) -> None:
+    gate = asyncio.Event()
+
+    async def wait_gate() -> None:
+        await gate.wait()
+
+    @app.workflow()
+    async def late(ctx: Context) -> object:
+        await ctx.step(wait_gate)
+        return await ctx.receive("go")
+
+    handle = await app.start(late, id="late")
+    await app.send("late", "go", 1)
+    gate.set()
+    assert await handle.result(timeout=5) == 1
+    kinds = [e.kind for e in await app.storage.events.read("late")]
+    assert EventKind.EXECUTION_SUSPENDED not in kinds
+
+
+async def test_a_repeated_send_with_the_same_key_is_delivered_once(app: Loom) -> None:
+    @app.workflow()
+    async def two(ctx: Context) -> list[object]:
+        first = await ctx.receive("t")
+        second = await ctx.receive("t", timeout=60)
+        return [first, second]
+
+    handle = await app.start(two, id="k")
+    first = await app.send("k", "t", "a", key="same")
+    again = await app.send("k", "t", "a", key="same")
+    assert first == again
+    await app.drain()
+    await app.send("k", "t", "b")
+    assert await handle.result(timeout=5) == ["a", "b"]
+    assert await consumed(app, "k") == ["a", "b"]
+
+
+async def test_receive_times_out_with_none(app: Loom, clock: VirtualClock) -> None:
+    @app.workflow()
+    async def patient(ctx: Context) -> object:
+        return await ctx.receive("never", timeout=60)
+
+    handle = await app.start(patient, id="t")
+    await app.drain()
+    await clock.advance(60)
+    assert await handle.result(timeout=5) is None
+    # A message that arrives after the timeout is not consumed by this receive.
+    await app.send("t", "never", "late")
+    assert await consumed(app, "t") == []
+
+
+async def test_send_refuses_bad_input_and_writes_nothing(app: Loom) -> None:
+    @app.workflow()
+    async def idle(ctx: Context) -> object:
+        return await ctx.receive("x")
+
+    await app.start(idle, id="i")
+    await app.drain()
+    before = await app.storage.events.read("i")
+    with pytest.raises(ExecutionNotFoundError):
+        await app.send("nobody", "x", 1)
+    with pytest.raises(NotJsonError):
+        await app.send("i", "x", {1, 2})
+    with pytest.raises(ReservedExecutionIdError):
+        await app.send("$inbox:i", "x", 1)
+    assert await app.storage.events.read("i") == before
+    assert await app.storage.events.head("$inbox:i") == 0
+    assert await app.storage.events.head("$inbox:nobody") == 0

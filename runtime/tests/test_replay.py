@@ -1,0 +1,220 @@
+"""Replay: every durable call is matched against the log by position, and a body that no
+longer matches is refused with both sides named and nothing appended."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from loom_runtime import Context, Loom, ReplayDivergedError
+from loom_runtime.testing import VirtualClock, check_replay
+
+from loom_core import Storage, open_storage
+
+
+async def reserve() -> str:
+    return "reserved"
+
+
+async def charge() -> str:
+    return "charged"
+
+
+async def ship() -> str:
+    return "shipped"
+
+
+async def parked_on_the_old_code(storage: Storage) -> tuple[int, list[object]]:
+    """Run the old body (reserve, charge, then a long sleep) until it parks."""
+    old = Loom(storage, node="n", clock=VirtualClock(), random=random.Random(1), recover=False)
+
+    @old.workflow(name="order")
+    async def order(ctx: Context) -> str:
+        await ctx.step(reserve)
+        await ctx.step(charge)
+        await ctx.sleep(3600)
+        return await ctx.step(ship)
+
+    async with old:
+        await old.start(order, id="o")
+        await old.drain()
+        view = await old.inspect("o")
+        assert view.status == "suspended"
+        assert view.park is not None
+        return view.park.sequence, list(await storage.events.read("o"))
+
+
+async def resume_with_new_code(storage: Storage, body: object, park_seq: int) -> Loom:
+    new = Loom(storage, node="n", clock=VirtualClock(), random=random.Random(1), recover=False,
+               on_error=lambda exc: None)
+    new.workflow(name="order")(body)  # type: ignore[type-var]
+    await new.__aenter__()
+    await new.resume("o", fence_if_parked_at=park_seq)
+    await new.drain()
+    return new
+
+
+async def renamed(ctx: Context) -> str:
+    await ctx.step(reserve)
+    await ctx.step(ship)  # was charge
+    await ctx.sleep(3600)
+    return await ctx.step(ship)
+
+
+async def reordered(ctx: Context) -> str:
+    await ctx.step(charge)
+    await ctx.step(reserve)
+    await ctx.sleep(3600)
+    return await ctx.step(ship)
+
+
+async def removed(ctx: Context) -> str:
+    await ctx.step(reserve)
+    await ctx.sleep(3600)  # a sleep where a step was
+    return await ctx.step(ship)
+
+
+async def fewer_calls(ctx: Context) -> str:
+    await ctx.step(reserve)
+    return "done early"  # returns while recorded calls remain
+
+
+@pytest.mark.parametrize(
+    ("body", "position", "recorded", "attempted"),
+    [
+        (renamed, "1", "step 'test_replay.charge'", "step 'test_replay.ship'"),
+        (reordered, "0", "step 'test_replay.reserve'", "step 'test_replay.charge'"),
+        (removed, "1", "step 'test_replay.charge'", "sleep at test_replay.py"),
+        (fewer_calls, "1", "step 'test_replay.charge'", "the body returned"),
+    ],
+    ids=["renamed", "reordered", "removed", "returns-early"],
+)
+async def test_changed_code_under_a_parked_execution_diverges_and_appends_nothing(
+    body: object, position: str, recorded: str, attempted: str
+) -> None:
+    async with open_storage("memory://") as storage:
+        park_seq, before = await parked_on_the_old_code(storage)
+        new = await resume_with_new_code(storage, body, park_seq)
+        try:
+            error = new.diverged["o"]
+            assert isinstance(error, ReplayDivergedError)
+            assert error.execution_id == "o"
+            assert error.position == position
+            assert error.recorded is not None
+            assert error.recorded.startswith(recorded)
+            assert error.attempted is not None
+            assert error.attempted.startswith(attempted)
+            assert "test_replay.py:" in error.recorded  # the recorded call site
+            log = list(await storage.events.read("o"))
+            # Only the resume is new: the diverged run appended nothing after it.
+            assert log[: len(before)] == before
+            assert [e.kind for e in log[len(before):]] == ["EXECUTION_RESUMED"]
+            with pytest.raises(ReplayDivergedError):
+                await new.get("o").result(timeout=1)
+        finally:
+            await new.__aexit__(None, None, None)
+
+
+async def test_patched_keeps_old_executions_on_the_old_path() -> None:
+    versions: dict[str, bool] = {}
+
+    async def parked(storage: Storage) -> None:
+        old = Loom(storage, node="n", recover=False, clock=VirtualClock())
+
+        @old.workflow(name="greet")
+        async def greet(ctx: Context) -> str:
+            await ctx.step(reserve)
+            await ctx.sleep(10)
+            return "old"
+
+        async with old:
+            await old.start(greet, id="old-run")
+            await old.drain()
+
+    async with open_storage("memory://") as storage:
+        await parked(storage)
+        new = Loom(storage, node="n", recover=False, clock=VirtualClock())
+
+        @new.workflow(name="greet")
+        async def greet(ctx: Context) -> str:
+            await ctx.step(reserve)
+            patched = ctx.patched("send-receipt")
+            versions[ctx.execution_id] = patched
+            if patched:
+                await ctx.step(ship)
+            await ctx.sleep(10)
+            return "new" if patched else "old"
+
+        async with new:
+            view = await new.inspect("old-run")
+            assert view.park is not None
+            await new.resume("old-run", fence_if_parked_at=view.park.sequence)
+            assert await new.get("old-run").result(timeout=5) == "old"
+            fresh = await new.start(greet, id="new-run")
+            await new.drain()
+            fresh_view = await new.inspect("new-run")
+            assert fresh_view.park is not None
+            await new.resume("new-run", fence_if_parked_at=fresh_view.park.sequence)
+            assert await fresh.result(timeout=5) == "new"
+            assert versions == {"old-run": False, "new-run": True}
+            assert await check_replay(new) == ["new-run", "old-run"]
+
+
+async def test_gather_numbers_calls_in_issue_order_not_finish_order(app: Loom) -> None:
+    release_first = asyncio.Event()
+
+    async def slow() -> str:
+        await release_first.wait()
+        return "slow"
+
+    async def fast() -> str:
+        release_first.set()
+        return "fast"
+
+    async def branch(ctx: Context, name: str) -> list[str]:
+        first = await ctx.step(slow if name == "a" else fast, name=f"{name}-1")
+        second = await ctx.step(fast, name=f"{name}-2")
+        return [first, second]
+
+    @app.workflow()
+    async def fan(ctx: Context) -> list[object]:
+        one, two = await ctx.gather(ctx.step(slow), ctx.step(fast))
+        left, right = await ctx.gather(branch(ctx, "a"), branch(ctx, "b"))
+        return [one, two, left, right]
+
+    handle = await app.start(fan, id="g")
+    assert await handle.result(timeout=5) == ["slow", "fast", ["slow", "fast"], ["fast", "fast"]]
+    positions = {
+        tuple(e.payload["position"]): e.payload["name"]  # type: ignore[index,call-overload,arg-type]
+        for e in await app.storage.events.read("g")
+        if e.kind == "STEP_COMPLETED"
+    }
+    # The two direct steps took 0 and 1 when they were made; the gather itself is 2; the
+    # second gather (3) numbers each branch's calls under (3, branch).
+    assert positions == {
+        (0,): "test_replay.test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.slow",
+        (1,): "test_replay.test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.fast",
+        (3, 0, 0): "a-1",
+        (3, 0, 1): "a-2",
+        (3, 1, 0): "b-1",
+        (3, 1, 1): "b-2",
+    }
+    assert await check_replay(app) == ["g"]
+
+
+async def test_recorded_values_replay_identically(app: Loom) -> None:
+    seen: list[tuple[str, float, str]] = []
+
+    @app.workflow()
+    async def values(ctx: Context) -> list[object]:
+        now, rnd, uid = ctx.now(), ctx.random(), ctx.uuid()
+        seen.append((now.isoformat(), rnd, str(uid)))
+        await ctx.sleep(0)
+        return [now.isoformat(), rnd, str(uid)]
+
+    result = await app.start(values, id="v")
+    out = await result.result(timeout=5)
+    assert len(seen) == 2  # ran once live, once replayed after the resume
+    assert seen[0] == seen[1]
+    assert out == list(seen[0])
