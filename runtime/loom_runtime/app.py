@@ -227,6 +227,7 @@ class Loom:
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._drivers: dict[str, Run] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
@@ -328,6 +329,7 @@ class Loom:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._services.clear()
         self._runs.clear()
+        self._drivers.clear()
         if self._owns_storage and self._storage is not None:
             storage, self._storage = self._storage, None
             self._owns_storage = False
@@ -530,7 +532,13 @@ class Loom:
     # -- what the driver and the timer service call ------------------------------------------
 
     def crash_point(self, run: Run, position: Position, name: str, when: str) -> bool:
-        return any(point(run.execution_id, position, name, when) for point in self.crash_points)
+        if not any(point(run.execution_id, position, name, when) for point in self.crash_points):
+            return False
+        # The run is dead from here on, as a killed process is: nothing drives it any more.
+        if self._drivers.get(run.execution_id) is run:
+            del self._drivers[run.execution_id]
+            self._runs.pop(run.execution_id, None)
+        return True
 
     def changed(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
@@ -609,6 +617,7 @@ class Loom:
     def _spawn(self, run: Run) -> None:
         task = asyncio.create_task(self._drive(run), name=f"loom:{run.execution_id}")
         self._runs[run.execution_id] = task
+        self._drivers[run.execution_id] = run
 
     async def _drive(self, run: Run) -> None:
         execution_id = run.execution_id
@@ -619,6 +628,8 @@ class Loom:
             finally:
                 if self._runs.get(execution_id) is task:
                     del self._runs[execution_id]
+                if self._drivers.get(execution_id) is run:
+                    del self._drivers[execution_id]
             await self._settle(run, outcome)
         except asyncio.CancelledError:
             raise
