@@ -56,15 +56,7 @@ from loom_core.kinds import (
     is_answering_kind,
 )
 from loom_core.plugins import DecoratorSpec, PluginHost, default_plugins, open_storage
-from loom_core.refusal import RefusesUnoffered
-from loom_core.registry import (
-    BackendFactory,
-    BackendRegistry,
-    DecoratorRegistry,
-    InnerOpener,
-    StorageDecorator,
-)
-from loom_core.spi import (
+from loom_core.protocols import (
     OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ConditionalFence,
@@ -78,6 +70,14 @@ from loom_core.spi import (
     Redrive,
     TimerRecord,
     TimerStore,
+)
+from loom_core.refusal import RefusesUnoffered
+from loom_core.registry import (
+    BackendFactory,
+    BackendRegistry,
+    DecoratorRegistry,
+    InnerOpener,
+    StorageDecorator,
 )
 from loom_core.storage import Storage
 

@@ -58,13 +58,13 @@ from typing import Any, ClassVar, Final, Generic, TypedDict, TypeVar, final
 
 from loom_core.errors import DecoratorDefinitionError, InvalidOptionError, Unsupported
 from loom_core.events import Event, NewEvent
-from loom_core.refusal import RefusesUnoffered
-from loom_core.spi import (
+from loom_core.protocols import (
     DEFAULT_LIST_LIMIT,
     OPTIONAL_EVENT_STORE_METHODS,
     EventStore,
     OptionalMethod,
 )
+from loom_core.refusal import RefusesUnoffered
 from loom_core.storage import Storage
 
 __all__ = [

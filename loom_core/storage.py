@@ -10,7 +10,7 @@ from typing import final
 from typing_extensions import get_protocol_members
 
 from loom_core.errors import InvalidOptionError
-from loom_core.spi import EventStore, LeaseStore, TimerStore
+from loom_core.protocols import EventStore, LeaseStore, TimerStore
 
 __all__ = ["Storage"]
 
