@@ -192,6 +192,15 @@ async def test_unknown_decorator_names_the_distribution_to_install() -> None:
         await open_storage("memory://", decorators=[("tenant",)], plugins=host)  # type: ignore[list-item]
 
 
+def test_the_host_names_the_loom_distribution_for_a_scheme_or_decorator() -> None:
+    host = PluginHost(entry_points=False)
+    assert host.backend_distribution("postgresql") == "loom-postgres"
+    assert host.backend_distribution("sqlite") == "loom-sqlite"
+    assert host.decorator_distribution("tenant") == "loom-tenant"
+    assert host.backend_distribution("example") is None
+    assert host.decorator_distribution("sqlite") is None
+
+
 @pytest.fixture
 def fake_distributions(tmp_path: Path) -> Iterator[Path]:
     """Installs two distributions with `loom` entry points: one good, one broken."""
