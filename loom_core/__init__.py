@@ -1,17 +1,13 @@
 """Loom: a durable-execution kernel whose truth is an append-only, fenced event log."""
 
-from loom_core.decorating import (
+from loom_core.decisions import (
     FORWARD,
     Decision,
     Decisions,
     EventStoreDecorator,
     Forward,
     Implement,
-    LayerBelowFanOutError,
     Refuse,
-    base_stores,
-    find_layer,
-    find_layers,
 )
 from loom_core.errors import (
     ConflictError,
@@ -79,6 +75,7 @@ from loom_core.registry import (
     InnerOpener,
     StorageDecorator,
 )
+from loom_core.stacks import LayerBelowFanOutError, base_stores, find_layer, find_layers
 from loom_core.storage import Storage
 
 __version__ = "0.1.0"
