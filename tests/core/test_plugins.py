@@ -206,7 +206,7 @@ def fake_distributions(tmp_path: Path) -> Iterator[Path]:
     """Installs two distributions with `loom` entry points: one good, one broken."""
     (tmp_path / "good_loom_plugin.py").write_text(
         "from loom_core import hookimpl\n"
-        "from loom_core.memory.plugin import open_memory\n"
+        "from loom_core.memory import open_memory\n"
         "@hookimpl\n"
         "def loom_register_backends(registry):\n"
         "    registry.add_backend('good', lambda url, opts: open_memory('memory://', opts))\n"
