@@ -43,7 +43,7 @@ from loom_bench.scenarios import SCENARIOS, Scenario, scenario
 from loom_bench.servers import ServerUnavailable, postgres_server
 from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
-from loom_core import PluginHost, default_plugins
+from loom_core.spi import PluginHost, default_plugins
 
 __all__ = ["BenchConfig", "run_benchmark"]
 

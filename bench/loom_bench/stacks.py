@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from loom_bench.backends import Backend
-from loom_core import DecoratorSpec, PluginHost, Storage, open_storage
+from loom_core import Storage, open_storage
+from loom_core.decorating import DecoratorSpec
+from loom_core.spi import PluginHost
 
 __all__ = ["StackOpening", "missing_decorator", "parse_stack"]
 

@@ -33,18 +33,9 @@ from typing import Final, Literal, TypeAlias
 import pytest
 
 from loom_conformance.factory import StorageFactory
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    Decision,
-    EventStoreDecorator,
-    Forward,
-    Implement,
-    OptionalMethod,
-    PluginHost,
-    Storage,
-    default_plugins,
-    open_storage,
-)
+from loom_core import Storage, open_storage
+from loom_core.decorating import Decision, EventStoreDecorator, Forward, Implement
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost, default_plugins
 
 __all__ = [
     "INNER_KINDS",

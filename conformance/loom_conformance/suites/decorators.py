@@ -10,12 +10,9 @@ import pytest
 from loom_conformance.decorating import DecoratorCase, decisions_of
 from loom_conformance.suites._support import app, snapshot
 from loom_conformance.suites.events_required import _call_optional
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    LoomError,
-    Refuse,
-    Unsupported,
-)
+from loom_core import LoomError, Unsupported
+from loom_core.decorating import Refuse
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 __all__ = ["TestDecoratorContract"]
 

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from loom_core import (
-    ConditionalFence,
     Event,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -28,13 +27,14 @@ from loom_core import (
     FenceStale,
     InvalidSequenceError,
     NewEvent,
-    RefusesUnoffered,
     SequenceConflictError,
     StaleFenceError,
     StoreClosedError,
     is_answering,
 )
-from loom_core.validation import (
+from loom_core.spi import (
+    ConditionalFence,
+    RefusesUnoffered,
     check_append,
     check_execution_id,
     check_fence,

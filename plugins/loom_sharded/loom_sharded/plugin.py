@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, final
 
+from loom_core import Storage, open_storage
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
-from loom_core.hookspecs import hookimpl
-from loom_core.plugins import open_storage
-from loom_core.registry import DecoratorRegistry, InnerOpener
 from loom_core.spi import LeaseStore, TimerStore
-from loom_core.storage import Storage
 from loom_sharded.errors import Shard, redact_url
 from loom_sharded.events import ShardedEventStore
 from loom_sharded.leases import ShardedLeaseStore

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core import Event, JsonObject, JsonValue, NewEvent
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -34,11 +35,12 @@ from loom_core.errors import (
     SequenceConflictError,
     StorageReadError,
 )
-from loom_core.events import Event, JsonObject, JsonValue, NewEvent
-from loom_core.refusal import RefusesUnoffered
-from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
-from loom_core.validation import (
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
     MAX_POSITION,
+    AppendRequest,
+    ConditionalFence,
+    RefusesUnoffered,
     canonical_json,
     check_append,
     check_append_requests,

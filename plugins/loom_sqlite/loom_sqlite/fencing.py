@@ -36,16 +36,21 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from loom_core import JsonValue
 from loom_core.errors import (
     ExecutionNotFoundError,
     FenceNotIssuedError,
     InvalidSequenceError,
     StaleFenceError,
 )
-from loom_core.events import JsonValue
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
-from loom_core.spi import ConditionalFence, FenceAcquired, FenceStale
-from loom_core.validation import canonical_json
+from loom_core.spi import (
+    ANSWERING_KINDS,
+    KERNEL_KINDS,
+    ConditionalFence,
+    FenceAcquired,
+    FenceStale,
+    canonical_json,
+)
 
 __all__ = [
     "acquire",

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import BackendRegistry
-from loom_core.storage import Storage
+from loom_core import Storage
+from loom_core.spi import BackendRegistry, hookimpl
 from loom_sqlite.connection import open_connection
 from loom_sqlite.events import SqliteEventStore
 from loom_sqlite.leases import SqliteLeaseStore

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from loom_core.errors import InvalidExecutionIdError, InvalidOptionError
-from loom_core.validation import MAX_ID_BYTES, check_key
+from loom_core.spi import MAX_ID_BYTES, check_key
 
 __all__ = ["MAX_TENANT_BYTES", "TenantCodec", "check_tenant"]
 
