@@ -184,7 +184,7 @@ def decorator_params(
 
 def decisions_of(store: object) -> Mapping[OptionalMethod, Decision] | None:
     """The decisions of a decorated event store's class, or None if ``store`` is not an
-    :class:`~loom_core.EventStoreDecorator`."""
+    :class:`~loom_core.decorating.EventStoreDecorator`."""
     if not isinstance(store, EventStoreDecorator):
         return None
     decisions: Mapping[OptionalMethod, Decision] = type(store).decisions  # type: ignore[assignment]

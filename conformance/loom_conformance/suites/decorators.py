@@ -1,7 +1,7 @@
 """``TestDecoratorContract``: every registered decorator wraps the event store in an
-:class:`~loom_core.EventStoreDecorator` (whose class decided every optional method when it
-was defined), serves every method its ``capabilities`` offers, and refuses the rest with
-``Unsupported``, over both inner stores."""
+:class:`~loom_core.decorating.EventStoreDecorator` (whose class decided every optional
+method when it was defined), serves every method its ``capabilities`` offers, and refuses
+the rest with ``Unsupported``, over both inner stores."""
 
 from __future__ import annotations
 

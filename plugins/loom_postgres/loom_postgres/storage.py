@@ -1,4 +1,4 @@
-"""Opening a PostgreSQL :class:`~loom_core.storage.Storage`: one pool, three stores."""
+"""Opening a PostgreSQL :class:`~loom_core.Storage`: one pool, three stores."""
 
 from __future__ import annotations
 

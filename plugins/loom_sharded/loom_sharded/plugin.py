@@ -8,7 +8,7 @@
     )
 
 The decorated storage is shard 0; ``shards`` adds the others, as URLs (opened here with
-the installed backends) or as open :class:`~loom_core.storage.Storage` objects. The result
+the installed backends) or as open :class:`~loom_core.Storage` objects. The result
 owns every shard: closing it closes them all.
 """
 

@@ -19,7 +19,7 @@ a caller with a wrong number outrank every later acquire.
 
 The answered-park scan (the "no answering event past the park" condition) classifies
 each event past the park from its ``kind`` and ``metadata`` when it runs, exactly as
-:func:`loom_core.kinds.is_answering_kind` does: a kind in the kernel's answering list, or
+:func:`loom_core.spi.is_answering_kind` does: a kind in the kernel's answering list, or
 a kind that is not a kernel kind at all whose ``metadata.kernel`` is JSON ``true``
 (``json_type(...) = 'true'``: the number 1 and the string ``"true"`` do not count, while
 ``json_extract(...) = 1`` would take the number). The two kind lists are bound as JSON

@@ -2,7 +2,7 @@
 
 ``open_storage("sqlite:///loom.db")`` lands in :func:`open_sqlite`, which checks the URL
 and options, opens the file in WAL mode, creates or migrates the tables, and returns a
-:class:`~loom_core.storage.Storage` whose event, timer and lease stores share one
+:class:`~loom_core.Storage` whose event, timer and lease stores share one
 connection (closed with the storage).
 """
 
