@@ -1,18 +1,13 @@
-"""Loom: a durable-execution kernel whose truth is an append-only, fenced event log."""
+"""Loom: a durable-execution kernel whose truth is an append-only, fenced event log.
 
-from loom_core.decisions import (
-    FORWARD,
-    Decision,
-    Decisions,
-    EventStoreDecorator,
-    Forward,
-    Implement,
-    Refuse,
-)
+This namespace is what a user of storage needs: :func:`open_storage` and the
+:class:`Storage` it returns, the events, the store Protocols to annotate with, the values
+passed to and returned by the stores, and every error a caller can meet. Store authors
+import from :mod:`loom_core.spi`, decorator authors from :mod:`loom_core.decorating`.
+"""
+
 from loom_core.errors import (
     ConflictError,
-    DecoratorDefinitionError,
-    DuplicateRegistrationError,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     FenceNotIssuedError,
@@ -41,122 +36,73 @@ from loom_core.errors import (
     WriteOutcomeUnknownError,
 )
 from loom_core.events import Event, JsonObject, JsonValue, NewEvent, is_answering
-from loom_core.hookspecs import hookimpl
-from loom_core.kinds import (
-    ANSWERING_KINDS,
-    CLASSIFICATION,
-    KERNEL_KINDS,
-    Classification,
-    EventKind,
-    UnclassifiedKindError,
-    is_answering_kind,
-)
-from loom_core.plugins import DecoratorSpec, PluginHost, default_plugins, open_storage
+from loom_core.kinds import EventKind
+from loom_core.plugins import open_storage
 from loom_core.protocols import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
-    ConditionalFence,
     EventStore,
     FenceAcquired,
     FenceStale,
     Lease,
     LeaseScope,
     LeaseStore,
-    OptionalMethod,
     Redrive,
     TimerRecord,
     TimerStore,
 )
-from loom_core.refusal import RefusesUnoffered
-from loom_core.registry import (
-    BackendFactory,
-    BackendRegistry,
-    DecoratorRegistry,
-    InnerOpener,
-    StorageDecorator,
-)
-from loom_core.stacks import LayerBelowFanOutError, base_stores, find_layer, find_layers
 from loom_core.storage import Storage
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ANSWERING_KINDS",
-    "CLASSIFICATION",
-    "FORWARD",
-    "KERNEL_KINDS",
-    "OPTIONAL_EVENT_STORE_METHODS",
-    "AppendRequest",
-    "BackendFactory",
-    "BackendRegistry",
-    "Classification",
-    "ConditionalFence",
-    "ConflictError",
-    "Decision",
-    "Decisions",
-    "DecoratorDefinitionError",
-    "DecoratorRegistry",
-    "DecoratorSpec",
-    "DuplicateRegistrationError",
+    "__version__",
+    # opening storage
+    "open_storage",
+    "Storage",
+    # events
     "Event",
+    "NewEvent",
+    "JsonValue",
+    "JsonObject",
     "EventKind",
+    "is_answering",
+    # the stores, and what goes in and out of them
     "EventStore",
-    "EventStoreDecorator",
-    "ExecutionAlreadyExistsError",
-    "ExecutionNotFoundError",
-    "FenceNotIssuedError",
+    "TimerStore",
+    "LeaseStore",
+    "AppendRequest",
     "FenceAcquired",
     "FenceStale",
-    "Forward",
-    "Implement",
-    "InnerOpener",
-    "InvalidEventError",
-    "InvalidExecutionIdError",
-    "InvalidInputError",
-    "InvalidOptionError",
-    "InvalidSequenceError",
-    "InvalidURLError",
-    "LayerBelowFanOutError",
-    "JsonObject",
-    "JsonValue",
+    "TimerRecord",
+    "Redrive",
     "Lease",
+    "LeaseScope",
+    # errors (the tree is drawn in loom_core.errors)
+    "LoomError",
+    "InvalidInputError",
+    "InvalidExecutionIdError",
+    "InvalidEventError",
+    "InvalidSequenceError",
+    "FenceNotIssuedError",
+    "InvalidOptionError",
+    "InvalidURLError",
+    "UnknownSchemeError",
+    "ConflictError",
+    "SequenceConflictError",
+    "ExecutionAlreadyExistsError",
+    "StaleFenceError",
+    "ExecutionNotFoundError",
+    "Unsupported",
     "LeaseError",
     "LeaseHeldError",
     "LeaseNotHeldError",
-    "LeaseScope",
-    "LeaseStore",
-    "LoomError",
-    "NewEvent",
-    "OptionalMethod",
-    "PayloadShreddedError",
-    "PluginError",
-    "PluginHost",
-    "PluginLoadError",
-    "Redrive",
-    "Refuse",
-    "RefusesUnoffered",
-    "SequenceConflictError",
-    "StaleFenceError",
-    "Storage",
-    "StorageDecorator",
     "StorageError",
+    "StorageWriteError",
+    "WriteOutcomeUnknownError",
     "StorageReadError",
     "StorageUnavailableError",
-    "StorageWriteError",
     "StoreClosedError",
-    "TimerRecord",
-    "TimerStore",
-    "UnclassifiedKindError",
-    "UnknownSchemeError",
-    "Unsupported",
-    "WriteOutcomeUnknownError",
-    "__version__",
-    "base_stores",
-    "default_plugins",
-    "find_layer",
-    "find_layers",
-    "hookimpl",
-    "is_answering",
-    "is_answering_kind",
-    "open_storage",
+    "PayloadShreddedError",
+    "PluginError",
+    "PluginLoadError",
 ]

@@ -48,7 +48,7 @@ class Storage:
                     f"{type(value).__name__} lacks {', '.join(lacking)}"
                     + (
                         " (optional methods it does not offer must still exist and raise "
-                        "Unsupported: inherit loom_core.RefusesUnoffered)"
+                        "Unsupported: inherit loom_core.spi.RefusesUnoffered)"
                         if protocol is EventStore
                         else ""
                     )

@@ -10,19 +10,17 @@ from pathlib import Path
 import pytest
 
 from loom_core import (
-    DuplicateRegistrationError,
     InvalidOptionError,
     InvalidURLError,
     NewEvent,
-    PluginHost,
     PluginLoadError,
     Storage,
     UnknownSchemeError,
-    hookimpl,
     open_storage,
 )
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
-from loom_core.registry import BackendRegistry, DecoratorRegistry, InnerOpener
+from loom_core.spi import BackendRegistry, DuplicateRegistrationError, PluginHost
 
 
 async def _open_dummy(url: str, options: Mapping[str, object]) -> Storage:
@@ -205,7 +203,7 @@ def test_the_host_names_the_loom_distribution_for_a_scheme_or_decorator() -> Non
 def fake_distributions(tmp_path: Path) -> Iterator[Path]:
     """Installs two distributions with `loom` entry points: one good, one broken."""
     (tmp_path / "good_loom_plugin.py").write_text(
-        "from loom_core import hookimpl\n"
+        "from loom_core.spi import hookimpl\n"
         "from loom_core.memory import open_memory\n"
         "@hookimpl\n"
         "def loom_register_backends(registry):\n"
