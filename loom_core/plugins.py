@@ -3,6 +3,12 @@
 Each plugin is loaded and asked to register on its own: a plugin that fails to import or
 raises while registering is reported by name in :attr:`PluginHost.errors` (and in the
 error for a URL it would have served), and the other plugins keep working.
+
+:func:`open_storage` is public from :mod:`loom_core`, :data:`DecoratorSpec` from
+:mod:`loom_core.decorating`. :class:`PluginHost` and :func:`default_plugins` are public
+from :mod:`loom_core.spi`, not the top level: a user never needs them, while every
+plugin's tests and the tools that choose their plugins (the conformance kit, the bench)
+do, whichever kind of plugin it is. This module's name is private.
 """
 
 from __future__ import annotations
