@@ -1,17 +1,9 @@
-"""The base of every event-store decorator: each optional method is decided, explicitly.
+"""The decorator author's namespace: an event-store decorator, the plugin that applies it,
+and the functions that walk a decorated stack.
 
-A decorator wraps an inner :class:`~loom_core.spi.EventStore`. For **each** optional method
-(:data:`~loom_core.spi.OPTIONAL_EVENT_STORE_METHODS`) it declares one decision in a
-:class:`Decisions` mapping:
-
-- :data:`FORWARD`: the inner store's method, offered exactly when the inner store offers it;
-- ``Implement(method)``: the decorator's own ``method`` (defined in the class under the
-  same name), offered while the inner store offers the method of that name (the common
-  case: the decorator's code calls it); ``requires=(...)`` names other methods it needs
-  instead, and ``requires=()`` offers it always (its code needs nothing optional below);
-- ``Refuse(reason)``: absent from ``capabilities``; calling it raises ``Unsupported(reason)``.
-
-::
+The event-store decorator subclasses :class:`EventStoreDecorator` and decides each optional
+method once: :data:`FORWARD` it, ``Implement`` it with the class's own method, or
+``Refuse`` it with a reason::
 
     class Counting(EventStoreDecorator):
         async def append_many(self, requests):
@@ -29,421 +21,62 @@ A decorator wraps an inner :class:`~loom_core.spi.EventStore`. For **each** opti
             subscribe=FORWARD,
         )
 
-The base checks the mapping when the subclass is *defined*: an undecided or unknown method,
-an ``Implement`` without a method or naming a method the class does not define, or
-decisions inherited silently from a parent all raise
-:class:`~loom_core.errors.DecoratorDefinitionError` at import. Because :class:`Decisions` is
-a total ``TypedDict``, mypy reports the same mistakes. Adding an optional method to the
-kernel therefore breaks every decorator that has not decided it, on purpose.
+A method left undecided raises :class:`DecoratorDefinitionError` when the class is
+defined. The plugin is a :class:`StorageDecorator` (``name``, ``decorate``,
+``conformance_options``) registered under its name::
 
-**Walking a stack.** A decorator names every store it wraps in
-:attr:`EventStoreDecorator.wrapped`: ``(inner,)`` for one that wraps one store, every
-branch for a *fan-out* (the sharded decorator wraps one store per shard). Whatever walks
-a stack walks ``wrapped``, never ``inner`` alone (a fan-out's ``inner`` is only its first
-branch, the store its forwarded defaults would use):
+    @hookimpl
+    def loom_register_decorators(registry: DecoratorRegistry) -> None:
+        registry.add_decorator(CountingDecorator())
 
-- :func:`find_layer`: the one decorator of a class that every call of the stack passes
-  through, or None; a layer that exists only below a fan-out is refused with
-  :class:`LayerBelowFanOutError`, because no single one of them serves the whole stack;
-- :func:`find_layers`: that layer on every branch (the outermost on each path);
-- :func:`base_stores`: the stores at the bottom, each once (what a backup must cover).
+and users apply it by name, innermost first: ``open_storage(url, decorators=["counting"])``
+(each entry a :data:`DecoratorSpec`). Code that acts on one layer of a stack finds it with
+:func:`find_layer` (which raises :class:`LayerBelowFanOutError` for a layer that exists
+only below a fan-out), :func:`find_layers` or :func:`base_stores`, never by following
+``inner``.
+
+The contract a decorator wraps, and the checks it runs on its own arguments, are in
+:mod:`loom_core.spi` (with :class:`~loom_core.spi.PluginHost`, to load a plugin in a test).
+Prove a decorator with ``loom_conformance.decorating`` (docs/plugin-authors.md).
+Everything here is public; the modules it comes from are not.
 """
 
-from __future__ import annotations
-
-import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Generic, TypedDict, TypeVar, final
-
-from loom_core.errors import DecoratorDefinitionError, InvalidOptionError, Unsupported
-from loom_core.events import Event, NewEvent
-from loom_core.refusal import RefusesUnoffered
-from loom_core.spi import (
-    DEFAULT_LIST_LIMIT,
-    OPTIONAL_EVENT_STORE_METHODS,
-    EventStore,
-    OptionalMethod,
+from loom_core.decisions import (
+    FORWARD,
+    Decision,
+    Decisions,
+    EventStoreDecorator,
+    Forward,
+    Implement,
+    Refuse,
 )
-from loom_core.storage import Storage
+from loom_core.errors import DecoratorDefinitionError
+from loom_core.hookspecs import hookimpl
+from loom_core.plugins import DecoratorSpec
+from loom_core.refusal import RefusesUnoffered
+from loom_core.registry import DecoratorRegistry, InnerOpener, StorageDecorator
+from loom_core.stacks import LayerBelowFanOutError, base_stores, find_layer, find_layers
 
 __all__ = [
-    "FORWARD",
-    "Decision",
-    "Decisions",
+    # the event-store decorator
     "EventStoreDecorator",
+    "Decisions",
+    "Decision",
+    "FORWARD",
     "Forward",
     "Implement",
-    "LayerBelowFanOutError",
     "Refuse",
-    "base_stores",
+    "RefusesUnoffered",
+    "DecoratorDefinitionError",
+    # walking a stack
     "find_layer",
     "find_layers",
+    "base_stores",
+    "LayerBelowFanOutError",
+    # the plugin
+    "StorageDecorator",
+    "DecoratorRegistry",
+    "DecoratorSpec",
+    "InnerOpener",
+    "hookimpl",
 ]
-
-_M = TypeVar("_M", bound=Callable[..., object], covariant=True)
-_D = TypeVar("_D", bound="EventStoreDecorator")
-
-
-@final
-class Forward:
-    """Decision: the inner store's method, offered exactly when the inner store offers it."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "FORWARD"
-
-
-FORWARD: Final = Forward()
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Implement(Generic[_M]):
-    """Decision: the decorator's own method; offered while the inner offers ``requires``
-    (by default, the method of the same name; ``()`` for always)."""
-
-    method: _M
-    requires: Iterable[OptionalMethod] | None = None
-
-    def needs(self, method: str) -> frozenset[str]:
-        """What the store below must offer for ``method``, decided this way, to be offered."""
-        return frozenset({method}) if self.requires is None else frozenset(self.requires)
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Decision: not offered, for ``reason`` (which ``Unsupported`` carries to the caller)."""
-
-    reason: str
-
-
-Decision = Forward | Implement[Callable[..., object]] | Refuse
-
-
-class Decisions(TypedDict):
-    """One decision per optional method; every key is required."""
-
-    acquire_fence: Decision
-    acquire_fence_if: Decision
-    append_if_unchanged: Decision
-    append_many: Decision
-    delete_execution: Decision
-    copy_prefix: Decision
-    truncate_prefix_keeping: Decision
-    subscribe: Decision
-
-
-class EventStoreDecorator(RefusesUnoffered):
-    """Wraps ``inner``; required methods forward unless overridden, optional ones follow
-    the subclass's :class:`Decisions` (the refusing defaults inherited from
-    :class:`~loom_core.refusal.RefusesUnoffered` are replaced when the subclass is
-    defined). Pass ``abstract=True`` in the class statement for an intermediate base that
-    leaves the decisions to its subclasses."""
-
-    decisions: ClassVar[Decisions]
-    _offered_when: ClassVar[dict[OptionalMethod, frozenset[str] | None]] = {}
-
-    def __init__(self, inner: EventStore) -> None:
-        self.inner = inner
-
-    @property
-    def wrapped(self) -> tuple[EventStore, ...]:
-        """Every store this decorator calls, in order: ``(inner,)`` here. A fan-out (one
-        decorator over several stores) overrides it to name each branch, so that
-        :func:`find_layer`, :func:`find_layers`, :func:`base_stores` and anything else
-        that walks a stack reach all of them."""
-        return (self.inner,)
-
-    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if abstract:
-            return
-        _install_decisions(cls)
-
-    @property
-    def capabilities(self) -> frozenset[OptionalMethod]:
-        """What the decisions offer over what *every* wrapped store offers (for a fan-out,
-        a method one branch lacks is offered for no execution)."""
-        inner = _offered_below(self)
-        return frozenset(
-            m for m, needs in self._offered_when.items() if needs is not None and needs <= inner
-        )
-
-    def _unsupported(self, method: str, reason: str) -> Unsupported:
-        return Unsupported(method, type(self).__name__, reason)
-
-    # -- required methods forward by default --------------------------------------------
-
-    async def append(
-        self,
-        execution_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_sequence: int,
-        fence: int | None = None,
-    ) -> tuple[Event, ...]:
-        return await self.inner.append(
-            execution_id, events, expected_sequence=expected_sequence, fence=fence
-        )
-
-    async def read(
-        self,
-        execution_id: str,
-        *,
-        from_sequence: int = 0,
-        to_sequence: int | None = None,
-        limit: int | None = None,
-    ) -> tuple[Event, ...]:
-        return await self.inner.read(
-            execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
-        )
-
-    async def head(self, execution_id: str) -> int:
-        return await self.inner.head(execution_id)
-
-    async def list_executions(
-        self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
-    ) -> tuple[str, ...]:
-        return await self.inner.list_executions(after=after, limit=limit)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-def _install_decisions(cls: type[EventStoreDecorator]) -> None:
-    name = cls.__qualname__
-    if "decisions" not in cls.__dict__:
-        raise DecoratorDefinitionError(
-            f"{name} must declare its own `decisions` (one per optional method: "
-            f"{', '.join(OPTIONAL_EVENT_STORE_METHODS)}); decisions are never inherited "
-            "silently. Re-declare them, or pass abstract=True for an intermediate base."
-        )
-    decisions = cls.__dict__["decisions"]
-    if not isinstance(decisions, dict):
-        raise DecoratorDefinitionError(f"{name}.decisions must be a Decisions mapping")
-    unknown = sorted(set(decisions) - set(OPTIONAL_EVENT_STORE_METHODS))
-    if unknown:
-        raise DecoratorDefinitionError(
-            f"{name}.decisions names unknown method(s) {unknown}; the optional methods are "
-            f"{list(OPTIONAL_EVENT_STORE_METHODS)}"
-        )
-    undecided = [m for m in OPTIONAL_EVENT_STORE_METHODS if m not in decisions]
-    if undecided:
-        raise DecoratorDefinitionError(
-            f"{name} does not decide {undecided}: declare FORWARD, Implement(method) or "
-            "Refuse(reason) for each"
-        )
-    offered_when: dict[OptionalMethod, frozenset[str] | None] = {}
-    for method in OPTIONAL_EVENT_STORE_METHODS:
-        decision = decisions[method]
-        own = cls.__dict__.get(method)
-        if isinstance(decision, Forward):
-            if own is not None:
-                raise DecoratorDefinitionError(
-                    f"{name} decides {method} as FORWARD but defines {method}(); "
-                    "use Implement(...) for the decorator's own code"
-                )
-            setattr(cls, method, _forwarder(method))
-            offered_when[method] = frozenset({method})
-        elif isinstance(decision, Refuse):
-            if not isinstance(decision.reason, str) or not decision.reason.strip():
-                raise DecoratorDefinitionError(f"{name}: Refuse for {method} needs a reason")
-            if own is not None:
-                raise DecoratorDefinitionError(
-                    f"{name} refuses {method} but defines {method}(); remove one of the two"
-                )
-            setattr(cls, method, _refuser(method, decision.reason))
-            offered_when[method] = None
-        elif isinstance(decision, Implement):
-            implemented = decision.method
-            if own is None or not callable(implemented) or own is not implemented:
-                raise DecoratorDefinitionError(
-                    f"{name} decides {method} as Implement but Implement must name the "
-                    f"class's own {method}() method (got {implemented!r})"
-                )
-            requires = decision.needs(method)
-            bad = sorted(requires - set(OPTIONAL_EVENT_STORE_METHODS))
-            if bad or isinstance(decision.requires, str):
-                raise DecoratorDefinitionError(
-                    f"{name}: Implement({method}).requires must list optional methods, got "
-                    f"{decision.requires!r}"
-                )
-            if requires:
-                setattr(cls, method, _guarded(method, implemented, requires))
-            offered_when[method] = requires
-        else:
-            raise DecoratorDefinitionError(
-                f"{name}.decisions[{method!r}] is {decision!r}; expected FORWARD, "
-                "Implement(method) or Refuse(reason)"
-            )
-    cls._offered_when = offered_when
-
-
-def _forwarder(method: str) -> Callable[..., object]:
-    if method == "subscribe":
-
-        def subscribe(
-            self: EventStoreDecorator, execution_id: str, *, from_sequence: int = 0
-        ) -> AsyncIterator[Event]:
-            _require(self, method, frozenset({method}))
-            return self.inner.subscribe(execution_id, from_sequence=from_sequence)
-
-        return subscribe
-
-    async def forward(self: EventStoreDecorator, *args: Any, **kwargs: Any) -> object:
-        _require(self, method, frozenset({method}))
-        return await getattr(self.inner, method)(*args, **kwargs)
-
-    forward.__name__ = forward.__qualname__ = method
-    return forward
-
-
-def _refuser(method: str, reason: str) -> Callable[..., object]:
-    if method == "subscribe":
-
-        def refuse_subscribe(self: EventStoreDecorator, *args: Any, **kwargs: Any) -> object:
-            raise self._unsupported(method, reason)
-
-        return refuse_subscribe
-
-    async def refuse(self: EventStoreDecorator, *args: Any, **kwargs: Any) -> object:
-        raise self._unsupported(method, reason)
-
-    refuse.__name__ = refuse.__qualname__ = method
-    return refuse
-
-
-def _guarded(
-    method: str, implemented: Callable[..., Any], requires: frozenset[str]
-) -> Callable[..., object]:
-    if method == "subscribe":
-
-        @functools.wraps(implemented)
-        def guarded_subscribe(self: EventStoreDecorator, *args: Any, **kwargs: Any) -> object:
-            _require(self, method, requires)
-            return implemented(self, *args, **kwargs)
-
-        return guarded_subscribe
-
-    @functools.wraps(implemented)
-    async def guarded(self: EventStoreDecorator, *args: Any, **kwargs: Any) -> object:
-        _require(self, method, requires)
-        return await implemented(self, *args, **kwargs)
-
-    return guarded
-
-
-def _offered_below(store: EventStoreDecorator) -> frozenset[OptionalMethod]:
-    branches = store.wrapped
-    offered = branches[0].capabilities
-    for branch in branches[1:]:
-        offered &= branch.capabilities
-    return offered
-
-
-def _require(store: EventStoreDecorator, method: str, requires: frozenset[str]) -> None:
-    missing = sorted(requires - _offered_below(store))
-    if missing:
-        branches = store.wrapped
-        below = (
-            f"the inner store {type(branches[0]).__name__} does not"
-            if len(branches) == 1
-            else f"not every one of the {len(branches)} stores it wraps does"
-        )
-        raise store._unsupported(method, f"{below} offer {', '.join(missing)}")
-
-
-class LayerBelowFanOutError(InvalidOptionError):
-    """:func:`find_layer` found the layer only below a fan-out: each branch has its own
-    (or some have none), so none of them serves the whole stack.
-
-    ``fan_out`` is the decorator that fans out; ``found`` is the layer on each branch
-    that has one, in branch order (what :func:`find_layers` returns).
-    """
-
-    def __init__(
-        self,
-        layer: type[EventStoreDecorator],
-        fan_out: EventStoreDecorator,
-        found: tuple[EventStoreDecorator, ...],
-    ) -> None:
-        self.layer = layer
-        self.fan_out = fan_out
-        self.found = found
-        branches = len(fan_out.wrapped)
-        super().__init__(
-            f"{layer.__name__} is below {type(fan_out).__name__}, which fans out over "
-            f"{branches} stores ({len(found)} of them have a {layer.__name__}): no single "
-            f"{layer.__name__} serves this stack. Use find_layers() to act on every "
-            f"branch's, or put {layer.__name__} above {type(fan_out).__name__}"
-        )
-
-
-def _top(target: Storage | EventStore) -> EventStore:
-    return target.events if isinstance(target, Storage) else target
-
-
-def find_layer(target: Storage | EventStore, layer: type[_D]) -> _D | None:
-    """The outermost decorator of class ``layer`` in ``target``'s stack (a Storage or an
-    event store): the one every call of the stack passes through. None if the stack has
-    none at all.
-
-    Raises :class:`LayerBelowFanOutError` when ``layer`` is found only below a fan-out
-    (a decorator whose :attr:`~EventStoreDecorator.wrapped` names several stores): one
-    branch's layer is not the stack's, and returning it would be a guess.
-    """
-    store = _top(target)
-    while isinstance(store, EventStoreDecorator):
-        if isinstance(store, layer):
-            return store
-        branches = store.wrapped
-        if len(branches) != 1:
-            found = find_layers(store, layer)
-            if found:
-                raise LayerBelowFanOutError(layer, store, found)
-            return None
-        store = branches[0]
-    return None
-
-
-def find_layers(target: Storage | EventStore, layer: type[_D]) -> tuple[_D, ...]:
-    """Every decorator of class ``layer`` in ``target``'s stack that no other ``layer``
-    wraps (the outermost on each path down every fan-out), in branch order, each once."""
-    found: list[_D] = []
-    seen: set[int] = set()
-
-    def walk(store: EventStore) -> None:
-        if id(store) in seen:
-            return
-        seen.add(id(store))
-        if isinstance(store, layer):
-            found.append(store)
-        elif isinstance(store, EventStoreDecorator):
-            for branch in store.wrapped:
-                walk(branch)
-
-    walk(_top(target))
-    return tuple(found)
-
-
-def base_stores(target: Storage | EventStore) -> tuple[EventStore, ...]:
-    """The stores at the bottom of ``target``'s stack, below every decorator, in branch
-    order, each once: one for a plain stack, one per shard under a fan-out."""
-    found: list[EventStore] = []
-    seen: set[int] = set()
-
-    def walk(store: EventStore) -> None:
-        if id(store) in seen:
-            return
-        seen.add(id(store))
-        if isinstance(store, EventStoreDecorator):
-            for branch in store.wrapped:
-                walk(branch)
-        else:
-            found.append(store)
-
-    walk(_top(target))
-    return tuple(found)

@@ -16,7 +16,7 @@ from loom_core.errors import LoomError, StaleFenceError
 from loom_core.events import Event, NewEvent
 from loom_core.kinds import EventKind
 from loom_core.plugins import open_storage
-from loom_core.spi import FenceAcquired, FenceStale
+from loom_core.protocols import FenceAcquired, FenceStale
 
 __all__ = ["DemoFailedError", "run_demo"]
 

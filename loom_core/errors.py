@@ -36,6 +36,12 @@ The tree::
 
 Every refusal of bad input happens before the store is touched, so a refused write leaves
 the store exactly as it was.
+
+A caller imports every one of them from :mod:`loom_core` too, except the two only a plugin
+author meets: :class:`DuplicateRegistrationError` (also in :mod:`loom_core.spi`) and
+:class:`DecoratorDefinitionError` (also in :mod:`loom_core.decorating`). A kernel kind
+left unclassified raises ``loom_core.spi.UnclassifiedKindError`` (a ``LoomError`` and a
+``TypeError``) when the kernel is imported.
 """
 
 from __future__ import annotations

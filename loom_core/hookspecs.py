@@ -6,7 +6,7 @@ A plugin is a module (or object) named by an entry point in the ``loom`` group::
     mystore = "mystore.plugin"
 
     # mystore/plugin.py
-    from loom_core import hookimpl
+    from loom_core.spi import hookimpl
 
     @hookimpl
     def loom_register_backends(registry):

@@ -3,6 +3,12 @@
 Each plugin is loaded and asked to register on its own: a plugin that fails to import or
 raises while registering is reported by name in :attr:`PluginHost.errors` (and in the
 error for a URL it would have served), and the other plugins keep working.
+
+:func:`open_storage` is public from :mod:`loom_core`, :data:`DecoratorSpec` from
+:mod:`loom_core.decorating`. :class:`PluginHost` and :func:`default_plugins` are public
+from :mod:`loom_core.spi`, not the top level: a user never needs them, while every
+plugin's tests and the tools that choose their plugins (the conformance kit, the bench)
+do, whichever kind of plugin it is. This module's name is private.
 """
 
 from __future__ import annotations
@@ -31,12 +37,12 @@ from loom_core.storage import Storage
 
 __all__ = ["DecoratorSpec", "PluginHost", "default_plugins", "open_storage"]
 
-KNOWN_DISTRIBUTIONS: Final = {
+_KNOWN_DISTRIBUTIONS: Final = {
     "sqlite": "loom-sqlite",
     "postgresql": "loom-postgres",
     "postgres": "loom-postgres",
 }
-KNOWN_DECORATORS: Final = {
+_KNOWN_DECORATORS: Final = {
     "tenant": "loom-tenant",
     "sharded": "loom-sharded",
     "crypto": "loom-crypto",
@@ -141,6 +147,17 @@ class PluginHost:
         self._collect()
         return self._decorators
 
+    @staticmethod
+    def backend_distribution(scheme: str) -> str | None:
+        """The Loom distribution that serves the URL scheme ``scheme`` (what to ``pip
+        install``), or None for a scheme only a third-party plugin could serve."""
+        return _KNOWN_DISTRIBUTIONS.get(scheme)
+
+    @staticmethod
+    def decorator_distribution(name: str) -> str | None:
+        """The Loom distribution that provides the decorator ``name``, or None."""
+        return _KNOWN_DECORATORS.get(name)
+
     def _blame(self, name: str) -> LoomError | None:
         """The recorded error that explains why ``name`` is missing or ambiguous."""
         for registry in (self._backends, self._decorators):
@@ -161,8 +178,8 @@ class PluginHost:
             hint = None
             if blame is not None:
                 hint = f"the plugin that serves it failed to load: {blame}"
-            elif scheme in KNOWN_DISTRIBUTIONS:
-                hint = f"install it with: pip install {KNOWN_DISTRIBUTIONS[scheme]}"
+            elif (distribution := self.backend_distribution(scheme)) is not None:
+                hint = f"install it with: pip install {distribution}"
             raise UnknownSchemeError(scheme, registry.factories, hint)
         return factory
 
@@ -177,8 +194,8 @@ class PluginHost:
             message = f"no decorator named {name!r} is installed; installed: {installed}"
             if blame is not None:
                 message += f"; the plugin that provides it failed to load: {blame}"
-            elif name in KNOWN_DECORATORS:
-                message += f"; install it with: pip install {KNOWN_DECORATORS[name]}"
+            elif (distribution := self.decorator_distribution(name)) is not None:
+                message += f"; install it with: pip install {distribution}"
             raise InvalidOptionError(message)
         return decorator
 

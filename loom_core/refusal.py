@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from loom_core.errors import Unsupported
 from loom_core.events import Event, NewEvent
-from loom_core.spi import (
+from loom_core.protocols import (
     OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ConditionalFence,

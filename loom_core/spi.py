@@ -1,282 +1,145 @@
-"""The storage contract: :class:`EventStore`, :class:`TimerStore`, :class:`LeaseStore`.
+"""The store author's namespace: what a backend plugin implements, and the kit to build it.
 
-A backend implements these Protocols; the conformance kit (``loom-conformance``) proves it
-honours them. A minimal event store offers the required methods and an empty
-``capabilities``::
+A backend is three stores bundled in a :class:`~loom_core.Storage`, opened by a factory
+that a plugin registers for a URL scheme::
 
-    class MyStore:
-        capabilities: frozenset[OptionalMethod] = frozenset()
+    from loom_core import Storage
+    from loom_core.spi import DEFAULT_LIST_LIMIT, BackendRegistry, RefusesUnoffered, hookimpl
 
+    class MyEventStore(RefusesUnoffered):  # the optional methods refuse until overridden
         async def append(self, execution_id, events, *, expected_sequence, fence=None): ...
         async def read(self, execution_id, *, from_sequence=0, to_sequence=None, limit=None): ...
         async def head(self, execution_id): ...
-        async def list_executions(self, *, after=None, limit=100): ...
+        async def list_executions(self, *, after=None, limit=DEFAULT_LIST_LIMIT): ...
         async def close(self): ...
 
-Every optional method a store does not offer must still exist and raise
-:class:`~loom_core.errors.Unsupported` (never ``AttributeError``, never a silent no-op);
-:class:`~loom_core.refusal.RefusesUnoffered` supplies those refusals.
+    async def open_mystore(url, options):  # a BackendFactory
+        return Storage(MyEventStore(), MyTimerStore(), MyLeaseStore(), url=url)
+
+    @hookimpl
+    def loom_register_backends(registry: BackendRegistry) -> None:
+        registry.add_backend("mystore", open_mystore)
+
+and the module is named by an entry point of the ``loom`` group
+(``[project.entry-points.loom] mystore = "mystore.plugin"``).
+
+What is here:
+
+- **The contract**: :class:`EventStore`, :class:`TimerStore`, :class:`LeaseStore` and the
+  values they take and return. An optional method (:data:`OPTIONAL_EVENT_STORE_METHODS`)
+  is offered when ``capabilities`` names it and otherwise raises
+  :class:`~loom_core.errors.Unsupported`; :class:`RefusesUnoffered` does exactly that.
+- **The checks** every store runs on its arguments before touching anything (``check_*``,
+  with the limits :data:`MAX_ID_BYTES` and :data:`MAX_POSITION`), so that every backend
+  refuses the same input with the same typed error, and :func:`canonical_json`.
+- **The kind classification** a conditional fence needs (:func:`is_answering_kind`,
+  :data:`ANSWERING_KINDS`, :data:`KERNEL_KINDS`): never keep a list of your own.
+- **Plugin loading**: :data:`hookimpl`, :class:`BackendRegistry`, and :class:`PluginHost`
+  (``PluginHost(entry_points=False)`` plus ``register`` loads a plugin in-process in a test;
+  ``.errors`` says why one did not load); :func:`default_plugins` is the process's host,
+  the one :func:`~loom_core.open_storage` uses when given none.
+
+The errors a store raises are in :mod:`loom_core.errors`. Decorators have their own
+namespace, :mod:`loom_core.decorating`. Prove a store with ``loom-conformance``
+(docs/plugin-authors.md). Everything here is public; the modules it comes from are not.
 """
 
-from __future__ import annotations
-
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Final, Literal, Protocol, TypeAlias, get_args, runtime_checkable
-
+from loom_core.errors import DuplicateRegistrationError
 from loom_core.events import Event, NewEvent
+from loom_core.hookspecs import hookimpl
+from loom_core.kinds import (
+    ANSWERING_KINDS,
+    CLASSIFICATION,
+    KERNEL_KINDS,
+    Classification,
+    UnclassifiedKindError,
+    is_answering_kind,
+)
+from loom_core.plugins import PluginHost, default_plugins
+from loom_core.protocols import (
+    DEFAULT_LIST_LIMIT,
+    OPTIONAL_EVENT_STORE_METHODS,
+    AppendRequest,
+    ConditionalFence,
+    EventStore,
+    FenceAcquired,
+    FenceStale,
+    Lease,
+    LeaseScope,
+    LeaseStore,
+    OptionalMethod,
+    Redrive,
+    TimerRecord,
+    TimerStore,
+)
+from loom_core.refusal import RefusesUnoffered
+from loom_core.registry import BackendFactory, BackendRegistry, InnerOpener
+from loom_core.validation import (
+    MAX_ID_BYTES,
+    MAX_POSITION,
+    canonical_json,
+    check_append,
+    check_append_requests,
+    check_aware,
+    check_events,
+    check_execution_id,
+    check_fence,
+    check_key,
+    check_limit,
+    check_read,
+    check_sequence,
+    check_timer_record,
+    check_ttl,
+)
 
 __all__ = [
+    # the contract
+    "EventStore",
+    "TimerStore",
+    "LeaseStore",
     "OPTIONAL_EVENT_STORE_METHODS",
+    "OptionalMethod",
+    "DEFAULT_LIST_LIMIT",
     "AppendRequest",
     "ConditionalFence",
-    "EventStore",
     "FenceAcquired",
     "FenceStale",
+    "TimerRecord",
+    "Redrive",
     "Lease",
     "LeaseScope",
-    "LeaseStore",
-    "OptionalMethod",
-    "Redrive",
-    "TimerRecord",
-    "TimerStore",
+    "Event",
+    "NewEvent",
+    "RefusesUnoffered",
+    # the checks every store runs before touching anything
+    "MAX_ID_BYTES",
+    "MAX_POSITION",
+    "canonical_json",
+    "check_append",
+    "check_append_requests",
+    "check_aware",
+    "check_events",
+    "check_execution_id",
+    "check_fence",
+    "check_key",
+    "check_limit",
+    "check_read",
+    "check_sequence",
+    "check_timer_record",
+    "check_ttl",
+    # the kind classification
+    "ANSWERING_KINDS",
+    "KERNEL_KINDS",
+    "CLASSIFICATION",
+    "Classification",
+    "is_answering_kind",
+    "UnclassifiedKindError",
+    # plugin registration and loading
+    "hookimpl",
+    "BackendFactory",
+    "BackendRegistry",
+    "InnerOpener",
+    "DuplicateRegistrationError",
+    "PluginHost",
+    "default_plugins",
 ]
-
-OptionalMethod: TypeAlias = Literal[
-    "acquire_fence",
-    "acquire_fence_if",
-    "append_if_unchanged",
-    "append_many",
-    "delete_execution",
-    "copy_prefix",
-    "truncate_prefix_keeping",
-    "subscribe",
-]
-"""The names of the optional EventStore methods."""
-
-OPTIONAL_EVENT_STORE_METHODS: Final[tuple[OptionalMethod, ...]] = get_args(OptionalMethod)
-"""The one registry of optional methods. Adding one here (and to :data:`OptionalMethod`)
-breaks every decorator that has not decided it, on purpose."""
-
-DEFAULT_LIST_LIMIT: Final = 100
-
-
-@dataclass(frozen=True, slots=True)
-class FenceAcquired:
-    """``acquire_fence_if`` won: ``fence`` is the new token."""
-
-    fence: int
-    acquired: Literal[True] = True
-
-
-@dataclass(frozen=True, slots=True)
-class FenceStale:
-    """``acquire_fence_if`` lost: nothing changed; ``fence`` is the current token."""
-
-    fence: int
-    acquired: Literal[False] = False
-
-
-ConditionalFence: TypeAlias = FenceAcquired | FenceStale
-
-
-@dataclass(frozen=True, slots=True)
-class AppendRequest:
-    """One execution's part of an ``append_many``."""
-
-    execution_id: str
-    events: Sequence[NewEvent]
-    expected_sequence: int
-    fence: int | None = None
-
-
-@runtime_checkable
-class EventStore(Protocol):
-    """An append-only, per-execution event log with fence tokens.
-
-    ``head(id)`` is the sequence the next append must expect: the number of events ever
-    appended to the log (0 when it does not exist), unchanged by prefix truncation.
-    """
-
-    @property
-    def capabilities(self) -> frozenset[OptionalMethod]:
-        """The optional methods this instance really offers."""
-        ...
-
-    async def append(
-        self,
-        execution_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_sequence: int,
-        fence: int | None = None,
-    ) -> tuple[Event, ...]:
-        """Append atomically at ``expected_sequence``, ``expected_sequence + 1``, ….
-
-        Refuses with SequenceConflictError (the head moved), ExecutionAlreadyExistsError
-        (``expected_sequence == 0`` and the log exists) or StaleFenceError (``fence`` below
-        the execution's token). A fenced append stamps ``metadata["fence"]`` on each event.
-        """
-        ...
-
-    async def read(
-        self,
-        execution_id: str,
-        *,
-        from_sequence: int = 0,
-        to_sequence: int | None = None,
-        limit: int | None = None,
-    ) -> tuple[Event, ...]:
-        """Events with ``from_sequence <= sequence <= to_sequence``, in order."""
-        ...
-
-    async def head(self, execution_id: str) -> int: ...
-
-    async def list_executions(
-        self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
-    ) -> tuple[str, ...]:
-        """Execution ids in ascending code-point order, strictly after ``after``."""
-        ...
-
-    async def close(self) -> None: ...
-
-    # -- optional: offered when named in ``capabilities``, else raise Unsupported ---------
-
-    async def acquire_fence(self, execution_id: str) -> int:
-        """Bump the execution's token and return it (a never-fenced execution has 0)."""
-        ...
-
-    async def acquire_fence_if(
-        self, execution_id: str, *, fence: int, park_seq: int
-    ) -> ConditionalFence:
-        """Bump only if the token equals ``fence`` and nothing answers past ``park_seq``."""
-        ...
-
-    async def append_if_unchanged(
-        self,
-        execution_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_sequence: int,
-        observed_fence: int,
-    ) -> tuple[Event, ...]:
-        """Append only if the token still equals ``observed_fence`` (StaleFenceError if
-        not); never presents or bumps a token, and stamps nothing."""
-        ...
-
-    async def append_many(
-        self, requests: Sequence[AppendRequest]
-    ) -> tuple[tuple[Event, ...], ...]:
-        """Several executions' appends, all or nothing; refuses a repeated execution id."""
-        ...
-
-    async def delete_execution(self, execution_id: str) -> bool:
-        """Remove the log; keep a fence row with a real token (> 0). True if a log existed."""
-        ...
-
-    async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
-        """Copy ``source``'s events up to ``through_sequence`` into a new ``target``;
-        returns the number copied."""
-        ...
-
-    async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
-        """Drop events below ``keep_from_sequence`` (the head stays); returns the number
-        dropped."""
-        ...
-
-    def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
-        """Events from ``from_sequence`` on, then live ones as they are appended."""
-        ...
-
-
-# -- timers (see docs/design.md, "Timers and re-drives") -----------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Redrive:
-    """Marks a timer row as a re-drive of a contended resume; ``attempt`` counts from 0."""
-
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class TimerRecord:
-    """A wake-up for ``execution_id`` at ``wake_at`` (UTC); idempotent per that pair."""
-
-    execution_id: str
-    wake_at: datetime
-    redrive: Redrive | None = None
-
-
-@runtime_checkable
-class TimerStore(Protocol):
-    """Durable wake-ups. ``schedule`` upserts: a later schedule never downgrades a re-drive
-    row and a plain schedule never clears one (``redrive = COALESCE(new, old)``)."""
-
-    async def schedule(self, record: TimerRecord) -> None: ...
-
-    async def due(
-        self, now: datetime, *, limit: int = DEFAULT_LIST_LIMIT, redrive: bool = True
-    ) -> tuple[TimerRecord, ...]:
-        """Rows with ``wake_at <= now`` ordered by (wake_at, execution_id). With
-        ``redrive=False`` re-drive rows are excluded *before* the limit applies."""
-        ...
-
-    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
-        """Every row of one execution, due or not, ordered by wake_at."""
-        ...
-
-    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
-        """Retire one fired row; False if it was not there."""
-        ...
-
-    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
-        """Remove one row, or every row of the execution; returns how many."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-# -- leases ------------------------------------------------------------------------------------
-
-LeaseScope: TypeAlias = Literal["process", "host", "cluster", "unknown"]
-"""Who can see a lease: one process (memory), one host (SQLite file), every node
-(PostgreSQL). Lease evidence only holds among nodes that share the scope."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A lease as the store sees it; ``expires_at`` is on the store's own clock."""
-
-    key: str
-    holder: str
-    acquired_at: datetime
-    expires_at: datetime
-
-
-@runtime_checkable
-class LeaseStore(Protocol):
-    """Time-bounded ownership with expiry decided by the store's clock."""
-
-    @property
-    def scope(self) -> LeaseScope: ...
-
-    async def acquire(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
-        """Take the lease if free, expired, or already ours (which extends it); else
-        LeaseHeldError."""
-        ...
-
-    async def renew(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
-        """Extend our unexpired lease; LeaseNotHeldError otherwise."""
-        ...
-
-    async def release(self, key: str, holder: str) -> bool:
-        """Give the lease up; False if we did not hold it."""
-        ...
-
-    async def inspect(self, key: str) -> Lease | None:
-        """The current unexpired lease, or None."""
-        ...
-
-    async def close(self) -> None: ...

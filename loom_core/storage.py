@@ -10,7 +10,7 @@ from typing import final
 from typing_extensions import get_protocol_members
 
 from loom_core.errors import InvalidOptionError
-from loom_core.spi import EventStore, LeaseStore, TimerStore
+from loom_core.protocols import EventStore, LeaseStore, TimerStore
 
 __all__ = ["Storage"]
 
@@ -48,7 +48,7 @@ class Storage:
                     f"{type(value).__name__} lacks {', '.join(lacking)}"
                     + (
                         " (optional methods it does not offer must still exist and raise "
-                        "Unsupported: inherit loom_core.RefusesUnoffered)"
+                        "Unsupported: inherit loom_core.spi.RefusesUnoffered)"
                         if protocol is EventStore
                         else ""
                     )

@@ -21,7 +21,7 @@ from loom_core.errors import (
     InvalidSequenceError,
 )
 from loom_core.events import JsonObject, JsonValue, NewEvent
-from loom_core.spi import AppendRequest, Redrive, TimerRecord
+from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
     "MAX_ID_BYTES",

@@ -14,7 +14,8 @@ from loom_bench.drive import RunPlan, Tick, drive_concurrently
 from loom_bench.scenarios import Scenario, run_execution, run_setup
 from loom_bench.stacks import StackOpening
 from loom_bench.statistics import Sample
-from loom_core import PluginHost, open_storage
+from loom_core import open_storage
+from loom_core.spi import PluginHost
 
 __all__ = ["NotOffered", "measure_loom"]
 

@@ -27,7 +27,7 @@ from typing import Final
 from loom_bench.drive import RunPlan, Tick
 from loom_bench.scenarios import PARK, AcquireFence, Append, Scenario
 from loom_bench.statistics import Sample, percentile
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
+from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 
 __all__ = [
     "PgbenchError",

@@ -33,7 +33,7 @@ from loom_bench.scenarios import (
     ScenarioError,
 )
 from loom_bench.statistics import Sample
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
+from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 
 try:
     import psycopg

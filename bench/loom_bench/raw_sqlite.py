@@ -21,7 +21,7 @@ from typing import Final, Literal
 from loom_bench.drive import RunPlan, Tick, drive_sequentially
 from loom_bench.scenarios import PARK, AcquireFence, Append, Scenario, ScenarioError
 from loom_bench.statistics import Sample
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
+from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 
 __all__ = ["SCHEMA", "RawSqliteFloor", "Synchronous", "measure_raw_sqlite"]
 

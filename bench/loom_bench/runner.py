@@ -43,8 +43,7 @@ from loom_bench.scenarios import SCENARIOS, Scenario, scenario
 from loom_bench.servers import ServerUnavailable, postgres_server
 from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
-from loom_core import PluginHost, default_plugins
-from loom_core.plugins import KNOWN_DISTRIBUTIONS
+from loom_core.spi import PluginHost, default_plugins
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
@@ -256,7 +255,7 @@ def _not_installed(scheme: str, host: PluginHost) -> str:
     try:
         host.backend_for(scheme)
     except Exception as exc:
-        hint = KNOWN_DISTRIBUTIONS.get(scheme)
+        hint = host.backend_distribution(scheme)
         loaded_badly = any(scheme in str(error) for error in host.errors)
         if hint and not loaded_badly:
             return f"pip install {hint}"

@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from loom_core import EventStore, FenceAcquired, JsonValue, NewEvent, OptionalMethod
+from loom_core import EventStore, FenceAcquired, JsonValue, NewEvent
+from loom_core.spi import OptionalMethod
 
 __all__ = [
     "SCENARIOS",

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from loom_bench.backends import Backend
-from loom_core import DecoratorSpec, PluginHost, Storage, open_storage
-from loom_core.plugins import KNOWN_DECORATORS
+from loom_core import Storage, open_storage
+from loom_core.decorating import DecoratorSpec
+from loom_core.spi import PluginHost
 
 __all__ = ["StackOpening", "missing_decorator", "parse_stack"]
 
@@ -35,7 +36,7 @@ def missing_decorator(stack: Sequence[str], plugins: PluginHost) -> str | None:
     installed = plugins.decorators.decorators
     for name in stack:
         if name not in installed:
-            hint = KNOWN_DECORATORS.get(name)
+            hint = plugins.decorator_distribution(name)
             install = f" (pip install {hint})" if hint else ""
             return f"decorator {name!r} not installed{install}"
     return None

@@ -12,9 +12,9 @@ from loom_bench.backends import MemoryBackend
 from loom_bench.cli import main, redact
 from loom_bench.runner import BenchConfig, run_benchmark
 
-from loom_core import PluginHost, Storage, hookimpl
-from loom_core.memory.plugin import open_memory
-from loom_core.registry import BackendRegistry
+from loom_core import Storage
+from loom_core.memory import open_memory
+from loom_core.spi import BackendRegistry, PluginHost, hookimpl
 
 
 class SqliteSchemeOverMemory:

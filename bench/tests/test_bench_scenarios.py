@@ -20,7 +20,8 @@ from loom_bench.scenarios import (
     scenario,
 )
 
-from loom_core import PluginHost, open_storage
+from loom_core import open_storage
+from loom_core.spi import PluginHost
 
 
 @pytest.mark.parametrize("key", list(SCENARIOS))

@@ -33,18 +33,9 @@ from typing import Final, Literal, TypeAlias
 import pytest
 
 from loom_conformance.factory import StorageFactory
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    Decision,
-    EventStoreDecorator,
-    Forward,
-    Implement,
-    OptionalMethod,
-    PluginHost,
-    Storage,
-    default_plugins,
-    open_storage,
-)
+from loom_core import Storage, open_storage
+from loom_core.decorating import Decision, EventStoreDecorator, Forward, Implement
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost, default_plugins
 
 __all__ = [
     "INNER_KINDS",
@@ -193,7 +184,7 @@ def decorator_params(
 
 def decisions_of(store: object) -> Mapping[OptionalMethod, Decision] | None:
     """The decisions of a decorated event store's class, or None if ``store`` is not an
-    :class:`~loom_core.EventStoreDecorator`."""
+    :class:`~loom_core.decorating.EventStoreDecorator`."""
     if not isinstance(store, EventStoreDecorator):
         return None
     decisions: Mapping[OptionalMethod, Decision] = type(store).decisions  # type: ignore[assignment]

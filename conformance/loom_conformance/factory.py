@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeAlias
 
-from loom_core import OptionalMethod, Storage, open_storage
+from loom_core import Storage, open_storage
+from loom_core.spi import OptionalMethod
 
 __all__ = ["StorageFactory", "memory_factory"]
 

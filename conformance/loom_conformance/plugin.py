@@ -33,7 +33,8 @@ from loom_conformance.requirements import (
     REQUIRES_MARK,
     missing,
 )
-from loom_core import OPTIONAL_EVENT_STORE_METHODS, EventStore, LeaseStore, Storage, TimerStore
+from loom_core import EventStore, LeaseStore, Storage, TimerStore
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 __all__ = [
     "loom_events",

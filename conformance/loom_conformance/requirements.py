@@ -22,7 +22,7 @@ from typing import Final, final
 
 import pytest
 
-from loom_core import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod
 
 __all__ = [
     "COVERAGE_PROPERTY",

@@ -3,7 +3,7 @@
 
 import kit_decorators
 
-from loom_core import default_plugins
+from loom_core.spi import default_plugins
 
 pytest_plugins = ["pytester"]
 

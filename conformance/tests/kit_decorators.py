@@ -7,22 +7,24 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from loom_core import (
-    FORWARD,
     AppendRequest,
-    Decisions,
     Event,
     EventStore,
+    InvalidOptionError,
+    Storage,
+    StoreClosedError,
+)
+from loom_core.decorating import (
+    FORWARD,
+    Decisions,
+    DecoratorRegistry,
     EventStoreDecorator,
     Implement,
     InnerOpener,
-    InvalidOptionError,
     Refuse,
-    Storage,
-    StoreClosedError,
     hookimpl,
 )
-from loom_core.registry import DecoratorRegistry
-from loom_core.validation import check_execution_id, check_sequence
+from loom_core.spi import check_execution_id, check_sequence
 
 __all__ = [
     "FORWARDING",

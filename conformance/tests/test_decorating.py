@@ -14,18 +14,10 @@ from loom_conformance.decorating import (
     decorator_params,
 )
 
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    EventStoreDecorator,
-    InnerOpener,
-    InvalidOptionError,
-    PluginHost,
-    Storage,
-    Unsupported,
-    hookimpl,
-)
+from loom_core import InvalidOptionError, Storage, Unsupported
+from loom_core.decorating import DecoratorRegistry, EventStoreDecorator, InnerOpener, hookimpl
 from loom_core.memory import MemoryEventStore
-from loom_core.registry import DecoratorRegistry
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, PluginHost
 
 asyncio_test = pytest.mark.asyncio(loop_scope="function")
 

@@ -8,15 +8,9 @@ import pytest
 from loom_conformance import StorageFactory, explore, memory_factory
 from loom_conformance.explorer import main, schedules
 
-from loom_core import (
-    ConditionalFence,
-    FenceAcquired,
-    FenceStale,
-    Storage,
-    Unsupported,
-)
+from loom_core import FenceAcquired, FenceStale, Storage, Unsupported
 from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
-from loom_core.validation import check_execution_id
+from loom_core.spi import ConditionalFence, check_execution_id
 
 asyncio_test = pytest.mark.asyncio(loop_scope="function")
 

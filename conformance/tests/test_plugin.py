@@ -194,9 +194,9 @@ def test_an_inclusive_after_fails_the_paging_test_instead_of_hanging(
 
 
 BROKEN_DECORATORS_CONFTEST = """
-from loom_core import (
-    FORWARD, Decisions, EventStoreDecorator, Refuse, Storage, default_plugins, hookimpl,
-)
+from loom_core import Storage
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Refuse, hookimpl
+from loom_core.spi import default_plugins
 
 
 class Liar(EventStoreDecorator):

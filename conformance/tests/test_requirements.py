@@ -6,7 +6,7 @@ import pytest
 from loom_conformance import requires
 from loom_conformance.requirements import REFUSAL_TEST, Requirements, missing
 
-from loom_core import OPTIONAL_EVENT_STORE_METHODS
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 
 def test_there_is_one_documented_switch_per_optional_method() -> None:

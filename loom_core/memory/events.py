@@ -28,8 +28,7 @@ from loom_core.errors import (
 )
 from loom_core.events import Event, JsonObject, NewEvent
 from loom_core.kinds import is_answering_kind
-from loom_core.refusal import RefusesUnoffered
-from loom_core.spi import (
+from loom_core.protocols import (
     DEFAULT_LIST_LIMIT,
     OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
@@ -38,6 +37,7 @@ from loom_core.spi import (
     FenceStale,
     OptionalMethod,
 )
+from loom_core.refusal import RefusesUnoffered
 from loom_core.validation import (
     canonical_json,
     check_append,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StoreClosedError
-from loom_core.spi import Lease, LeaseScope
+from loom_core.protocols import Lease, LeaseScope
 from loom_core.validation import check_key, check_ttl
 
 __all__ = ["MemoryLeaseStore"]

@@ -7,7 +7,7 @@ import asyncio
 from datetime import datetime
 
 from loom_core.errors import InvalidOptionError, StoreClosedError
-from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
+from loom_core.protocols import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
 from loom_core.validation import (
     check_aware,
     check_execution_id,

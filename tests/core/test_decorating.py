@@ -10,21 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from loom_core import (
+from loom_core import AppendRequest, Event, EventStore, NewEvent, Unsupported
+from loom_core.decorating import (
     FORWARD,
-    OPTIONAL_EVENT_STORE_METHODS,
-    AppendRequest,
     Decisions,
     DecoratorDefinitionError,
-    Event,
-    EventStore,
     EventStoreDecorator,
     Implement,
-    NewEvent,
     Refuse,
-    Unsupported,
 )
 from loom_core.memory import MemoryEventStore
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 ALL_FORWARD = Decisions(
     acquire_fence=FORWARD,
@@ -224,7 +220,7 @@ def test_a_malformed_decision_is_a_mypy_error(case: str, tmp_path: Path) -> None
     body, expected = MYPY_CASES[case]
     source = tmp_path / f"bad_{case}.py"
     source.write_text(
-        "from loom_core import FORWARD, Decisions, EventStoreDecorator, Implement\n\n"
+        "from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement\n\n"
         "class Bad(EventStoreDecorator):\n" + textwrap.indent(textwrap.dedent(body), "    ")
     )
     result = subprocess.run(
@@ -240,7 +236,7 @@ def test_a_malformed_decision_is_a_mypy_error(case: str, tmp_path: Path) -> None
 def test_a_complete_decorator_is_mypy_clean(tmp_path: Path) -> None:
     source = tmp_path / "good.py"
     source.write_text(
-        "from loom_core import FORWARD, Decisions, EventStoreDecorator, Refuse\n\n"
+        "from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Refuse\n\n"
         "class Good(EventStoreDecorator):\n"
         "    decisions = Decisions(\n"
         "        acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,\n"
@@ -258,7 +254,8 @@ def test_a_complete_decorator_is_mypy_clean(tmp_path: Path) -> None:
 
 
 async def test_find_layer_walks_the_stack_from_a_storage_or_a_store() -> None:
-    from loom_core import Storage, find_layer
+    from loom_core import Storage
+    from loom_core.decorating import find_layer
     from loom_core.memory import MemoryLeaseStore, MemoryTimerStore
 
     base = MemoryEventStore()
@@ -315,7 +312,7 @@ async def test_find_layers_finds_the_layer_on_every_branch_of_a_fan_out() -> Non
 
 
 def test_find_layer_above_a_fan_out_is_the_one_every_call_passes() -> None:
-    from loom_core import find_layer
+    from loom_core.decorating import find_layer
 
     counting = Counting(FanOut([MemoryEventStore(), MemoryEventStore()]))
     assert find_layer(Passthrough(counting), Counting) is counting
@@ -323,8 +320,8 @@ def test_find_layer_above_a_fan_out_is_the_one_every_call_passes() -> None:
 
 
 def test_find_layer_below_a_fan_out_is_refused_not_guessed() -> None:
-    from loom_core import InvalidOptionError, find_layer
-    from loom_core.decorating import LayerBelowFanOutError
+    from loom_core import InvalidOptionError
+    from loom_core.decorating import LayerBelowFanOutError, find_layer
 
     on_shard_0 = Counting(MemoryEventStore())
     fan = FanOut([on_shard_0, MemoryEventStore(), Counting(MemoryEventStore())])

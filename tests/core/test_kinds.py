@@ -5,8 +5,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from loom_core import EventKind, NewEvent, UnclassifiedKindError, is_answering
+from loom_core import EventKind, NewEvent, is_answering
 from loom_core.kinds import build_classification
+from loom_core.spi import UnclassifiedKindError
 
 if TYPE_CHECKING:
     from pathlib import Path

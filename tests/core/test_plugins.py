@@ -10,19 +10,17 @@ from pathlib import Path
 import pytest
 
 from loom_core import (
-    DuplicateRegistrationError,
     InvalidOptionError,
     InvalidURLError,
     NewEvent,
-    PluginHost,
     PluginLoadError,
     Storage,
     UnknownSchemeError,
-    hookimpl,
     open_storage,
 )
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
-from loom_core.registry import BackendRegistry, DecoratorRegistry, InnerOpener
+from loom_core.spi import BackendRegistry, DuplicateRegistrationError, PluginHost
 
 
 async def _open_dummy(url: str, options: Mapping[str, object]) -> Storage:
@@ -192,12 +190,21 @@ async def test_unknown_decorator_names_the_distribution_to_install() -> None:
         await open_storage("memory://", decorators=[("tenant",)], plugins=host)  # type: ignore[list-item]
 
 
+def test_the_host_names_the_loom_distribution_for_a_scheme_or_decorator() -> None:
+    host = PluginHost(entry_points=False)
+    assert host.backend_distribution("postgresql") == "loom-postgres"
+    assert host.backend_distribution("sqlite") == "loom-sqlite"
+    assert host.decorator_distribution("tenant") == "loom-tenant"
+    assert host.backend_distribution("example") is None
+    assert host.decorator_distribution("sqlite") is None
+
+
 @pytest.fixture
 def fake_distributions(tmp_path: Path) -> Iterator[Path]:
     """Installs two distributions with `loom` entry points: one good, one broken."""
     (tmp_path / "good_loom_plugin.py").write_text(
-        "from loom_core import hookimpl\n"
-        "from loom_core.memory.plugin import open_memory\n"
+        "from loom_core.spi import hookimpl\n"
+        "from loom_core.memory import open_memory\n"
         "@hookimpl\n"
         "def loom_register_backends(registry):\n"
         "    registry.add_backend('good', lambda url, opts: open_memory('memory://', opts))\n"

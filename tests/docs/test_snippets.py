@@ -506,13 +506,13 @@ def test_a_project_pyproject_installs_its_loom_entry_points(tmp_path: Path) -> N
     files = {
         "pyproject.toml": '[project.entry-points.loom]\nprobe = "probe_plugin"\n',
         "probe_plugin.py": (
-            "from loom_core import hookimpl\n\nasync def open_probe(url, options): ...\n\n"
+            "from loom_core.spi import hookimpl\n\nasync def open_probe(url, options): ...\n\n"
             "@hookimpl\n"
             "def loom_register_backends(registry):\n"
             "    registry.add_backend('probe', open_probe)\n"
         ),
         "tests/test_probe.py": (
-            "from loom_core import PluginHost\n\n"
+            "from loom_core.spi import PluginHost\n\n"
             "def test_found():\n"
             "    assert PluginHost().backend_for('probe') is not None\n"
         ),

@@ -1,7 +1,7 @@
 """``TestDecoratorContract``: every registered decorator wraps the event store in an
-:class:`~loom_core.EventStoreDecorator` (whose class decided every optional method when it
-was defined), serves every method its ``capabilities`` offers, and refuses the rest with
-``Unsupported``, over both inner stores."""
+:class:`~loom_core.decorating.EventStoreDecorator` (whose class decided every optional
+method when it was defined), serves every method its ``capabilities`` offers, and refuses
+the rest with ``Unsupported``, over both inner stores."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ import pytest
 from loom_conformance.decorating import DecoratorCase, decisions_of
 from loom_conformance.suites._support import app, snapshot
 from loom_conformance.suites.events_required import _call_optional
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    LoomError,
-    Refuse,
-    Unsupported,
-)
+from loom_core import LoomError, Unsupported
+from loom_core.decorating import Refuse
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 __all__ = ["TestDecoratorContract"]
 

@@ -19,7 +19,6 @@ from loom_conformance.suites._support import (
     token_of,
 )
 from loom_core import (
-    ANSWERING_KINDS,
     AppendRequest,
     ConflictError,
     EventKind,
@@ -37,6 +36,7 @@ from loom_core import (
     SequenceConflictError,
     StaleFenceError,
 )
+from loom_core.spi import ANSWERING_KINDS
 
 __all__ = ["EventStoreFencingContract"]
 

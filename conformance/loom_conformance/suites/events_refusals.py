@@ -38,10 +38,10 @@ from loom_core import (
     InvalidSequenceError,
     LoomError,
     NewEvent,
-    OptionalMethod,
     SequenceConflictError,
     StaleFenceError,
 )
+from loom_core.spi import OptionalMethod
 
 __all__ = ["REFUSALS", "EventStoreRefusalContract", "Refusal"]
 

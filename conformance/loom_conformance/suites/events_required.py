@@ -22,7 +22,6 @@ from loom_conformance.suites._support import (
     snapshot,
 )
 from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ConflictError,
     EventKind,
@@ -35,11 +34,11 @@ from loom_core import (
     InvalidSequenceError,
     JsonValue,
     NewEvent,
-    OptionalMethod,
     SequenceConflictError,
     StoreClosedError,
     Unsupported,
 )
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod
 
 __all__ = ["BAD_EXECUTION_IDS", "BAD_PAYLOADS", "EventStoreRequiredContract"]
 

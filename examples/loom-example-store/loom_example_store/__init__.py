@@ -2,7 +2,7 @@
 optional methods (``acquire_fence``, ``acquire_fence_if``) and refusing the rest.
 
 It exists to show a store author the whole path: an entry point, a hook registering a
-URL scheme (``example://``), a factory, :class:`~loom_core.RefusesUnoffered` for the
+URL scheme (``example://``), a factory, :class:`~loom_core.spi.RefusesUnoffered` for the
 methods it does not offer, and the conformance kit run through one fixture.
 """
 

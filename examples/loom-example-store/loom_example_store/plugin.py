@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loom_core import InvalidOptionError, InvalidURLError, Storage, hookimpl
+from loom_core import InvalidOptionError, InvalidURLError, Storage
 from loom_core.memory import MemoryLeaseStore, MemoryTimerStore
-from loom_core.registry import BackendRegistry
+from loom_core.spi import BackendRegistry, hookimpl
 from loom_example_store.store import DictEventStore
 
 __all__ = ["loom_register_backends", "open_example"]

@@ -1,13 +1,13 @@
 """A dict-backed event store: one process, no persistence, full fencing.
 
-Every method validates its arguments with ``loom_core.validation`` (so bad input is
+Every method validates its arguments with the ``check_*`` of ``loom_core.spi`` (so bad input is
 refused exactly as every other store refuses it), yields to the event loop once, then does
 its work without awaiting again, so concurrent asyncio tasks can never interleave inside
 one call: the check and the write of ``append``, and the compare, scan and bump of
 ``acquire_fence_if``, are atomic.
 
 Offered optional methods: ``acquire_fence`` and ``acquire_fence_if``. The others are
-inherited from :class:`~loom_core.RefusesUnoffered`, which raises ``Unsupported`` and keeps
+inherited from :class:`~loom_core.spi.RefusesUnoffered`, which raises ``Unsupported`` and keeps
 them out of ``capabilities``.
 """
 
@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from loom_core import (
-    ConditionalFence,
     Event,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -28,13 +27,14 @@ from loom_core import (
     FenceStale,
     InvalidSequenceError,
     NewEvent,
-    RefusesUnoffered,
     SequenceConflictError,
     StaleFenceError,
     StoreClosedError,
     is_answering,
 )
-from loom_core.validation import (
+from loom_core.spi import (
+    ConditionalFence,
+    RefusesUnoffered,
     check_append,
     check_execution_id,
     check_fence,

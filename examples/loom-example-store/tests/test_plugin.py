@@ -3,7 +3,8 @@
 import pytest
 from loom_example_store import DictEventStore
 
-from loom_core import InvalidOptionError, InvalidURLError, PluginHost, open_storage
+from loom_core import InvalidOptionError, InvalidURLError, open_storage
+from loom_core.spi import PluginHost
 
 
 def test_the_entry_point_registers_the_example_scheme() -> None:

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core import JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidEventError
-from loom_core.events import JsonObject, JsonValue, NewEvent
 
 __all__ = [
     "CHAIN_FIELD",

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core import JsonObject, JsonValue
 from loom_core.errors import InvalidInputError
-from loom_core.events import JsonObject, JsonValue
-from loom_core.validation import check_execution_id, check_sequence
+from loom_core.spi import check_execution_id, check_sequence
 
 __all__ = ["ChainHead", "sign_head"]
 

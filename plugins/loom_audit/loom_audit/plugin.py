@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import final
 
 from loom_audit.store import AuditEventStore
+from loom_core import Storage
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import DecoratorRegistry, InnerOpener
-from loom_core.storage import Storage
 
 __all__ = ["AuditDecorator", "loom_register_decorators"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from loom_audit.heads import ChainHead
 from loom_audit.store import AuditEventStore
 from loom_audit.verification import Verification
+from loom_core import Storage
 from loom_core.decorating import find_layer
 from loom_core.errors import InvalidOptionError
 from loom_core.spi import EventStore
-from loom_core.storage import Storage
 
 __all__ = ["export_head", "find_audit_store", "verify"]
 

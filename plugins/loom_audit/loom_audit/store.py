@@ -41,6 +41,7 @@ from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refu
 from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
 from loom_audit.verification import ChainBroken, ChainWalk, Verification
+from loom_core import Event, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import (
     ExecutionNotFoundError,
@@ -48,9 +49,9 @@ from loom_core.errors import (
     PayloadShreddedError,
     SequenceConflictError,
 )
-from loom_core.events import Event, NewEvent
-from loom_core.spi import AppendRequest, EventStore
-from loom_core.validation import (
+from loom_core.spi import (
+    AppendRequest,
+    EventStore,
     check_append,
     check_append_requests,
     check_execution_id,

@@ -33,8 +33,8 @@ from typing import Literal, TypeAlias
 
 from loom_audit.chain import GENESIS, link_hash, read_link
 from loom_audit.heads import ChainHead
+from loom_core import Event
 from loom_core.errors import InvalidInputError
-from loom_core.events import Event
 
 __all__ = ["BreakReason", "ChainBroken", "ChainIntact", "ChainWalk", "Verification"]
 

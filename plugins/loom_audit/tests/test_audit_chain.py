@@ -20,7 +20,6 @@ from loom_audit import (
 )
 
 from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ConflictError,
     Event,
@@ -33,6 +32,7 @@ from loom_core import (
     Unsupported,
 )
 from loom_core.memory import MemoryEventStore
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from loom_audit import AuditDecorator, AuditEventStore, export_head, verify
 
-from loom_core import InvalidOptionError, NewEvent, PluginHost, open_storage
+from loom_core import InvalidOptionError, NewEvent, open_storage
+from loom_core.spi import PluginHost
 
 
 def test_the_entry_point_registers_the_audit_decorator() -> None:

@@ -60,7 +60,7 @@ from loom_core import (
     open_storage,
 )
 from loom_core.memory import MemoryEventStore
-from loom_core.validation import canonical_json
+from loom_core.spi import canonical_json
 
 CHAINS = 50
 LENGTH = 100

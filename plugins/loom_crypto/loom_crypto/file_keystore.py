@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Final
 
 from loom_core.errors import InvalidOptionError, StorageReadError, StorageWriteError
-from loom_core.validation import check_key
+from loom_core.spi import check_key
 from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
 from loom_crypto.keys import KEY_BYTES, DataKey
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-from loom_core.validation import check_key
+from loom_core.spi import check_key
 from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
 from loom_crypto.keys import KEY_BYTES, DataKey
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import final
 
+from loom_core import Storage
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import DecoratorRegistry, InnerOpener
-from loom_core.storage import Storage
 from loom_crypto.memory_keystore import MemoryKeyStore
 from loom_crypto.store import CryptoEventStore, subject_is_execution
 

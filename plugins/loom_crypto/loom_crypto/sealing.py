@@ -57,9 +57,9 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from loom_core import JsonObject, JsonValue
 from loom_core.errors import InvalidEventError
-from loom_core.events import JsonObject, JsonValue
-from loom_core.validation import canonical_json
+from loom_core.spi import canonical_json
 from loom_crypto.errors import PayloadAuthenticationError
 from loom_crypto.keys import KEY_BYTES, DataKey
 

@@ -33,13 +33,10 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core import Event, EventKind, NewEvent, Storage
 from loom_core.decorating import find_layer
 from loom_core.errors import InvalidOptionError, SequenceConflictError
-from loom_core.events import Event, NewEvent
-from loom_core.kinds import EventKind
-from loom_core.spi import EventStore
-from loom_core.storage import Storage
-from loom_core.validation import check_execution_id, check_key
+from loom_core.spi import EventStore, check_execution_id, check_key
 from loom_crypto.errors import ShredIncompleteError
 from loom_crypto.sealing import INTEGRITY_SUBJECT, is_clear, is_sealed
 from loom_crypto.store import CryptoEventStore

@@ -51,11 +51,12 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, TypeAlias
 
+from loom_core import Event, JsonObject, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import InvalidInputError, InvalidOptionError, PayloadShreddedError
-from loom_core.events import Event, JsonObject, NewEvent
-from loom_core.spi import AppendRequest, EventStore
-from loom_core.validation import (
+from loom_core.spi import (
+    AppendRequest,
+    EventStore,
     check_append,
     check_append_requests,
     check_fence,

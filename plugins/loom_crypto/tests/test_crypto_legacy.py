@@ -27,7 +27,7 @@ from loom_crypto import (
 from loom_crypto.sealing import associated_data
 
 from loom_core import JsonValue, NewEvent, PayloadShreddedError, Storage, open_storage
-from loom_core.validation import canonical_json
+from loom_core.spi import canonical_json
 
 
 async def _format_1(keys: KeyStore, subject: str, execution_id: str, sequence: int, kind: str,

@@ -18,7 +18,6 @@ from loom_crypto import (
 )
 
 from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     EventKind,
     FenceAcquired,
@@ -31,6 +30,7 @@ from loom_core import (
     Unsupported,
 )
 from loom_core.memory import MemoryEventStore
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
 PAYLOADS: list[JsonValue] = [
     {"card": "4111 1111 1111 1111", "amount": 12.5, "items": [1, 2, {"sku": "é"}]},

@@ -21,11 +21,8 @@ from loom_crypto import (
 )
 
 from loom_core import (
-    FORWARD,
-    Decisions,
     Event,
     EventKind,
-    EventStoreDecorator,
     FenceAcquired,
     InvalidOptionError,
     NewEvent,
@@ -33,6 +30,7 @@ from loom_core import (
     StorageWriteError,
     open_storage,
 )
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator
 from loom_core.memory import MemoryEventStore
 
 ALICE_LOGS = ("alice/order-1", "alice/order-2", "shared/chat")

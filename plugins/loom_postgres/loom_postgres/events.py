@@ -39,6 +39,7 @@ from typing import Final, Literal, cast
 import psycopg
 import psycopg_pool
 
+from loom_core import Event, JsonObject, NewEvent
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -51,17 +52,14 @@ from loom_core.errors import (
     StorageError,
     StoreClosedError,
 )
-from loom_core.events import Event, JsonObject, NewEvent
-from loom_core.refusal import RefusesUnoffered
 from loom_core.spi import (
     DEFAULT_LIST_LIMIT,
+    MAX_POSITION,
     AppendRequest,
     ConditionalFence,
     FenceAcquired,
     FenceStale,
-)
-from loom_core.validation import (
-    MAX_POSITION,
+    RefusesUnoffered,
     canonical_json,
     check_append,
     check_append_requests,

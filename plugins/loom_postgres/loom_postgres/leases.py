@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import Final, cast
 
 from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StoreClosedError
-from loom_core.spi import Lease, LeaseScope
-from loom_core.validation import check_key, check_ttl
+from loom_core.spi import Lease, LeaseScope, check_key, check_ttl
 from loom_postgres.database import Database
 
 __all__ = ["PostgresLeaseStore"]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import BackendRegistry
+from loom_core.spi import BackendRegistry, hookimpl
 from loom_postgres.storage import SCHEMES, open_postgres
 
 __all__ = ["loom_register_backends"]

@@ -25,7 +25,7 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
+from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 from loom_postgres.database import Connection
 from loom_postgres.errors import SchemaMigrationError
 

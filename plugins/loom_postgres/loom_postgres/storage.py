@@ -1,4 +1,4 @@
-"""Opening a PostgreSQL :class:`~loom_core.storage.Storage`: one pool, three stores."""
+"""Opening a PostgreSQL :class:`~loom_core.Storage`: one pool, three stores."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from loom_core import Storage
 from loom_core.errors import InvalidURLError, StorageUnavailableError
-from loom_core.storage import Storage
 from loom_postgres.database import Connection, Database, configure_session
 from loom_postgres.errors import SchemaMigrationError
 from loom_postgres.events import PostgresEventStore

@@ -14,8 +14,10 @@ from datetime import datetime
 from typing import Final, cast
 
 from loom_core.errors import InvalidOptionError, StoreClosedError
-from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
-from loom_core.validation import (
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    Redrive,
+    TimerRecord,
     check_aware,
     check_execution_id,
     check_limit,

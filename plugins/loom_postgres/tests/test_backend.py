@@ -21,16 +21,7 @@ from loom_postgres import PostgresEventStore
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
-from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
-    AppendRequest,
-    Event,
-    JsonValue,
-    NewEvent,
-    PluginHost,
-    Storage,
-    open_storage,
-)
+from loom_core import AppendRequest, Event, JsonValue, NewEvent, Storage, open_storage
 from loom_core.errors import (
     InvalidOptionError,
     InvalidURLError,
@@ -39,7 +30,7 @@ from loom_core.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from loom_core.validation import canonical_json
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, PluginHost, canonical_json
 
 Opener = Callable[..., Awaitable[Storage]]
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import AsyncIterator, Sequence
 
+from loom_core import Event, NewEvent
 from loom_core.decorating import Decisions, EventStoreDecorator, Implement
 from loom_core.errors import InvalidInputError, InvalidOptionError
-from loom_core.events import Event, NewEvent
-from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence, EventStore
-from loom_core.validation import check_append_requests, check_execution_id, check_limit
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    AppendRequest,
+    ConditionalFence,
+    EventStore,
+    check_append_requests,
+    check_execution_id,
+    check_limit,
+)
 from loom_sharded.errors import CrossShardError, Shard
 from loom_sharded.placement import Placement, on_shard
 from loom_sharded.routing import ShardRouter

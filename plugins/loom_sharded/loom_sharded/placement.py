@@ -14,7 +14,7 @@ from loom_core.errors import (
     StorageUnavailableError,
     StoreClosedError,
 )
-from loom_core.validation import check_key
+from loom_core.spi import check_key
 from loom_sharded.errors import Shard, ShardUnavailableError
 from loom_sharded.routing import ShardRouter
 

@@ -8,7 +8,7 @@
     )
 
 The decorated storage is shard 0; ``shards`` adds the others, as URLs (opened here with
-the installed backends) or as open :class:`~loom_core.storage.Storage` objects. The result
+the installed backends) or as open :class:`~loom_core.Storage` objects. The result
 owns every shard: closing it closes them all.
 """
 
@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, final
 
+from loom_core import Storage, open_storage
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
-from loom_core.hookspecs import hookimpl
-from loom_core.plugins import open_storage
-from loom_core.registry import DecoratorRegistry, InnerOpener
 from loom_core.spi import LeaseStore, TimerStore
-from loom_core.storage import Storage
 from loom_sharded.errors import Shard, redact_url
 from loom_sharded.events import ShardedEventStore
 from loom_sharded.leases import ShardedLeaseStore

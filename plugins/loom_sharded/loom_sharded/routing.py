@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from loom_core.errors import InvalidExecutionIdError, InvalidOptionError
-from loom_core.validation import check_key
+from loom_core.spi import check_key
 
 __all__ = ["Movement", "ShardRouter", "default_names", "measure_movement"]
 

@@ -7,8 +7,14 @@ import logging
 from datetime import datetime
 
 from loom_core.errors import InvalidOptionError
-from loom_core.spi import DEFAULT_LIST_LIMIT, TimerRecord, TimerStore
-from loom_core.validation import check_aware, check_limit, check_timer_record
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    TimerRecord,
+    TimerStore,
+    check_aware,
+    check_limit,
+    check_timer_record,
+)
 from loom_sharded.errors import ShardUnavailableError
 from loom_sharded.placement import Placement, on_shard
 

@@ -19,14 +19,8 @@ from loom_conformance.requirements import requires
 from loom_conformance.suites.events_refusals import REFUSALS, Refusal
 from loom_sharded import CrossShardError, sharded_storage
 
-from loom_core import (
-    AppendRequest,
-    EventStore,
-    NewEvent,
-    OptionalMethod,
-    Storage,
-    open_storage,
-)
+from loom_core import AppendRequest, EventStore, NewEvent, Storage, open_storage
+from loom_core.spi import OptionalMethod
 
 OFFERS: dict[str, tuple[OptionalMethod, ...] | None] = {"full": None, "bare": ()}
 SPANNING = frozenset({

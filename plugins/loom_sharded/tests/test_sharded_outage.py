@@ -16,13 +16,13 @@ from loom_core import (
     EventStore,
     LeaseStore,
     NewEvent,
+    Storage,
     StorageUnavailableError,
     StorageWriteError,
     TimerRecord,
     TimerStore,
     open_storage,
 )
-from loom_core.storage import Storage
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 DOWN = 1

@@ -18,8 +18,8 @@ from loom_conformance.suites import (
 from loom_sharded import ShardedEventStore, ShardUnavailableError, sharded_storage
 from loom_sqlite import SeveralDatabasesError
 
-from loom_core import NewEvent, Storage, TimerRecord, find_layer, open_storage
-from loom_core.decorating import base_stores
+from loom_core import NewEvent, Storage, TimerRecord, open_storage
+from loom_core.decorating import base_stores, find_layer
 
 __all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
 

@@ -10,14 +10,11 @@ import pytest
 from loom_sharded import CrossShardError, ShardedDecorator, ShardedEventStore, sharded_storage
 
 from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ExecutionNotFoundError,
     InvalidOptionError,
     LeaseHeldError,
     NewEvent,
-    OptionalMethod,
-    PluginHost,
     Redrive,
     StaleFenceError,
     Storage,
@@ -26,6 +23,7 @@ from loom_core import (
     Unsupported,
     open_storage,
 )
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

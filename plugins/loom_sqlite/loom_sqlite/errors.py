@@ -76,7 +76,7 @@ class DatabaseOpenError(StorageUnavailableError):
 
 
 class DatabaseClosedError(StoreClosedError):
-    """An operation on a storage after :meth:`~loom_core.storage.Storage.close`."""
+    """An operation on a storage after :meth:`~loom_core.Storage.close`."""
 
     def __init__(self, path: str) -> None:
         self.path = path

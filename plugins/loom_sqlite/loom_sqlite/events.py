@@ -1,8 +1,8 @@
 """The SQLite event store: a fenced, append-only log per execution, every optional method.
 
 Each public method validates its arguments on the caller's side with the kernel's checks
-(:mod:`loom_core.validation`: a refused call touches nothing), prepares the rows (JSON
-text, the ``fence`` stamp), and hands one *operation* to
+(``check_*`` from :mod:`loom_core.spi`: a refused call touches nothing), prepares the rows
+(JSON text, the ``fence`` stamp), and hands one *operation* to
 :class:`~loom_sqlite.transactions.TransactionRunner`: a function that does all of that
 method's SQL on the connection's thread, inside one ``BEGIN IMMEDIATE`` transaction for a
 write. The operation checks first and writes last; a refusal
@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from loom_core import Event, JsonObject, JsonValue, NewEvent
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -34,11 +35,12 @@ from loom_core.errors import (
     SequenceConflictError,
     StorageReadError,
 )
-from loom_core.events import Event, JsonObject, JsonValue, NewEvent
-from loom_core.refusal import RefusesUnoffered
-from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence
-from loom_core.validation import (
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
     MAX_POSITION,
+    AppendRequest,
+    ConditionalFence,
+    RefusesUnoffered,
     canonical_json,
     check_append,
     check_append_requests,
@@ -293,7 +295,7 @@ class SqliteEventStore(RefusesUnoffered):
     """Event log in a SQLite file; offers every optional method of the SPI.
 
     Opened by ``open_storage("sqlite:///path.db")``; shares its connection with the timer
-    and lease stores of the same :class:`~loom_core.storage.Storage`.
+    and lease stores of the same :class:`~loom_core.Storage`.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ a caller with a wrong number outrank every later acquire.
 
 The answered-park scan (the "no answering event past the park" condition) classifies
 each event past the park from its ``kind`` and ``metadata`` when it runs, exactly as
-:func:`loom_core.kinds.is_answering_kind` does: a kind in the kernel's answering list, or
+:func:`loom_core.spi.is_answering_kind` does: a kind in the kernel's answering list, or
 a kind that is not a kernel kind at all whose ``metadata.kernel`` is JSON ``true``
 (``json_type(...) = 'true'``: the number 1 and the string ``"true"`` do not count, while
 ``json_extract(...) = 1`` would take the number). The two kind lists are bound as JSON
@@ -36,16 +36,21 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from loom_core import JsonValue
 from loom_core.errors import (
     ExecutionNotFoundError,
     FenceNotIssuedError,
     InvalidSequenceError,
     StaleFenceError,
 )
-from loom_core.events import JsonValue
-from loom_core.kinds import ANSWERING_KINDS, KERNEL_KINDS
-from loom_core.spi import ConditionalFence, FenceAcquired, FenceStale
-from loom_core.validation import canonical_json
+from loom_core.spi import (
+    ANSWERING_KINDS,
+    KERNEL_KINDS,
+    ConditionalFence,
+    FenceAcquired,
+    FenceStale,
+    canonical_json,
+)
 
 __all__ = [
     "acquire",

@@ -17,8 +17,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from loom_core.errors import InvalidOptionError, LeaseHeldError, LeaseNotHeldError
-from loom_core.spi import Lease, LeaseScope
-from loom_core.validation import check_key, check_ttl
+from loom_core.spi import Lease, LeaseScope, check_key, check_ttl
 from loom_sqlite.clock import from_micros, host_clock, now_micros, to_micros
 from loom_sqlite.errors import DatabaseClosedError
 from loom_sqlite.settings import Clock

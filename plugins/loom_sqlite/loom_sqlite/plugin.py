@@ -2,7 +2,7 @@
 
 ``open_storage("sqlite:///loom.db")`` lands in :func:`open_sqlite`, which checks the URL
 and options, opens the file in WAL mode, creates or migrates the tables, and returns a
-:class:`~loom_core.storage.Storage` whose event, timer and lease stores share one
+:class:`~loom_core.Storage` whose event, timer and lease stores share one
 connection (closed with the storage).
 """
 
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import BackendRegistry
-from loom_core.storage import Storage
+from loom_core import Storage
+from loom_core.spi import BackendRegistry, hookimpl
 from loom_sqlite.connection import open_connection
 from loom_sqlite.events import SqliteEventStore
 from loom_sqlite.leases import SqliteLeaseStore

@@ -19,9 +19,9 @@ import asyncio
 import os
 from collections.abc import Mapping
 
+from loom_core import Storage
 from loom_core.decorating import base_stores
 from loom_core.errors import InvalidOptionError
-from loom_core.storage import Storage
 from loom_sqlite.errors import DatabaseOpenError, SeveralDatabasesError
 from loom_sqlite.events import SqliteEventStore
 

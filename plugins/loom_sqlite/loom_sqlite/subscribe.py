@@ -20,7 +20,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, final
 
-from loom_core.events import Event
+from loom_core import Event
 from loom_sqlite.errors import DatabaseClosedError
 from loom_sqlite.transactions import TransactionRunner
 

@@ -17,8 +17,10 @@ from datetime import datetime
 from typing import Final
 
 from loom_core.errors import InvalidOptionError
-from loom_core.spi import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
-from loom_core.validation import (
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    Redrive,
+    TimerRecord,
     canonical_json,
     check_aware,
     check_execution_id,

@@ -36,8 +36,7 @@ from loom_core import (
     TimerRecord,
     open_storage,
 )
-from loom_core.plugins import default_plugins
-from loom_core.spi import EventStore
+from loom_core.spi import EventStore, default_plugins
 
 EPOCH_WAKE = "2030-01-01T00:00:00+00:00"
 WRITER_EXECUTIONS = ("durable-a", "durable-b", "durable-c")

@@ -13,17 +13,15 @@ from loom_sqlite import DatabaseOpenError, SeveralDatabasesError, SqliteEventSto
 from sqlite_helpers import expect_line, file_bytes, names_in, spawn, url_for
 
 from loom_core import (
-    FORWARD,
-    Decisions,
     Event,
     EventStore,
-    EventStoreDecorator,
     InvalidOptionError,
     NewEvent,
     Storage,
     StoreClosedError,
     open_storage,
 )
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator
 
 
 async def test_a_backup_taken_while_writing_opens_as_a_consistent_copy(

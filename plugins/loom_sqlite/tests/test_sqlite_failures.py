@@ -38,7 +38,7 @@ from loom_core import (
     StorageWriteError,
     open_storage,
 )
-from loom_core.plugins import default_plugins
+from loom_core.spi import default_plugins
 
 
 async def test_a_lock_held_past_busy_timeout_is_busy_and_writes_nothing(db_path: Path) -> None:

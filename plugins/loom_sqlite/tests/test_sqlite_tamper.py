@@ -18,7 +18,7 @@ import pytest
 from sqlite_helpers import expect_line, finish, parked, send, spawn, url_for
 
 from loom_core import Event, FenceAcquired, FenceStale, JsonObject, NewEvent, Storage, open_storage
-from loom_core.validation import canonical_json
+from loom_core.spi import canonical_json
 
 EVENT_COLUMNS = ["execution_id", "sequence", "kind", "payload", "metadata", "recorded_at"]
 

@@ -18,7 +18,7 @@ What is refused, and why:
   store can index it, and an id may not hold one either) or a lone surrogate, or is longer
   than :data:`MAX_TENANT_BYTES` UTF-8 bytes (the prefix is paid out of every id's budget);
 - an id whose encoded form would exceed the inner store's
-  :data:`~loom_core.validation.MAX_ID_BYTES`: under a tenant an id may be at most
+  :data:`~loom_core.spi.MAX_ID_BYTES`: under a tenant an id may be at most
   ``MAX_ID_BYTES - len(prefix)`` bytes (:attr:`TenantCodec.id_budget`).
 
 The empty tenant name is allowed: it is encoded as ``0:/`` and is as isolated as any other.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from loom_core.errors import InvalidExecutionIdError, InvalidOptionError
-from loom_core.validation import MAX_ID_BYTES, check_key
+from loom_core.spi import MAX_ID_BYTES, check_key
 
 __all__ = ["MAX_TENANT_BYTES", "TenantCodec", "check_tenant"]
 

@@ -6,11 +6,18 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
 
+from loom_core import Event, NewEvent
 from loom_core.decorating import Decisions, EventStoreDecorator, Implement
 from loom_core.errors import InvalidInputError, StorageReadError, StoreClosedError
-from loom_core.events import Event, NewEvent
-from loom_core.spi import DEFAULT_LIST_LIMIT, AppendRequest, ConditionalFence, EventStore
-from loom_core.validation import check_append_requests, check_limit, check_sequence
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    AppendRequest,
+    ConditionalFence,
+    EventStore,
+    check_append_requests,
+    check_limit,
+    check_sequence,
+)
 from loom_tenant.codec import TenantCodec
 from loom_tenant.scrubbing import tenant_errors
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, final
 
+from loom_core import Storage
+from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
-from loom_core.hookspecs import hookimpl
-from loom_core.registry import DecoratorRegistry, InnerOpener
-from loom_core.storage import Storage
 from loom_tenant.codec import TenantCodec
 from loom_tenant.events import TenantEventStore
 from loom_tenant.leases import TenantLeaseStore

@@ -6,8 +6,14 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 
 from loom_core.errors import InvalidOptionError, StoreClosedError
-from loom_core.spi import DEFAULT_LIST_LIMIT, TimerRecord, TimerStore
-from loom_core.validation import check_aware, check_limit, check_timer_record
+from loom_core.spi import (
+    DEFAULT_LIST_LIMIT,
+    TimerRecord,
+    TimerStore,
+    check_aware,
+    check_limit,
+    check_timer_record,
+)
 from loom_tenant.codec import TenantCodec
 from loom_tenant.scrubbing import tenant_errors
 

@@ -9,7 +9,7 @@ import pytest
 from loom_tenant import MAX_TENANT_BYTES, TenantCodec, check_tenant
 
 from loom_core import InvalidExecutionIdError, InvalidOptionError
-from loom_core.validation import MAX_ID_BYTES
+from loom_core.spi import MAX_ID_BYTES
 
 HOSTILE_TENANTS = [
     "",

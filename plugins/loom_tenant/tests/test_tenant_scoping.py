@@ -12,15 +12,12 @@ from loom_tenant import TenantDecorator, TenantEventStore, tenant_view
 from loom_tenant.codec import TenantCodec
 
 from loom_core import (
-    OPTIONAL_EVENT_STORE_METHODS,
     AppendRequest,
     ExecutionAlreadyExistsError,
     InvalidOptionError,
     LeaseHeldError,
     LoomError,
     NewEvent,
-    OptionalMethod,
-    PluginHost,
     SequenceConflictError,
     StaleFenceError,
     Storage,
@@ -29,6 +26,7 @@ from loom_core import (
     Unsupported,
     open_storage,
 )
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
