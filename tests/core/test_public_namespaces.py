@@ -3,9 +3,9 @@ kernel never imports its own facades.
 
 The public namespaces are :data:`PUBLIC`; a name is public when its namespace's ``__all__``
 lists it. Everything else in ``loom_core`` (``validation``, ``registry``, ``protocols``,
-``kinds``...) is private and may change, so the plugins, the conformance kit, the example
-store, the bench and the documentation's snippets must not import it: a third party
-copies what our own distributions do. The kernel's own tests (``tests/core``) may.
+``kinds``...) is private and may change, so the plugins, the runtime, the conformance kit,
+the example store, the bench and the documentation's snippets must not import it: a third
+party copies what our own distributions do. The kernel's own tests (``tests/core``) may.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ FACADES: Final = frozenset({"loom_core", "loom_core.spi", "loom_core.decorating"
 """What the kernel's own modules never import: each re-exports kernel modules, so a kernel
 module importing one would be an import cycle waiting to happen."""
 
-DISTRIBUTIONS: Final = ("plugins", "conformance", "examples", "bench", "tests/docs")
+DISTRIBUTIONS: Final = ("plugins", "conformance", "examples", "bench", "runtime", "tests/docs")
 DOCS: Final = ("README.md", "docs")
 
 _FENCE: Final = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
