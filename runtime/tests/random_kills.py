@@ -17,7 +17,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +75,7 @@ def where_it_landed(trial: Trial) -> str:
 
 
 async def kill_at_random(
-    url_for: Callable[[int], str],
+    url_for: Callable[[int], Awaitable[str]],
     root: Path,
     *,
     deaths: int,
@@ -83,8 +83,9 @@ async def kill_at_random(
     steps: int = 5,
     work_ms: float = 3.0,
 ) -> Summary:
-    """Run trials until ``deaths`` workers died of their kill; raise AssertionError with
-    every violation of every trial (and the seed) if any trial broke the promise."""
+    """Run trials until ``deaths`` workers died of their kill, trial ``i`` on the storage
+    ``await url_for(i)``; raise AssertionError with every violation of every trial (and
+    the seed) if any trial broke the promise."""
     rng = random.Random(seed)
     # Hundreds of worker start-ups: let them share compiled bytecode, kept out of the tree.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -94,7 +95,7 @@ async def kill_at_random(
     failures: dict[str, list[str]] = {}
 
     async def trial(index: int, kill_after: float | None) -> Trial:
-        url = await asyncio.to_thread(url_for, index)
+        url = await url_for(index)
         done = await run_trial(
             url,
             f"kill-{index}",

@@ -3,6 +3,7 @@ exactly once, no recorded step runs again, the log stays gapless."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import broken_worker
@@ -15,11 +16,18 @@ def sqlite_url(path: Path) -> str:
     return "sqlite:///" + str(path)
 
 
+def file_per_trial(directory: Path) -> Callable[[int], Awaitable[str]]:
+    async def url_for(index: int) -> str:
+        return sqlite_url(directory / f"trial-{index}.db")
+
+    return url_for
+
+
 async def test_a_worker_killed_100_times_at_random_points_completes_every_execution_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     summary = await kill_at_random(
-        lambda index: sqlite_url(tmp_path / f"trial-{index}.db"),
+        file_per_trial(tmp_path),
         tmp_path,
         deaths=100,
         seed=seed_from_environment(),
