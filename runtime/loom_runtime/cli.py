@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from loom_core import LoomError
+from loom_core import EventKind, LoomError
 from loom_runtime.app import Loom
 from loom_runtime.demo import Trial, middle_step, run_demo, step_names, timeline, violations
 
@@ -78,6 +78,7 @@ def demo(db: Path, steps: int) -> None:
 
 
 def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
+    # Imported here: `loom worker` never prints a table and should not pay for rich.
     from rich.console import Console
     from rich.table import Table
 
@@ -97,9 +98,11 @@ def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
         detail = ""
         payload = event.payload
         if isinstance(payload, dict):
-            if event.kind == "STEP_COMPLETED" and isinstance(result := payload["result"], dict):
+            if event.kind == EventKind.STEP_COMPLETED and isinstance(
+                result := payload["result"], dict
+            ):
                 detail = f"{payload['name']}: pid {result['pid']}, counter {result['count']}"
-            elif event.kind == "EXECUTION_RECOVERED":
+            elif event.kind == EventKind.EXECUTION_RECOVERED:
                 detail = f"node {payload['node']}, token {payload['fence']}"
         log.add_row(str(event.sequence), str(event.fence), event.kind, detail)
     console.print(log)
