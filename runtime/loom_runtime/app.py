@@ -114,6 +114,8 @@ class Handle(Generic[R]):
         execution_id = self.execution_id
         interval = 0.01
         while True:
+            # Watch before reading: a write between the read and the wait must wake us.
+            changed = self._app.watch(execution_id)
             view = await self._app.inspect(execution_id)
             if view.status is None:
                 raise ExecutionNotFoundError(execution_id)
@@ -137,7 +139,7 @@ class Handle(Generic[R]):
                 if remaining <= 0:
                     raise ResultTimeoutError(self.execution_id, float(timeout or 0), view.status)
                 wait = min(wait, remaining)
-            await self._app.wait_changed(execution_id, wait)
+            await self._app.wait_changed(execution_id, wait, changed)
             interval = min(interval * 2, 1.0)
 
 
@@ -545,9 +547,17 @@ class Loom:
         if signal is not None:
             signal.set()
 
-    async def wait_changed(self, execution_id: str, seconds: float) -> None:
-        """Wait until a run in this process writes to ``execution_id``, or ``seconds``."""
-        signal = self._signals.setdefault(execution_id, asyncio.Event())
+    def watch(self, execution_id: str) -> asyncio.Event:
+        """An event the next write of a run in this process to ``execution_id`` sets."""
+        return self._signals.setdefault(execution_id, asyncio.Event())
+
+    async def wait_changed(
+        self, execution_id: str, seconds: float, signal: asyncio.Event | None = None
+    ) -> None:
+        """Wait until a run in this process writes to ``execution_id``, or ``seconds``;
+        pass the :meth:`watch` event taken before reading, so no write is missed."""
+        if signal is None:
+            signal = self.watch(execution_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(signal.wait(), seconds)
 

@@ -1,0 +1,633 @@
+"""The kill demo: a workflow whose steps leave traces outside Loom, a worker process that
+runs it and is SIGKILLed, a restart that finishes it from the log, and the check that the
+log and the traces agree.
+
+``python3 -m loom_runtime demo`` runs one trial on SQLite and prints its timeline; the
+runtime's kill tests run many, with kills at random points, on SQLite and PostgreSQL,
+through this same worker and this same check.
+
+The workflow (:data:`WORKFLOW`) runs steps ``step-1`` … ``step-N``. Each step, before its
+effect, appends ``<step> <pid> start`` to ``trace.log`` in the trial's directory; then
+does a few milliseconds of real work; then bumps its counter in ``counters.json`` (one
+atomic file replace) and returns ``{"step", "pid", "count"}``, which the log records. A
+body that gets a step's result from the log (recorded by another process) appends
+``<step> <pid> replayed``.
+
+The worker is this module run as a script::
+
+    python -m loom_runtime.demo URL EXECUTION_ID DIRECTORY [--steps N] [--work-ms MS]
+                                [--hold-at STEP]
+
+It opens ``Loom(URL, node="w1")`` (every restart is the same node, so entering the app
+recovers what the killed one was running), starts the execution unless it exists, waits
+for its result, and prints one line per fact, flushed at once: ``started <pid>`` (it
+started the execution) or ``recovering <pid>`` (it existed), ``holding <step> <pid>``
+(``--hold-at``: that step's effect is done and its record not yet written, and the step
+waits there to be killed), ``completed <pid> <result JSON>``. It exits 1 with the error
+on stderr otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import hashlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal, TypeAlias, cast
+
+from loom_core import (
+    Event,
+    EventKind,
+    ExecutionAlreadyExistsError,
+    JsonValue,
+    LoomError,
+    open_storage,
+)
+from loom_runtime.app import Loom
+from loom_runtime.context import Context
+
+__all__ = [
+    "NODE",
+    "WORKFLOW",
+    "DemoError",
+    "Trace",
+    "Trial",
+    "TimelineRow",
+    "Worker",
+    "WorkerCommand",
+    "build_app",
+    "middle_step",
+    "perform_step",
+    "run_demo",
+    "run_trial",
+    "step_names",
+    "timeline",
+    "violations",
+    "worker_main",
+]
+
+WORKFLOW: Final = "demo.counted-steps"
+NODE: Final = "w1"
+TRACE_FILE: Final = "trace.log"
+COUNTERS_FILE: Final = "counters.json"
+HOLD_SECONDS: Final = 120.0
+"""How long a held step waits to be killed before it gives up (and fails the run)."""
+LINE_TIMEOUT: Final = 60.0
+"""Seconds the trial waits for a worker's next line or its exit."""
+
+WorkerCommand: TypeAlias = Sequence[str]
+"""The argv prefix that starts a worker; the trial appends the worker's arguments."""
+
+DEFAULT_WORKER: Final[WorkerCommand] = (sys.executable, "-m", "loom_runtime.demo")
+
+
+class DemoError(LoomError):
+    """A worker of the demo did not do what it must (it failed, hung, or said something
+    unexpected); the message carries its stderr."""
+
+
+# -- the effects outside Loom --------------------------------------------------------------
+
+
+def step_names(steps: int) -> list[str]:
+    return [f"step-{k}" for k in range(1, steps + 1)]
+
+
+def middle_step(steps: int) -> str:
+    """The step the demo's first worker dies in."""
+    return step_names(steps)[steps // 2]
+
+
+def _trace(directory: str, step: str, what: Literal["start", "replayed"]) -> None:
+    # One write(2) of a short line to an O_APPEND file: a kill leaves it whole or absent.
+    line = f"{step} {os.getpid()} {what}\n".encode()
+    fd = os.open(Path(directory, TRACE_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _read_counters(directory: str | Path) -> dict[str, int]:
+    path = Path(directory, COUNTERS_FILE)
+    if not path.exists():
+        return {}
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    return {str(k): int(v) for k, v in loaded.items()}
+
+
+def _bump(directory: str, step: str) -> int:
+    counters = _read_counters(directory)
+    counters[step] = counters.get(step, 0) + 1
+    scratch = Path(directory, COUNTERS_FILE + ".tmp")
+    scratch.write_text(json.dumps(counters, sort_keys=True), encoding="utf-8")
+    os.replace(scratch, Path(directory, COUNTERS_FILE))  # atomic: old file or new, never half
+    return counters[step]
+
+
+def perform_step(
+    directory: str, step: str, work_ms: float, hold_at: str | None = None
+) -> dict[str, JsonValue]:
+    """The step's effect: trace the start, work ``work_ms`` milliseconds (hashing), bump
+    the step's counter; with ``hold_at == step`` wait to be killed before returning."""
+    _trace(directory, step, "start")
+    digest = step.encode()
+    deadline = time.perf_counter() + work_ms / 1000
+    while time.perf_counter() < deadline:
+        digest = hashlib.sha256(digest).digest()
+    count = _bump(directory, step)
+    if step == hold_at:
+        _say(f"holding {step} {os.getpid()}")
+        time.sleep(HOLD_SECONDS)
+        raise DemoError(f"{step} held for {HOLD_SECONDS:.0f} s and nobody killed the worker")
+    return {"step": step, "pid": os.getpid(), "count": count}
+
+
+# -- the workflow and the worker process ---------------------------------------------------
+
+
+def build_app(url: str, *, hold_at: str | None = None) -> Loom:
+    """The demo's app on ``url`` as node :data:`NODE`, with :data:`WORKFLOW` registered."""
+    app = Loom(url, node=NODE, on_error=_report)
+    step = functools.partial(perform_step, hold_at=hold_at)
+
+    @app.workflow(name=WORKFLOW)
+    async def counted_steps(
+        ctx: Context, directory: str, steps: int, work_ms: float
+    ) -> list[JsonValue]:
+        results: list[JsonValue] = []
+        for name in step_names(steps):
+            result = await ctx.step(step, directory, name, work_ms, name=name)
+            if result["pid"] != os.getpid():
+                _trace(directory, name, "replayed")
+            results.append(result)
+        return results
+
+    return app
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _report(error: BaseException) -> None:
+    print(f"loom error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+
+async def _serve_one(
+    app: Loom, execution_id: str, directory: str, steps: int, work_ms: float
+) -> None:
+    async with app:
+        try:
+            handle = await app.start(WORKFLOW, directory, steps, work_ms, id=execution_id)
+            _say(f"started {os.getpid()}")
+        except ExecutionAlreadyExistsError:
+            handle = app.get(execution_id)  # entering the app recovers it, if it runs
+            _say(f"recovering {os.getpid()}")
+        result = await handle.result(timeout=LINE_TIMEOUT)
+        _say(f"completed {os.getpid()} {json.dumps(result, sort_keys=True)}")
+
+
+def worker_main(argv: Sequence[str], build: Callable[..., Loom] = build_app) -> int:
+    """The worker process: ``build(url, hold_at=...)`` an app and drive one execution."""
+    parser = argparse.ArgumentParser(prog="python -m loom_runtime.demo")
+    parser.add_argument("url")
+    parser.add_argument("execution_id")
+    parser.add_argument("directory")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--work-ms", type=float, default=3.0)
+    parser.add_argument("--hold-at", default=None)
+    args = parser.parse_args(argv)
+    app = build(args.url, hold_at=args.hold_at)
+    try:
+        asyncio.run(_serve_one(app, args.execution_id, args.directory, args.steps, args.work_ms))
+    except (LoomError, OSError) as exc:
+        _report(exc)
+        return 1
+    return 0
+
+
+# -- a trial: start a worker, kill it, restart it, read what they left ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One worker process of a trial, in start order."""
+
+    index: int
+    pid: int
+    role: Literal["started", "recovering"]
+    killed: bool
+    result: JsonValue = None
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A line of ``trace.log``: ``pid`` started ``step`` live, or got it from the log."""
+
+    step: str
+    pid: int
+    what: Literal["start", "replayed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """Everything a trial left: its workers, the execution's log, the traces, the
+    counters."""
+
+    execution_id: str
+    steps: int
+    workers: tuple[Worker, ...]
+    log: tuple[Event, ...]
+    traces: tuple[Trace, ...]
+    counters: Mapping[str, int]
+    ran_for: float
+    """Seconds from the first worker's ``started`` line to its ``completed`` line (or to
+    its kill, or its hold)."""
+
+
+class _Process:
+    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
+        self.proc = proc
+        self.stderr = stderr
+        self.lines: list[str] = []
+
+    async def line(self) -> str:
+        assert self.proc.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), LINE_TIMEOUT)
+        except TimeoutError:
+            self.kill()
+            raise DemoError(
+                f"worker {self.proc.pid} said nothing for {LINE_TIMEOUT:.0f} s{self._stderr()}"
+            ) from None
+        if not raw:
+            await self.proc.wait()
+            raise DemoError(f"worker {self.proc.pid} exited {self.proc.returncode}{self._stderr()}")
+        text = raw.decode().rstrip("\n")
+        self.lines.append(text)
+        return text
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+
+    async def finish(self) -> int:
+        """Read the rest of stdout and reap the process; its exit code."""
+        assert self.proc.stdout is not None
+        rest = await asyncio.wait_for(self.proc.stdout.read(), LINE_TIMEOUT)
+        self.lines.extend(rest.decode().splitlines())
+        return await asyncio.wait_for(self.proc.wait(), LINE_TIMEOUT)
+
+    def _stderr(self) -> str:
+        text = self.stderr.read_text(errors="replace").strip() if self.stderr.exists() else ""
+        return f"; its stderr:\n{text[-4000:]}" if text else ""
+
+    def failure(self, what: str) -> DemoError:
+        return DemoError(f"worker {self.proc.pid} {what}{self._stderr()}")
+
+
+async def _spawn(
+    command: WorkerCommand, args: Sequence[str], stderr: Path, env: Mapping[str, str] | None
+) -> _Process:
+    with stderr.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            env=env,
+        )
+    return _Process(proc, stderr)
+
+
+async def run_trial(
+    url: str,
+    execution_id: str,
+    directory: Path,
+    *,
+    steps: int = 5,
+    work_ms: float = 3.0,
+    kill_after: float | None = None,
+    hold_at: str | None = None,
+    worker: WorkerCommand = DEFAULT_WORKER,
+    env: Mapping[str, str] | None = None,
+) -> Trial:
+    """Run a worker on ``execution_id``; SIGKILL it ``kill_after`` seconds after it said
+    ``started`` (or once it holds at ``hold_at``; with neither it is not killed); then start
+    a second worker, which must finish the execution. Returns what they left. The workers
+    run with ``env`` (default: this process's environment)."""
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+    args = [url, execution_id, str(directory), "--steps", str(steps), "--work-ms", str(work_ms)]
+    first = await _spawn(
+        worker,
+        [*args, *(["--hold-at", hold_at] if hold_at else [])],
+        directory / "worker-1.stderr",
+        env,
+    )
+    try:
+        line = await first.line()
+        if line != f"started {first.proc.pid}":
+            raise first.failure(f"said {line!r} instead of 'started'")
+        began = time.perf_counter()
+        if hold_at is not None:
+            line = await first.line()
+            if line != f"holding {hold_at} {first.proc.pid}":
+                raise first.failure(f"said {line!r} instead of holding at {hold_at}")
+            first.kill()
+        elif kill_after is not None:
+            await asyncio.sleep(kill_after)
+            first.kill()
+        else:
+            line = await first.line()
+            if not line.startswith(f"completed {first.proc.pid} "):
+                raise first.failure(f"said {line!r} instead of 'completed'")
+        ran_for = time.perf_counter() - began
+        code = await first.finish()
+    finally:
+        first.kill()
+    if code not in (0, -signal.SIGKILL):
+        raise first.failure(f"exited {code}")
+    workers = [_summarize(0, first, "started", killed=code == -signal.SIGKILL)]
+
+    second = await _spawn(worker, args, directory / "worker-2.stderr", env)
+    try:
+        line = await second.line()
+        if line != f"recovering {second.proc.pid}":
+            raise second.failure(f"said {line!r} instead of 'recovering'")
+        code = await second.finish()
+    finally:
+        second.kill()
+    if code != 0:
+        raise second.failure(f"exited {code}")
+    workers.append(_summarize(1, second, "recovering", killed=False))
+
+    async with open_storage(url) as storage:
+        log = await storage.events.read(execution_id)
+    return Trial(
+        execution_id,
+        steps,
+        tuple(workers),
+        log,
+        _read_traces(directory),
+        _read_counters(directory),
+        ran_for,
+    )
+
+
+def _summarize(
+    index: int, process: _Process, role: Literal["started", "recovering"], *, killed: bool
+) -> Worker:
+    result: JsonValue = None
+    for line in process.lines:
+        word, _, rest = line.partition(" ")
+        if word == "completed":
+            result = json.loads(rest.partition(" ")[2])
+    return Worker(index, process.proc.pid, role, killed, result, tuple(process.lines))
+
+
+def _read_traces(directory: Path) -> tuple[Trace, ...]:
+    path = directory / TRACE_FILE
+    if not path.exists():
+        return ()
+    traces = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        step, pid, what = line.split(" ")
+        if what not in ("start", "replayed"):
+            raise DemoError(f"{path} holds a line this demo never writes: {line!r}")
+        traces.append(Trace(step, int(pid), cast(Literal["start", "replayed"], what)))
+    return tuple(traces)
+
+
+# -- the check -------------------------------------------------------------------------------
+
+
+def _step_results(log: Sequence[Event]) -> dict[str, list[Mapping[str, JsonValue]]]:
+    recorded: dict[str, list[Mapping[str, JsonValue]]] = {}
+    for event in log:
+        payload = event.payload
+        if event.kind == EventKind.STEP_COMPLETED and isinstance(payload, dict):
+            result = payload.get("result")
+            if payload.get("call") == "step" and isinstance(result, dict):
+                recorded.setdefault(str(payload.get("name")), []).append(result)
+    return recorded
+
+
+def violations(trial: Trial) -> list[str]:
+    """Every way the trial broke the exactly-once promise (empty when it kept it):
+
+    - the log's sequences are 0..n-1, gapless, no duplicate; one EXECUTION_STARTED first,
+      exactly one EXECUTION_COMPLETED last, no failure; tokens never go down;
+    - each step recorded exactly once, in order, by a worker of the trial;
+    - no worker that ran after the one whose record is in the log started that step
+      again, and the recording worker started it once;
+    - each counter holds what the recorded run left in it (nothing bumped it after the
+      record), which is at least 1 and at most the step's starts;
+    - the result is the recorded steps' results, and it is what the last worker saw.
+    """
+    found: list[str] = []
+    log = trial.log
+    sequences = [e.sequence for e in log]
+    if sequences != list(range(len(log))):
+        found.append(f"sequences are {sequences}, not 0..{len(log) - 1} without gap or duplicate")
+    kinds = [e.kind for e in log]
+    if (
+        not kinds
+        or kinds[0] != EventKind.EXECUTION_STARTED
+        or kinds.count(EventKind.EXECUTION_STARTED) != 1
+    ):
+        found.append("the log does not begin with its one EXECUTION_STARTED")
+    completions = kinds.count(EventKind.EXECUTION_COMPLETED)
+    if completions != 1:
+        found.append(f"{completions} EXECUTION_COMPLETED events, not exactly one")
+    elif kinds[-1] != EventKind.EXECUTION_COMPLETED:
+        found.append("events follow the EXECUTION_COMPLETED")
+    for kind in (EventKind.EXECUTION_FAILED, EventKind.STEP_FAILED, EventKind.EXECUTION_CANCELLED):
+        if kind in kinds:
+            found.append(f"the log holds {kind}")
+    for before, after in itertools.pairwise(log):
+        if after.fence < before.fence:
+            found.append(
+                f"event {after.sequence} was written under token {after.fence} after token "
+                f"{before.fence}: a fenced-out writer appended"
+            )
+
+    order = {w.pid: w.index for w in trial.workers}
+    recorded = _step_results(log)
+    names = step_names(trial.steps)
+    in_log = [
+        str(p.get("name"))
+        for e in log
+        if e.kind == EventKind.STEP_COMPLETED and isinstance(p := e.payload, dict)
+    ]
+    if in_log != names:
+        found.append(f"the steps recorded are {in_log}, not {names} in order")
+    results: list[JsonValue] = []
+    for step in names:
+        records = recorded.get(step, [])
+        if len(records) != 1:
+            found.append(f"{step} is recorded {len(records)} times, not once")
+        if not records:
+            continue
+        record = records[0]
+        results.append(dict(record))
+        recorder = record.get("pid")
+        if not isinstance(recorder, int) or recorder not in order:
+            found.append(f"{step} was recorded by pid {recorder}, no worker of this trial")
+            continue
+        starts = [t for t in trial.traces if t.step == step and t.what == "start"]
+        own = sum(1 for t in starts if t.pid == recorder)
+        if own != 1:
+            found.append(
+                f"{step}: worker {order[recorder] + 1} (pid {recorder}), whose "
+                f"record is in the log, started it {own} times"
+            )
+        for start in starts:
+            if start.pid not in order:
+                found.append(f"{step} was started by pid {start.pid}, no worker of this trial")
+            elif order[start.pid] > order[recorder]:
+                found.append(
+                    f"{step} was recorded by worker {order[recorder] + 1} (pid {recorder}) "
+                    f"and started again by worker {order[start.pid] + 1} (pid {start.pid})"
+                )
+        counter = trial.counters.get(step, 0)
+        if counter != record.get("count"):
+            found.append(
+                f"{step}'s counter is {counter}, but its recorded run left it at "
+                f"{record.get('count')}"
+            )
+        if not 1 <= counter <= len(starts):
+            found.append(f"{step}'s counter is {counter} after {len(starts)} starts")
+    completed = [e for e in log if e.kind == EventKind.EXECUTION_COMPLETED]
+    if completed:
+        payload = completed[-1].payload
+        result = payload.get("result") if isinstance(payload, dict) else None
+        if result != results:
+            found.append(f"the result {result} is not the recorded steps' results {results}")
+        if trial.workers and trial.workers[-1].result != result:
+            found.append(f"the last worker saw {trial.workers[-1].result}, the log holds {result}")
+    return found
+
+
+# -- the timeline ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRow:
+    """One line of the timeline: which process did what."""
+
+    worker: int
+    pid: int
+    what: str
+    detail: str = ""
+
+
+def timeline(trial: Trial) -> list[TimelineRow]:
+    """What ran in which process, what was served from the log on replay, the kill."""
+    recorder = {step: r[0].get("pid") for step, r in _step_results(trial.log).items()}
+    workers = {w.pid: w for w in trial.workers}
+    rows: list[TimelineRow] = []
+    for worker in trial.workers:
+        number, pid = worker.index + 1, worker.pid
+        rows.append(
+            TimelineRow(
+                number,
+                pid,
+                "started the execution"
+                if worker.role == "started"
+                else "took over the execution from the log",
+            )
+        )
+        running: str | None = None
+        for trace in trial.traces:
+            if trace.pid != pid:
+                continue
+            if trace.what == "replayed":
+                by = workers.get(cast(int, recorder.get(trace.step)))
+                rows.append(
+                    TimelineRow(
+                        number,
+                        pid,
+                        f"{trace.step} served from the log",
+                        f"recorded by worker {by.index + 1}" if by else "",
+                    )
+                )
+            else:
+                again = any(
+                    t.step == trace.step
+                    and t.what == "start"
+                    and t.pid != pid
+                    and workers[t.pid].index < worker.index
+                    for t in trial.traces
+                    if t.pid in workers
+                )
+                what = f"{trace.step} ran" + (" again" if again else "")
+                if recorder.get(trace.step) == pid:
+                    rows.append(
+                        TimelineRow(
+                            number,
+                            pid,
+                            what,
+                            "recorded"
+                            + (" (its earlier run died before its record)" if again else ""),
+                        )
+                    )
+                else:
+                    running = trace.step
+                    rows.append(TimelineRow(number, pid, what, "not recorded: the process died"))
+        if worker.killed:
+            done = sum(1 for p in recorder.values() if p == pid)
+            where = f"while {running} ran" if running else "between two durable writes"
+            rows.append(
+                TimelineRow(
+                    number, pid, "SIGKILL", f"{where}; {done} of {trial.steps} steps recorded"
+                )
+            )
+        elif worker.result is not None:
+            rows.append(TimelineRow(number, pid, "completed", "EXECUTION_COMPLETED in the log"))
+    return rows
+
+
+# -- the demo --------------------------------------------------------------------------------
+
+
+def run_demo(db: Path, *, steps: int = 5, work_ms: float = 20.0) -> tuple[Trial, Path]:
+    """Delete ``db`` (and its traces), then run one trial on it whose first worker is
+    killed in the middle step, after its effect and before its record. Returns the trial
+    and the directory of its traces (``<db stem>.effects`` beside it)."""
+    db = db.resolve()
+    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        stale.unlink(missing_ok=True)
+    directory = db.with_suffix(".effects")
+    if directory.exists():
+        for child in directory.iterdir():
+            child.unlink()
+    trial = asyncio.run(
+        run_trial(
+            "sqlite:///" + str(db),
+            "demo",
+            directory,
+            steps=steps,
+            work_ms=work_ms,
+            hold_at=middle_step(steps),
+        )
+    )
+    return trial, directory
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""``loom worker --app module:attribute``: serve an app until SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from loom_runtime import Context, Loom
+from loom_runtime.testing import crash_at
+
+SERVED = """
+import os
+from loom_runtime import Context, Loom
+
+app = Loom(os.environ["SERVED_URL"], node="w1")
+
+
+def answer() -> int:
+    return 42
+
+
+@app.workflow(name="served")
+async def served(ctx: Context) -> int:
+    return await ctx.step(answer, name="answer")
+"""
+
+
+def answer() -> int:
+    return 42
+
+
+def serve(directory: Path, url: str) -> subprocess.Popen[str]:
+    """``loom worker`` on ``served_app:app`` (written to ``directory``) over ``url``."""
+    (directory / "served_app.py").write_text(SERVED)
+    return subprocess.Popen(
+        [sys.executable, "-m", "loom_runtime", "worker", "--app", "served_app:app"],
+        cwd=directory,
+        env={**os.environ, "SERVED_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def test_the_worker_recovers_its_nodes_execution_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    url = "sqlite:///" + str(tmp_path / "served.db")
+    left = Loom(url, node="w1", recover=False)
+
+    @left.workflow(name="served")
+    async def served(ctx: Context) -> int:
+        return await ctx.step(answer, name="answer")
+
+    async with left:
+        crash = crash_at(left, step="answer", when="before")
+        await left.start(served, id="left-running")
+        await crash.fired.wait()
+        await left.drain()
+
+    worker = serve(tmp_path, url)
+    try:
+        checker = Loom(url, node="checker", recover=False, timers=False)
+        async with checker:
+            assert await checker.get("left-running").result(timeout=60) == 42
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
+    assert "loom worker: node 'w1'" in stderr
+    assert "stopped" in stderr
+
+
+def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> None:
+    (tmp_path / "not_an_app.py").write_text("app = 3\n")
+    for spec, says in (
+        ("nocolon", "is not MODULE:ATTRIBUTE"),
+        ("no_such_module:app", "cannot import 'no_such_module'"),
+        ("not_an_app:missing", "has no attribute 'missing'"),
+        ("not_an_app:app", "is a int, not a loom_runtime.Loom"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "loom_runtime", "worker", "--app", spec],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, (spec, done.stderr)
+        assert says in done.stderr, (spec, done.stderr)

@@ -1,0 +1,86 @@
+"""``python -m loom_runtime demo``: a worker killed mid-workflow, finished by another."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+from loom_core import Event, EventKind, open_storage
+
+
+def run_demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loom_runtime", "demo", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def read_log(db: Path) -> tuple[Event, ...]:
+    async with open_storage("sqlite:///" + str(db)) as storage:
+        return await storage.events.read("demo")
+
+
+def recorded_pid(event: Event) -> object:
+    payload = event.payload
+    assert isinstance(payload, dict)
+    result = payload["result"]
+    assert isinstance(result, dict)
+    return result["pid"]
+
+
+def test_the_demo_kills_its_worker_mid_workflow_and_the_restart_finishes_it(
+    tmp_path: Path,
+) -> None:
+    for _ in range(2):  # the second run starts over on the same file
+        done = run_demo(tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "SIGKILL" in done.stdout
+        assert "step-1 served from the log" in done.stdout
+        assert "ok: 5 steps, each recorded once" in done.stdout
+
+        log = asyncio.run(read_log(tmp_path / "loom-demo.db"))
+        assert [e.sequence for e in log] == list(range(len(log)))
+        kinds = [e.kind for e in log]
+        assert kinds == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.STEP_COMPLETED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.STEP_COMPLETED,
+            EventKind.STEP_COMPLETED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        # Steps 1-2 were recorded by the first process, 3-5 by the one that took over.
+        pids = [recorded_pid(e) for e in log if e.kind == EventKind.STEP_COMPLETED]
+        assert pids[0] == pids[1] != pids[2] == pids[3] == pids[4]
+        # The first process died in step-3 after its effect: step-3 ran twice.
+        trace = (tmp_path / "loom-demo.effects" / "trace.log").read_text().splitlines()
+        assert [line.split()[0] for line in trace if line.endswith(" start")] == [
+            "step-1",
+            "step-2",
+            "step-3",
+            "step-3",
+            "step-4",
+            "step-5",
+        ]
+
+
+def test_the_demo_takes_the_file_and_the_step_count(tmp_path: Path) -> None:
+    done = run_demo(tmp_path, "--db", str(tmp_path / "other.db"), "--steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = asyncio.run(read_log(tmp_path / "other.db"))
+    assert [e.kind for e in log].count(EventKind.STEP_COMPLETED) == 2
+    assert not (tmp_path / "loom-demo.db").exists()
+
+
+def test_the_demo_refuses_a_step_count_below_one(tmp_path: Path) -> None:
+    done = run_demo(tmp_path, "--steps", "0")
+    assert done.returncode == 2
+    assert "--steps" in done.stderr
