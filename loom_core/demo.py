@@ -1,4 +1,4 @@
-"""``python -m loom_core demo``: an execution parked and resumed under a conditional fence, end to end.
+"""``python -m loom_core demo``: a park resumed under a conditional fence, end to end.
 
 It plays the conditional acquire's hard case (see docs/design.md, "The conditional acquire")
 on any backend: a park, an unfenced audit append after it,
