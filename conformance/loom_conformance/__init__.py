@@ -5,7 +5,8 @@ see ``docs/plugin-authors.md``. The public API:
 
 - :data:`StorageFactory`, :func:`memory_factory`: what the suites open stores with;
 - :mod:`loom_conformance.suites`: ``TestEventStoreContract``, ``TestTimerStoreContract``,
-  ``TestLeaseStoreContract``;
+  ``TestLeaseStoreContract``; :mod:`loom_conformance.suites.runtime`:
+  ``TestRuntimeContract``, workflows through loom-runtime (the ``runtime`` extra);
 - :mod:`loom_conformance.requirements`: the switch per optional method (``requires``);
 - :mod:`loom_conformance.decorating`: running the contract through registered decorators;
 - :mod:`loom_conformance.explorer`: the schedule explorer of the conditional acquire.

@@ -68,6 +68,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+from loom_conformance.ci import in_ci
+
 __all__ = [
     "DURABLE_SETTINGS",
     "TEST_SETTINGS",
@@ -112,11 +114,6 @@ DURABLE_SETTINGS: Final[Mapping[str, str]] = {
 class PostgresUnavailableError(RuntimeError):
     """No PostgreSQL server could be found or started; the message says what to install
     or set."""
-
-
-def in_ci() -> bool:
-    """Whether this run is CI (``CI=true``), where a missing server must fail, not skip."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def find_postgres_bindir() -> Path | None:

@@ -1,5 +1,5 @@
-"""The whole contract through every registered decorator, over an inner store offering
-every optional method and over one offering none."""
+"""The whole contract, the runtime's included, through every registered decorator, over
+an inner store offering every optional method and over one offering none."""
 
 import pytest
 from loom_conformance import StorageFactory
@@ -10,11 +10,13 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
 __all__ = [
     "TestDecoratorContract",
     "TestEventStoreContract",
     "TestLeaseStoreContract",
+    "TestRuntimeContract",
     "TestTimerStoreContract",
 ]
 

@@ -1,4 +1,5 @@
-"""The kit over ``memory://`` offering no optional method: every refusal test runs."""
+"""The kit over ``memory://`` offering no optional method: every refusal test runs, and
+the runtime runs on its fallbacks (the tests that need an acquire are skipped, naming it)."""
 
 import pytest
 from loom_conformance import StorageFactory, memory_factory
@@ -7,8 +8,14 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
-__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
+__all__ = [
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestRuntimeContract",
+    "TestTimerStoreContract",
+]
 
 
 @pytest.fixture

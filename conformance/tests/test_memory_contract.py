@@ -5,5 +5,11 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
-__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
+__all__ = [
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestRuntimeContract",
+    "TestTimerStoreContract",
+]

@@ -594,7 +594,13 @@ class Loom:
         if view.status is None or view.terminal:
             return "obsolete"
         own = [w for w in view.waits.values() if w.wake_at == row.wake_at]
-        if own and all(w.position in view.records for w in own):
+        # A message's wake row (written at the sender's now) can share the instant of an
+        # answered wait; it is not obsolete while a parked receiver has a message waiting.
+        if (
+            own
+            and all(w.position in view.records for w in own)
+            and not await self._message_waiting(view)
+        ):
             return "obsolete"
         if view.park is None or row.execution_id in self._runs:
             return "left"  # its driver parks again (or is recovered) and re-schedules
@@ -697,6 +703,15 @@ class Loom:
             return
         if answered.wake_at is not None and answered.wake_at <= now:
             await self.storage.timers.complete(view.execution_id, answered.wake_at)
+
+    async def _message_waiting(self, view: View) -> bool:
+        """Whether a receive of the open park has a message in the inbox."""
+        for wait in view.pending_waits():
+            if wait.topic is not None and await self.inbox.next(
+                view.execution_id, wait.topic, view.consumed
+            ):
+                return True
+        return False
 
     async def _answer(
         self,

@@ -103,6 +103,10 @@ class Run:
         self._view = view
         self._fn = fn
         self._replay_only = replay_only
+        # A cancellation cuts the body wherever it is: the replay of a cancelled log ends,
+        # matched, at the first call the log does not hold, and any ending of the body
+        # matches once every recorded call was made.
+        self._cut_by_cancel = replay_only and view.status == "cancelled"
         self._head = view.head
         self._consumed = set(view.consumed)
         self._visited: set[Position] = set()
@@ -209,7 +213,7 @@ class Run:
         return self._outcome("completed")
 
     def _expect_terminal(self, kind: str) -> None:
-        if self._view.status != kind:
+        if self._view.status != kind and not self._cut_by_cancel:
             self._diverge(
                 (len(self._view.records),),
                 f"an execution that ended {self._view.status}",
@@ -449,6 +453,9 @@ class Run:
         if not waits and (earlier := self._view.waits.get(position)) is not None:
             self._diverge(position, _describe_wait(earlier), attempted)
         if self._replay_only:
+            if self._cut_by_cancel:
+                self._stopped.set()  # where the cancellation cut the run: replay ends here
+                raise _Stop
             self._diverge(position, None, attempted)
 
     def _has_history(self, branch: Branch) -> bool:

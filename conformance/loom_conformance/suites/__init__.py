@@ -9,6 +9,11 @@
 They run against whatever the ``loom_storage_factory`` fixture opens (``memory://`` unless
 a ``conftest.py`` overrides it). ``TestDecoratorContract`` checks every registered
 decorator's decisions (see :mod:`loom_conformance.decorating`).
+
+The runtime suite is imported from its own module, because it needs loom-runtime (the
+``runtime`` extra) and this package must not::
+
+    from loom_conformance.suites.runtime import TestRuntimeContract
 """
 
 from loom_conformance.suites.decorators import TestDecoratorContract

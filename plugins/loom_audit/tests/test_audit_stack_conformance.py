@@ -14,11 +14,17 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 from loom_crypto import MemoryKeyStore
 
 from loom_core import NewEvent, Storage, open_storage
 
-__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
+__all__ = [
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestRuntimeContract",
+    "TestTimerStoreContract",
+]
 
 BASES = ["full-memory", "bare-memory", "sqlite"]
 

@@ -1,11 +1,18 @@
 """The conformance kit, unchanged, over ``sqlite:///``: the event, timer and lease
-contracts, with every optional method offered and so run (none skipped), and the schedule
-explorer. ``loom_storage_factory`` (conftest.py) opens a fresh file per call."""
+contracts, with every optional method offered and so run (none skipped), the schedule
+explorer, and the runtime's workflows on the store. ``loom_storage_factory``
+(conftest.py) opens a fresh file per call."""
 
 from loom_conformance.suites import (
     TestEventStoreContract,
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
-__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
+__all__ = [
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestRuntimeContract",
+    "TestTimerStoreContract",
+]

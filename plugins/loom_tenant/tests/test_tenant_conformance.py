@@ -14,11 +14,13 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
 __all__ = [
     "TestDecoratorContract",
     "TestEventStoreContract",
     "TestLeaseStoreContract",
+    "TestRuntimeContract",
     "TestTimerStoreContract",
 ]
 

@@ -19,6 +19,7 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 from loom_tenant import enable_row_level_security, session_url
 from psycopg import sql
 
@@ -27,6 +28,7 @@ from loom_core import LoomError, NewEvent, Storage, TimerRecord, open_storage
 __all__ = [
     "TestEventStoreContract",
     "TestLeaseStoreContract",
+    "TestRuntimeContract",
     "TestTimerStoreContract",
     "loom_postgres_server",
 ]

@@ -16,10 +16,16 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
+from loom_conformance.suites.runtime import TestRuntimeContract
 
 from loom_core import Storage, open_storage
 
-__all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
+__all__ = [
+    "TestEventStoreContract",
+    "TestLeaseStoreContract",
+    "TestRuntimeContract",
+    "TestTimerStoreContract",
+]
 
 
 @pytest.fixture
