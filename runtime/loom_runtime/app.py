@@ -484,6 +484,8 @@ class Loom:
             except SequenceConflictError:
                 continue
             except StaleFenceError:
+                if "acquire_fence" not in events.capabilities:
+                    raise
                 token = await events.acquire_fence(execution_id)
                 continue
             await self._cancelled(execution_id)
@@ -610,7 +612,10 @@ class Loom:
             if exc.reason == "nothing-to-answer":
                 return "obsolete"
             return "left"  # answered by someone else meanwhile: the next poll decides again
-        return "resumed" if answered.wake_at == row.wake_at else "left"
+        # Done with the row when it answered its own wait, or when the row waits for nothing
+        # of its own (a send's wake row, whose message was just delivered).
+        unanswered_own = [w for w in own if w.position not in view.records and w != answered]
+        return "left" if unanswered_own else "resumed"
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -134,3 +134,15 @@ async def test_a_message_sent_at_the_instant_an_answered_sleep_woke_is_delivered
     assert await handle.result(timeout=5) == "on time"
     kinds = [e.kind for e in await app.storage.events.read("reader")]
     assert kinds.count(EventKind.MESSAGE_CONSUMED) == 1
+
+
+async def test_a_delivered_send_leaves_no_timer_row_behind(app: Loom) -> None:
+    @app.workflow()
+    async def inbox(ctx: Context) -> object:
+        return await ctx.receive("m")
+
+    handle = await app.start(inbox, id="rows")
+    await app.drain()
+    await app.send("rows", "m", "x")
+    assert await handle.result(timeout=5) == "x"
+    assert await app.storage.timers.pending("rows") == ()
