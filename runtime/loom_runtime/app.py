@@ -114,7 +114,12 @@ class Handle(Generic[R]):
         execution_id = self.execution_id
         interval = 0.01
         while True:
-            view = await self._app.inspect(execution_id)
+            # A run in this process ends with the log's last word on a finished execution
+            # (nothing changes a log after its terminal event): wait for it rather than
+            # reading the log after every append.
+            view = await self._app._local_end(execution_id, _remaining(loop, deadline))
+            if view is None:
+                view = await self._app.inspect(execution_id)
             if view.status is None:
                 raise ExecutionNotFoundError(execution_id)
             if view.status == "completed":
@@ -132,8 +137,8 @@ class Handle(Generic[R]):
             if diverged is not None:
                 raise diverged
             wait = interval
-            if deadline is not None:
-                remaining = deadline - loop.time()
+            remaining = _remaining(loop, deadline)
+            if remaining is not None:
                 if remaining <= 0:
                     raise ResultTimeoutError(self.execution_id, float(timeout or 0), view.status)
                 wait = min(wait, remaining)
@@ -226,7 +231,7 @@ class Loom:
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
-        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, asyncio.Task[View | None]] = {}
         self._drivers: dict[str, Run] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
@@ -540,6 +545,26 @@ class Loom:
             self._runs.pop(run.execution_id, None)
         return True
 
+    async def _local_end(self, execution_id: str, seconds: float | None) -> View | None:
+        """While a run in this process drives ``execution_id``, wait for it (at most
+        ``seconds``, then None) and for whatever run it hands the execution on to
+        (a resume of its own park, a continued execution's first run). The finished view
+        when such a run ends the execution; None when none drives it, or it ends otherwise
+        (parked, stopped), and the log is to be read."""
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while (task := self._runs.get(execution_id)) is not None:
+            left = _remaining(loop, deadline)
+            if left is not None and left <= 0:
+                return None
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if task not in done or task.cancelled() or task.exception() is not None:
+                return None
+            ended = task.result()
+            if ended is not None:
+                return ended
+        return None
+
     def changed(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
         if signal is not None:
@@ -619,9 +644,11 @@ class Loom:
         self._runs[run.execution_id] = task
         self._drivers[run.execution_id] = run
 
-    async def _drive(self, run: Run) -> None:
+    async def _drive(self, run: Run) -> View | None:
+        """Drive ``run``; return its final view when it finished the execution."""
         execution_id = run.execution_id
         task = asyncio.current_task()
+        ended: View | None = None
         try:
             try:
                 outcome = await run.drive()
@@ -630,15 +657,19 @@ class Loom:
                     del self._runs[execution_id]
                 if self._drivers.get(execution_id) is run:
                     del self._drivers[execution_id]
-            await self._settle(run, outcome)
+            final = await self._settle(run, outcome)
+            if final is not None and final.terminal:
+                ended = final
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)
+        return ended
 
-    async def _settle(self, run: Run, outcome: Outcome) -> None:
+    async def _settle(self, run: Run, outcome: Outcome) -> View | None:
+        """Act on how a run ended; return the run's final view (None when it stopped)."""
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
@@ -649,10 +680,11 @@ class Loom:
                 _log.debug("%s", reason)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
-            return
+            return None
         self.diverged.pop(execution_id, None)
+        final = run.final_view()
         if outcome.kind == "suspended":
-            await self._after_park(run.final_view(), outcome.park_seq)
+            await self._after_park(final, outcome.park_seq)
         elif outcome.kind == "continued":
             assert outcome.successor is not None
             successor = outcome.successor
@@ -660,8 +692,9 @@ class Loom:
                 self._spawn(
                     Run(self, successor.view, successor.token, self._body_of(successor.view))
                 )
-        elif run.final_view().waits:
+        elif final.waits:
             await self.storage.timers.cancel(execution_id)
+        return final
 
     async def _after_park(self, view: View, park_seq: int) -> None:
         """Answer our own park at once when it is already answerable: a timer that is due
@@ -808,6 +841,10 @@ class Loom:
     async def _cancelled(self, execution_id: str) -> None:
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
+
+
+def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - loop.time()
 
 
 def _check_id(execution_id: object) -> str:
