@@ -12,7 +12,8 @@ import random as random_module
 import socket
 import types
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
 
@@ -234,6 +235,7 @@ class Loom:
         self._runs: dict[str, asyncio.Task[View | None]] = {}
         self._drivers: dict[str, Run] = {}
         self._signals: dict[str, asyncio.Event] = {}
+        self._resumers: dict[str, _Resumers] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
         self._owns_storage = False
@@ -744,12 +746,33 @@ class Loom:
         async def checked(current: View) -> None:
             await self._check_allowed(principal, "resume", current)
 
-        token, resumed, written = await answer_park(events, view, park_seq, answer, checked=checked)
+        async with self._answering(view.execution_id):
+            token, resumed, written = await answer_park(
+                events, view, park_seq, answer, checked=checked
+            )
         for event in written:
             self.hooks.durable_event(event)
         self.changed(view.execution_id)
         self._spawn(Run(self, resumed, token, fn))
         return chosen[0]
+
+    @contextlib.asynccontextmanager
+    async def _answering(self, execution_id: str) -> AsyncIterator[None]:
+        """One resumer at a time per execution in this process. Two at once (a send's
+        delivery and the timer service firing the same row) would take the fence from each
+        other between acquire and append until both gave up contended; one after the other,
+        the second finds the park answered and is refused."""
+        resumers = self._resumers.get(execution_id)
+        if resumers is None:
+            resumers = self._resumers[execution_id] = _Resumers()
+        resumers.waiting += 1
+        try:
+            async with resumers.lock:
+                yield
+        finally:
+            resumers.waiting -= 1
+            if resumers.waiting == 0:
+                del self._resumers[execution_id]
 
     async def _answer_events(
         self, view: View, park_seq: int, prefer: datetime | None, force: bool
@@ -841,6 +864,14 @@ class Loom:
     async def _cancelled(self, execution_id: str) -> None:
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
+
+
+@dataclass(slots=True)
+class _Resumers:
+    """The resumers of one execution in this process, in line."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
