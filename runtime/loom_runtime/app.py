@@ -559,8 +559,11 @@ class Loom:
             left = _remaining(loop, deadline)
             if left is not None and left <= 0:
                 return None
-            done, _ = await asyncio.wait({task}, timeout=left)
-            if task not in done or task.cancelled() or task.exception() is not None:
+            if left is None:
+                await _finished(task)
+            else:
+                await asyncio.wait({task}, timeout=left)
+            if not task.done() or task.cancelled() or task.exception() is not None:
                 return None
             ended = task.result()
             if ended is not None:
@@ -872,6 +875,24 @@ class _Resumers:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
+
+
+async def _finished(task: asyncio.Task[Any]) -> None:
+    """Wait until ``task`` is done without cancelling it when the waiter is cancelled (as
+    awaiting it would), and more cheaply than ``asyncio.wait``."""
+    if task.done():
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Task[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        task.remove_done_callback(wake)
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
