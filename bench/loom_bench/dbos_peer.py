@@ -6,7 +6,8 @@ system database; here that is a database of its own on the server the PostgreSQL
 settings. Each run launches DBOS (``DBOS(config=...)``, ``DBOS.launch()``: migrations and
 its pool start-up, outside the clock), warms up, runs ``executions`` workflows with
 ``concurrency`` in flight, each ``DBOS.start_workflow_async`` under a fresh workflow id and
-then ``await handle.get_result()``, and destroys DBOS again.
+then ``await handle.get_result()``, and destroys DBOS again (and gives the event loop
+back the default executor DBOS replaced with its own pool, which its destroy shuts down).
 
 The workflow is the equivalent of ``workflow-one-step``: a ``@DBOS.workflow()`` whose body
 awaits one ``@DBOS.step()`` returning ``{"ok": True}``. DBOS's pool is given one connection
@@ -16,10 +17,12 @@ waits for a connection our side would not wait for; everything else is DBOS's de
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from loom_bench.drive import RunPlan, Tick, drive_concurrently
@@ -81,6 +84,8 @@ async def measure_dbos(
         "sys_db_pool_size": max(DEFAULT_POOL, plan.concurrency),
         "log_level": "ERROR",
     }
+    loop = asyncio.get_running_loop()
+    executor: Any = getattr(loop, "_default_executor", None)
     dbos.DBOS(config=config)
     try:
         dbos.DBOS.launch()
@@ -103,3 +108,8 @@ async def measure_dbos(
         return await drive_concurrently(plan.executions, plan.concurrency, timed, tick)
     finally:
         dbos.DBOS.destroy()
+        # DBOS makes its own thread pool the loop's default executor and shuts that pool
+        # down when destroyed: every later asyncio.to_thread would fail.
+        loop.set_default_executor(
+            executor if isinstance(executor, ThreadPoolExecutor) else ThreadPoolExecutor()
+        )

@@ -3,6 +3,7 @@ their ratios and DBOS beside them (or "not installed") reach the report."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 from collections.abc import AsyncIterator, Mapping
@@ -254,6 +255,9 @@ async def test_dbos_runs_its_one_step_workflow_once_per_execution(tmp_path: Path
     # A second run launches DBOS again over the same registry.
     again = await measure_dbos(url, chosen, RunPlan(2, 2, 0, prefix="e"), lambda: None)
     assert again.executions == 2
+    # DBOS's destroy shuts down the pool it made the loop's default executor; the loop
+    # has a working one again (the harness stops its PostgreSQL server through it).
+    assert await asyncio.to_thread(lambda: "still runs") == "still runs"
 
 
 async def test_dbos_refuses_a_workflow_it_has_no_equivalent_of() -> None:
