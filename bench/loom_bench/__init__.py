@@ -1,5 +1,7 @@
 """Loom's benchmark harness: the throughput of five kinds of execution on any installed
-backend and decorator stack, every row beside the raw-driver floor measured in the same run.
+backend and decorator stack, every row beside the raw-driver floor measured in the same run;
+and of workflows through loom-runtime, each beside the store making the same calls (and
+DBOS's equivalent, where it is installed).
 
 Run it with ``python3 -m bench`` from the repository root (see ``docs/benchmarks.md``), or
 from code::
@@ -15,9 +17,11 @@ from loom_bench.runner import BenchConfig, run_benchmark
 from loom_bench.scenarios import SCENARIOS, Scenario, run_execution
 from loom_bench.statistics import Sample, Spread
 from loom_bench.targets import TargetCheck, evaluate
+from loom_bench.workflows import WORKFLOWS, WorkflowScenario
 
 __all__ = [
     "SCENARIOS",
+    "WORKFLOWS",
     "BenchConfig",
     "BenchResult",
     "Parameters",
@@ -28,6 +32,7 @@ __all__ = [
     "SideResult",
     "Spread",
     "TargetCheck",
+    "WorkflowScenario",
     "evaluate",
     "render_json",
     "render_markdown",

@@ -178,6 +178,7 @@ class PostgresBackend:
     options: Mapping[str, object] = field(default_factory=dict)
     _prepared: bool = field(default=False, init=False)
     _extra: dict[int, str] = field(default_factory=dict, init=False)
+    _peers: dict[str, str] = field(default_factory=dict, init=False)
     _server: dict[str, object] = field(default_factory=dict, init=False)
 
     @property
@@ -212,6 +213,17 @@ class PostgresBackend:
             self._extra[index] = urlunsplit(parts._replace(path=f"/{name}"))
         return self._extra[index]
 
+    async def peer_url(self, peer: str) -> str:
+        """The database of a peer system (``<database>_loom_bench_<peer>``) on the same
+        server, created on first use; settled after every run like ours."""
+        if peer not in self._peers:
+            parts = urlsplit(self.url)
+            base = parts.path.lstrip("/") or "postgres"
+            name = f"{base}_loom_bench_{peer}"
+            await raw_postgres.ensure_database(self.url, name)
+            self._peers[peer] = urlunsplit(parts._replace(path=f"/{name}"))
+        return self._peers[peer]
+
     async def measure_raw(self, scenario: Scenario, plan: RunPlan, tag: str, tick: Tick) -> Sample:
         await self.prepare()
         return await raw_postgres.measure_raw_postgres(self.url, scenario, plan, tick)
@@ -225,6 +237,8 @@ class PostgresBackend:
 
     async def forget(self, tag: str) -> None:
         checkpointed = True
+        for url in self._peers.values():
+            await raw_postgres.settle_database(url)
         for url in (self.url, *self._extra.values()):
             checkpointed = await raw_postgres.settle(url) and checkpointed
         self._server["checkpoint_between_runs"] = checkpointed

@@ -33,6 +33,7 @@ from loom_bench.report_markdown import render_markdown
 from loom_bench.runner import BenchConfig, run_benchmark
 from loom_bench.scenarios import SCENARIOS
 from loom_bench.stacks import parse_stack
+from loom_bench.workflows import WORKFLOWS
 
 __all__ = ["build_parser", "config_from", "main", "redact"]
 
@@ -63,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Loom's throughput table (five kinds of execution, fenced and not) on the installed "
             "backends and decorator stacks, each row beside its raw-driver floor run in "
-            "the same repetitions."
+            "the same repetitions; and workflows through loom-runtime, each beside the "
+            "store making the same calls (and DBOS, where installed)."
         ),
     )
     parser.add_argument(
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--scenarios", default="all",
-        help=f"comma-separated rows, or 'all': {', '.join(SCENARIOS)}",
+        help=f"comma-separated rows, or 'all': {', '.join((*SCENARIOS, *WORKFLOWS))}",
     )
     parser.add_argument(
         "--stacks", default="",
@@ -110,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pgbench", help="pgbench executable (default: found on PATH)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw floors")
     parser.add_argument("--no-pgbench", action="store_true", help="skip pgbench")
+    parser.add_argument(
+        "--no-dbos", action="store_true", help="skip DBOS beside the one-step workflow"
+    )
     parser.add_argument("--json", type=Path, help="write the JSON report here")
     parser.add_argument("--markdown", type=Path, help="also write the Markdown table here")
     parser.add_argument(
@@ -129,7 +134,9 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     unknown = [name for name in backends if name not in BACKEND_NAMES]
     if not backends or unknown:
         raise ValueError(f"--backends takes {', '.join(BACKEND_NAMES)}; got {args.backends!r}")
-    scenarios = tuple(SCENARIOS) if args.scenarios == "all" else tuple(_list(args.scenarios))
+    scenarios = (
+        (*SCENARIOS, *WORKFLOWS) if args.scenarios == "all" else tuple(_list(args.scenarios))
+    )
     stacks = tuple(parse_stack(item) for item in _list(args.stacks))
     warmup = args.warmup if args.warmup is not None else args.executions // 10
     return BenchConfig(
@@ -146,6 +153,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         pgbench=args.pgbench,
         raw=not args.no_raw,
         ceiling=not args.no_pgbench,
+        peer=not args.no_dbos,
         workdir=args.workdir,
     )
 

@@ -79,9 +79,14 @@ def render_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
     for key in keys:
         a, b = old.get(key), new.get(key)
         rate_a, rate_b = _median(a, "ours", "per_second"), _median(b, "ours", "per_second")
-        floor = "ours_over_raw"
-        if _median(a, floor) is None and _median(b, floor) is None:
-            floor = "ours_over_undecorated"
+        floor = next(
+            (
+                key
+                for key in ("ours_over_raw", "ours_over_store")
+                if _median(a, key) is not None or _median(b, key) is not None
+            ),
+            "ours_over_undecorated",
+        )
         ratio_a, ratio_b = _median(a, floor), _median(b, floor)
         lines.append(
             f"| {key} | {_rate(rate_a)} | {_rate(rate_b)} | {_change(rate_a, rate_b)} | "
@@ -89,7 +94,8 @@ def render_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
         )
     lines += [
         "",
-        "The floor is the raw driver of the same run (for a decorator row without one, the "
-        "undecorated row). Read the change of the ratio: it is paired, the rates are not.",
+        "The floor is the raw driver of the same run (for a workflow row, the store making the "
+        "same calls; for a decorator row without one, the undecorated row). Read the change "
+        "of the ratio: it is paired, the rates are not.",
     ]
     return "\n".join(lines) + "\n"

@@ -59,11 +59,12 @@ def git_state(where: Path | None = None) -> dict[str, object]:
 
 
 def loom_distributions() -> dict[str, str]:
-    """Installed Loom distributions and their versions (which backends were measured)."""
+    """Installed Loom distributions, drivers and peers, and their versions (which backends
+    and which DBOS were measured)."""
     found = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] or ""
-        if name.lower().startswith("loom-") or name.lower() in {"psycopg", "aiosqlite"}:
+        if name.lower().startswith("loom-") or name.lower() in {"psycopg", "aiosqlite", "dbos"}:
             found[name] = dist.version
     return dict(sorted(found.items()))
 

@@ -36,6 +36,7 @@ def _side(side: SideResult | None) -> dict[str, object] | None:
     return {
         "label": side.label,
         "error": side.error,
+        "note": side.note,
         "per_second": _spread(side.throughput),
         "p50_ms": _spread(side.p50_ms),
         "samples": [_sample(s) for s in side.samples],
@@ -44,8 +45,9 @@ def _side(side: SideResult | None) -> dict[str, object] | None:
 
 def _row(row: RowResult) -> dict[str, object]:
     spec = row.spec
-    return {
+    data: dict[str, object] = {
         "key": spec.key,
+        "kind": spec.kind,
         "backend": spec.backend,
         "scenario": spec.scenario,
         "title": spec.title,
@@ -54,12 +56,24 @@ def _row(row: RowResult) -> dict[str, object]:
         "status": row.status,
         "note": row.note,
         "ours": _side(row.ours),
+    }
+    if spec.kind == "workflow":
+        # ours is the runtime; its floor is the store making the same calls; its peer DBOS.
+        data.update({
+            "store": _side(row.raw),
+            "peer": _side(row.ceiling),
+            "ours_over_store": _spread(row.vs_raw),
+            "ours_over_peer": _spread(row.vs_ceiling),
+        })
+        return data
+    data.update({
         "raw": _side(row.raw),
         "pgbench": _side(row.ceiling),
         "ours_over_raw": _spread(row.vs_raw),
         "ours_over_pgbench": _spread(row.vs_ceiling),
         "ours_over_undecorated": _spread(row.vs_bare),
-    }
+    })
+    return data
 
 
 def to_json_data(result: BenchResult) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""The Markdown report: one table per backend, the decorator stacks, the targets.
+"""The Markdown report: one table per backend (and one of its workflow rows), the
+decorator stacks, the targets.
 
 Throughput is "median (min-max)" executions per second; p50 is the median over runs of
 each run's median latency; ratios are paired per repetition and printed as
@@ -60,6 +61,8 @@ def _ms(spread: Spread | None) -> str:
 def _cells(side: SideResult | None) -> list[str]:
     if side is None:
         return [_DASH, _DASH]
+    if side.throughput is None and side.note:
+        return [f"*{side.note}*", _DASH]
     if side.throughput is None and side.error:
         return [f"failed: {side.error}", _DASH]
     return [format_rate(side.throughput), _ms(side.p50_ms)]
@@ -147,6 +150,46 @@ def _backend_notes(
             "(prepared, clients = concurrency)."
         )
     return ""
+
+
+def _workflow_section(
+    backend: str, rows: Sequence[RowResult], result: BenchResult, many: bool
+) -> list[str]:
+    peer = next((r.ceiling.label for r in rows if r.ceiling is not None), None)
+    header = [
+        "workflow", "runtime workflows/s", "p50 ms", "store, same calls: workflows/s",
+        "store p50 ms", "runtime / store",
+    ]
+    if peer:
+        header += [f"{peer} workflows/s", f"{peer} p50 ms", f"runtime / {peer}"]
+    first = rows[0]
+    title = f"### {backend}: workflows"
+    if first.status != "ok" and all(
+        (r.status, r.note) == (first.status, first.note) for r in rows
+    ):
+        return [title, "", _status_cell(first), ""]
+    lines = []
+    for row in rows:
+        if row.status != "ok":
+            lines.append([_label(row, many), _status_cell(row)] + [_DASH] * (len(header) - 2))
+            continue
+        line = [_label(row, many), *_cells(row.ours), *_cells(row.raw), format_ratio(row.vs_raw)]
+        if peer:
+            line += [*_cells(row.ceiling), format_ratio(row.vs_ceiling)]
+        lines.append(line)
+    note = (
+        "Each workflow runs through `loom_runtime.Loom` over a fresh storage (`app.start`, "
+        "then `handle.result()`); the store column is its twin on a fresh storage of the same "
+        "backend, run back to back with it in every repetition: the same store calls, call "
+        "for call, with the same payloads and fences, and nothing else. The timer service is "
+        "off on both sides (a zero-length sleep is answered by the run's own resume)."
+    )
+    if peer:
+        note += (
+            f" {peer}: DBOS's equivalent one-step workflow (`DBOS.start_workflow_async`, then "
+            "`get_result()`), its system database a database of its own on the same server."
+        )
+    return [title, "", *_table(header, lines), "", note, ""]
 
 
 def _stacks_section(rows: Sequence[RowResult], many: bool) -> list[str]:
@@ -250,12 +293,16 @@ def render_markdown(result: BenchResult) -> str:
         "figures that count.",
         "",
     ]
-    bare = [r for r in result.rows if not r.spec.stack]
+    bare = [r for r in result.rows if not r.spec.stack and r.spec.kind == "store"]
+    workflows = [r for r in result.rows if r.spec.kind == "workflow"]
     stacked = [r for r in result.rows if r.spec.stack]
     for backend in p.backends:
         rows = [r for r in bare if r.spec.backend == backend]
         if rows:
             out += _backend_section(backend, rows, result, many)
+        flows = [r for r in workflows if r.spec.backend == backend]
+        if flows:
+            out += _workflow_section(backend, flows, result, many)
     if stacked:
         out += _stacks_section(stacked, many)
     checks = evaluate(result)

@@ -15,6 +15,7 @@ from loom_bench.statistics import Sample, Spread, paired_ratios, spread
 __all__ = [
     "BenchResult",
     "Parameters",
+    "RowKind",
     "RowResult",
     "RowSpec",
     "SideResult",
@@ -27,6 +28,13 @@ Status = Literal["ok", "not installed", "unavailable", "unsupported", "failed"]
 store does not offer a method the scenario calls. ``failed``: a run raised."""
 
 
+RowKind = Literal["store", "workflow"]
+"""``store``: a step script through the SPI, beside the raw-driver floors. ``workflow``: a
+workflow through ``loom_runtime``, beside the store making the same calls (its *floor*,
+the ``raw`` side) and, where it has one, DBOS's equivalent (the *peer*, the ``ceiling``
+side)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RowSpec:
     """One line of the table: a scenario on a backend, under a stack, at a concurrency."""
@@ -36,6 +44,7 @@ class RowSpec:
     title: str
     stack: tuple[str, ...]
     concurrency: int
+    kind: RowKind = "store"
 
     @property
     def key(self) -> str:
@@ -62,6 +71,8 @@ class SideResult:
     label: str
     samples: tuple[Sample | None, ...]
     error: str | None = None
+    note: str | None = None
+    """Why the side has no figure when that is no failure (``not installed: ...``)."""
 
     @property
     def measured(self) -> tuple[Sample, ...]:

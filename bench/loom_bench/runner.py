@@ -9,7 +9,10 @@ per repetition too.
 
 A missing plugin, an unreachable server or a store that lacks a method the scenario needs
 is a row status, never a crash; a run that raises marks its row failed with the error and
-the benchmark goes on.
+the benchmark goes on. A workflow row's sides are the runtime (``ours``), the store making
+the same calls (``raw``, its floor) and, on PostgreSQL for the one-step workflow, DBOS
+(``ceiling``, its peer); without loom-runtime the row, and without DBOS its peer side,
+says "not installed" and what to install.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Literal, TextIO
 
 from loom_bench import machine
 from loom_bench.backends import Backend, MemoryBackend, PostgresBackend, SqliteBackend
+from loom_bench.dbos_peer import DBOS_LABEL, dbos_missing, measure_dbos
 from loom_bench.drive import RunPlan
 from loom_bench.loom_runs import NotOffered, measure_loom
 from loom_bench.pgbench import find_pgbench
@@ -34,6 +38,7 @@ from loom_bench.raw_sqlite import Synchronous
 from loom_bench.results import (
     BenchResult,
     Parameters,
+    RowKind,
     RowResult,
     RowSpec,
     SideResult,
@@ -43,11 +48,35 @@ from loom_bench.scenarios import SCENARIOS, Scenario, scenario
 from loom_bench.servers import ServerUnavailable, postgres_server
 from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
+from loom_bench.workflows import (
+    WORKFLOWS,
+    WorkflowScenario,
+    measure_workflow,
+    runtime_executor,
+    runtime_missing,
+    twin_executor,
+    workflow_scenario,
+)
 from loom_core.spi import PluginHost, default_plugins
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
 Side = Literal["ours", "raw", "ceiling"]
+RUNTIME_LABEL = "runtime"
+TWIN_LABEL = "store"
+
+
+def known_scenario(key: str) -> Scenario | WorkflowScenario:
+    """The store scenario or workflow named ``key``; refuses an unknown name."""
+    workflow = workflow_scenario(key)
+    if workflow is not None:
+        return workflow
+    try:
+        return scenario(key)
+    except ValueError:
+        raise ValueError(
+            f"unknown scenario {key!r}; known: {', '.join((*SCENARIOS, *WORKFLOWS))}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +88,7 @@ class BenchConfig:
     executions: int = 3000
     runs: int = 5
     warmup: int = 300
-    scenarios: tuple[str, ...] = tuple(SCENARIOS)
+    scenarios: tuple[str, ...] = (*SCENARIOS, *WORKFLOWS)
     stacks: tuple[tuple[str, ...], ...] = ()
     stack_scenario: str = "short"
     sqlite_synchronous: Synchronous = "NORMAL"
@@ -67,6 +96,7 @@ class BenchConfig:
     pgbench: str | None = None
     raw: bool = True
     ceiling: bool = True
+    peer: bool = True
     workdir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -74,8 +104,9 @@ class BenchConfig:
             raise ValueError("executions and runs must be at least 1, warmup at least 0")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency must be one or more integers of at least 1")
-        for key in (*self.scenarios, self.stack_scenario):
-            scenario(key)
+        for key in self.scenarios:
+            known_scenario(key)
+        scenario(self.stack_scenario)
 
 
 @dataclass(slots=True)
@@ -83,7 +114,7 @@ class _Row:
     """A row while it is being measured (the mutable twin of RowResult)."""
 
     spec: RowSpec
-    scenario: Scenario
+    scenario: Scenario | WorkflowScenario
     backend: Backend | None
     runs: int
     status: Status = "ok"
@@ -91,6 +122,8 @@ class _Row:
     sides: dict[Side, list[Sample | None]] = field(default_factory=dict)
     labels: dict[Side, str] = field(default_factory=dict)
     errors: dict[Side, str] = field(default_factory=dict)
+    missing: dict[Side, tuple[str, str]] = field(default_factory=dict)
+    """Sides that are not run, by label and why (``not installed: ...``)."""
 
     def enable(self, side: Side, label: str | None) -> None:
         if label is not None:
@@ -103,6 +136,9 @@ class _Row:
         return order if repetition % 2 == 0 else order[::-1]
 
     def side_result(self, side: Side) -> SideResult | None:
+        if side in self.missing:
+            label, why = self.missing[side]
+            return SideResult(label, (None,) * self.runs, note=why)
         if side not in self.sides:
             return None
         return SideResult(self.labels[side], tuple(self.sides[side]), self.errors.get(side))
@@ -113,16 +149,19 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _specs(config: BenchConfig) -> list[tuple[RowSpec, Scenario]]:
-    specs: list[tuple[RowSpec, Scenario]] = []
+def _specs(config: BenchConfig) -> list[tuple[RowSpec, Scenario | WorkflowScenario]]:
+    specs: list[tuple[RowSpec, Scenario | WorkflowScenario]] = []
     for backend in config.backends:
         for concurrency in config.concurrency:
             keys = list(config.scenarios)
             if config.stacks and config.stack_scenario not in keys:
                 keys.append(config.stack_scenario)  # the stacks' undecorated baseline
             for key in keys:
-                chosen = scenario(key)
-                specs.append((RowSpec(backend, key, chosen.title, (), concurrency), chosen))
+                chosen = known_scenario(key)
+                kind: RowKind = "workflow" if isinstance(chosen, WorkflowScenario) else "store"
+                specs.append(
+                    (RowSpec(backend, key, chosen.title, (), concurrency, kind), chosen)
+                )
             stack_scenario = scenario(config.stack_scenario)
             for stack in config.stacks:
                 specs.append(
@@ -164,6 +203,8 @@ async def run_benchmark(
                 row.status, row.note = unavailable[spec.backend]
             elif (missing := missing_decorator(spec.stack, host)) is not None:
                 row.status, row.note = "not installed", missing
+            elif isinstance(chosen, WorkflowScenario):
+                _enable_workflow(row, chosen, backend, config)
             else:
                 row.enable("ours", "loom")
                 if config.raw:
@@ -204,6 +245,25 @@ async def run_benchmark(
         started_at=started_at,
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+
+
+def _enable_workflow(
+    row: _Row, chosen: WorkflowScenario, backend: Backend, config: BenchConfig
+) -> None:
+    """The runtime and its twin; DBOS beside them where it has the same workflow."""
+    missing = runtime_missing()
+    if missing is not None:
+        row.status, row.note = "not installed", f"loom-runtime: {missing}"
+        return
+    row.enable("ours", RUNTIME_LABEL)
+    row.enable("raw", TWIN_LABEL)
+    if not (chosen.peer and config.peer and isinstance(backend, PostgresBackend)):
+        return
+    absent = dbos_missing()
+    if absent is None:
+        row.enable("ceiling", DBOS_LABEL)
+    else:
+        row.missing["ceiling"] = (DBOS_LABEL, f"not installed: {absent}")
 
 
 async def _backends(
@@ -284,14 +344,18 @@ async def _measure_row(
             config.executions,
         )
         try:
-            if side == "ours":
+            chosen = row.scenario
+            if isinstance(chosen, WorkflowScenario):
+                sample = await _measure_workflow_side(side, backend, chosen, plan, tag,
+                                                      progress, host)
+            elif side == "ours":
                 sample = await measure_loom(
-                    backend, spec.stack, row.scenario, plan, tag, progress.tick, host
+                    backend, spec.stack, chosen, plan, tag, progress.tick, host
                 )
             elif side == "raw":
-                sample = await backend.measure_raw(row.scenario, plan, tag, progress.tick)
+                sample = await backend.measure_raw(chosen, plan, tag, progress.tick)
             else:
-                sample = await backend.measure_ceiling(row.scenario, plan, progress.tick)
+                sample = await backend.measure_ceiling(chosen, plan, progress.tick)
         except NotOffered as exc:
             row.status, row.note = "unsupported", str(exc)
             progress.finish_run(f"unsupported: {exc}")
@@ -310,6 +374,27 @@ async def _measure_row(
             return
         row.sides[side][repetition] = sample
         progress.finish_run(f"{sample.per_second:,.0f}/s, p50 {sample.p50_ms:.1f} ms")
+
+
+async def _measure_workflow_side(
+    side: Side,
+    backend: Backend,
+    chosen: WorkflowScenario,
+    plan: RunPlan,
+    tag: str,
+    progress: Progress,
+    host: PluginHost,
+) -> Sample:
+    if side == "ours":
+        return await measure_workflow(
+            runtime_executor, backend, chosen, plan, tag, progress.tick, host
+        )
+    if side == "raw":
+        return await measure_workflow(
+            twin_executor, backend, chosen, plan, tag, progress.tick, host
+        )
+    assert isinstance(backend, PostgresBackend)
+    return await measure_dbos(await backend.peer_url(DBOS_LABEL), chosen, plan, progress.tick)
 
 
 async def _forget(backend: Backend, tag: str, row: _Row) -> None:

@@ -11,6 +11,10 @@ Each target is named for what it measures (the report prints the name):
   before the clock).
 - ``vs-pgbench``: on PostgreSQL, short executions at 64 concurrent at least 0.8x of
   pgbench running the same three transactions against the same server.
+- ``workflow-runtime-cost``: on every backend, a workflow through ``loom_runtime`` costs
+  at most 25% over the store making the same calls (its twin, in the same run).
+- ``vs-dbos``: on PostgreSQL, one-step workflows/s through the runtime at 64 concurrent at
+  least 20x of DBOS running its equivalent one-step workflow against the same server.
 
 Beside them, for reference and without a threshold, ``fenced-execution-cost``: the cost
 of the ``short-fenced`` row (whose ``acquire_fence`` is a fourth write inside every timed
@@ -30,6 +34,7 @@ from typing import Final, Literal
 
 from loom_bench.results import BenchResult, RowResult
 from loom_bench.statistics import Spread, paired_ratios
+from loom_bench.workflows import WORKFLOWS
 
 __all__ = ["TargetCheck", "Verdict", "evaluate"]
 
@@ -37,6 +42,9 @@ SQLITE_FLOOR_RATIO: Final = 0.7
 POSTGRES_OVERHEAD: Final = 0.10
 PGBENCH_RATIO: Final = 0.8
 PGBENCH_CONCURRENCY: Final = 64
+RUNTIME_OVERHEAD: Final = 0.25
+DBOS_RATIO: Final = 20.0
+DBOS_CONCURRENCY: Final = 64
 
 Verdict = Literal["met", "not met", "undecided", "not measured", "reference"]
 
@@ -93,6 +101,15 @@ def _overhead(cheap: RowResult | None, dear: RowResult | None) -> Spread | None:
     return None if ratios is None else ratios.shifted(-1.0)
 
 
+def _floor_overhead(row: RowResult) -> Spread | None:
+    """Extra time per execution of ``row``'s own side over its floor, paired per
+    repetition."""
+    if row.ours is None or row.raw is None:
+        return None
+    ratios = paired_ratios(row.raw.per_second(), row.ours.per_second())
+    return None if ratios is None else ratios.shifted(-1.0)
+
+
 def _why_missing(*rows: RowResult | None) -> str:
     for row in rows:
         if row is None:
@@ -108,7 +125,9 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
     for concurrency in result.parameters.concurrency:
         for row in result.rows:
             spec = row.spec
-            if spec.backend != "sqlite" or spec.stack or spec.concurrency != concurrency:
+            if spec.kind != "store" or spec.concurrency != concurrency:
+                continue
+            if spec.backend != "sqlite" or spec.stack:
                 continue
             checks.append(
                 TargetCheck(
@@ -162,4 +181,46 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
                     "ratio", ">=", PGBENCH_RATIO, measured, note,
                 )
             )
+    checks += _workflow_checks(result)
     return tuple(checks)
+
+
+def _workflow_checks(result: BenchResult) -> list[TargetCheck]:
+    checks: list[TargetCheck] = []
+    workflows = [row for row in result.rows if row.spec.kind == "workflow"]
+    for row in workflows:
+        spec = row.spec
+        measured = _floor_overhead(row)
+        checks.append(
+            TargetCheck(
+                "workflow-runtime-cost", spec.backend, spec.concurrency,
+                f"{spec.title}: runtime over the store making the same calls",
+                "overhead", "<=", RUNTIME_OVERHEAD, measured,
+                None if measured else _why_missing(row),
+            )
+        )
+    for row in workflows:
+        spec = row.spec
+        if spec.backend != "postgres" or spec.concurrency != DBOS_CONCURRENCY:
+            continue
+        chosen = WORKFLOWS.get(spec.scenario)
+        if chosen is None or not chosen.peer:
+            continue
+        if row.status == "ok" and row.ceiling is None:
+            continue  # --no-dbos
+        measured = row.vs_ceiling
+        note = None
+        if measured is None:
+            note = _why_missing(row)
+            if row.ceiling is not None and row.ceiling.note:
+                note = f"dbos {row.ceiling.note}"
+            elif row.ceiling is not None and row.ceiling.error:
+                note = f"dbos failed: {row.ceiling.error}"
+        checks.append(
+            TargetCheck(
+                "vs-dbos", "postgres", spec.concurrency,
+                f"{spec.title}s/s: runtime / DBOS (same workflow, same server)",
+                "ratio", ">=", DBOS_RATIO, measured, note,
+            )
+        )
+    return checks

@@ -100,3 +100,59 @@ def test_a_target_is_met_only_when_its_whole_interval_meets_it() -> None:
     assert fenced.measured.interval is not None
     assert fenced.measured.interval.high <= 0.10
     assert fenced.verdict == "met"
+
+
+def _workflow(key: str, backend: str, runtime: SideResult, store: SideResult,
+              dbos: SideResult | None = None) -> RowResult:
+    return RowResult(
+        RowSpec(backend, key, key, (), 64, "workflow"), "ok",
+        ours=runtime, raw=store, ceiling=dbos,
+    )
+
+
+def test_the_runtime_cost_is_the_store_twin_over_the_runtime_per_repetition() -> None:
+    checks = [
+        c for c in _evaluate(
+            _workflow("workflow-one-step", "postgres", _side("runtime", 900, 1000),
+                      _side("store", 1000, 1200), _side("dbos", 40, 45)),
+            _workflow("workflow-sleep", "postgres", _side("runtime", 500, 500),
+                      _side("store", 700, 720)),
+        )
+        if c.name == "workflow-runtime-cost"
+    ]
+    one, sleep = checks
+    assert one.measured is not None
+    # 1000/900 - 1 = 11.1%, 1200/1000 - 1 = 20%: both within 25%.
+    assert one.measured.median == pytest.approx((1000 / 900 + 1200 / 1000) / 2 - 1)
+    assert one.verdict == "met"
+    assert sleep.verdict == "not met"
+
+
+def test_vs_dbos_is_judged_on_the_one_step_row_only() -> None:
+    checks = {
+        (c.name, c.description.split(":")[0]): c
+        for c in _evaluate(
+            _workflow("workflow-one-step", "postgres", _side("runtime", 900, 1000),
+                      _side("store", 1000, 1100), _side("dbos", 40, 45)),
+            _workflow("workflow-three-steps", "postgres", _side("runtime", 500, 500),
+                      _side("store", 520, 540)),
+        )
+    }
+    vs_dbos = checks["vs-dbos", "workflow-one-steps/s"]
+    assert vs_dbos.measured is not None
+    assert vs_dbos.measured.median == pytest.approx((900 / 40 + 1000 / 45) / 2)
+    assert vs_dbos.met is True
+    assert [name for name, _ in checks].count("vs-dbos") == 1
+
+
+def test_vs_dbos_without_dbos_says_what_to_install() -> None:
+    absent = SideResult("dbos", (None, None), note="not installed: pip install 'loom-bench[dbos]'")
+    (check,) = [
+        c for c in _evaluate(
+            _workflow("workflow-one-step", "postgres", _side("runtime", 900, 1000),
+                      _side("store", 1000, 1100), absent),
+        )
+        if c.name == "vs-dbos"
+    ]
+    assert check.verdict == "not measured"
+    assert check.note == "dbos not installed: pip install 'loom-bench[dbos]'"

@@ -12,7 +12,8 @@ import random as random_module
 import socket
 import types
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
 
@@ -114,9 +115,14 @@ class Handle(Generic[R]):
         execution_id = self.execution_id
         interval = 0.01
         while True:
-            # Watch before reading: a write between the read and the wait must wake us.
+            # A run in this process ends with the log's last word on a finished execution
+            # (nothing changes a log after its terminal event): wait for it rather than
+            # reading the log after every append. Otherwise watch before reading, so a
+            # write between the read and the wait still wakes us.
             changed = self._app.watch(execution_id)
-            view = await self._app.inspect(execution_id)
+            view = await self._app._local_end(execution_id, _remaining(loop, deadline))
+            if view is None:
+                view = await self._app.inspect(execution_id)
             if view.status is None:
                 raise ExecutionNotFoundError(execution_id)
             if view.status == "completed":
@@ -134,8 +140,8 @@ class Handle(Generic[R]):
             if diverged is not None:
                 raise diverged
             wait = interval
-            if deadline is not None:
-                remaining = deadline - loop.time()
+            remaining = _remaining(loop, deadline)
+            if remaining is not None:
                 if remaining <= 0:
                     raise ResultTimeoutError(self.execution_id, float(timeout or 0), view.status)
                 wait = min(wait, remaining)
@@ -228,9 +234,10 @@ class Loom:
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
-        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, asyncio.Task[View | None]] = {}
         self._drivers: dict[str, Run] = {}
         self._signals: dict[str, asyncio.Event] = {}
+        self._resumers: dict[str, _Resumers] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
         self._owns_storage = False
@@ -544,6 +551,29 @@ class Loom:
             self._runs.pop(run.execution_id, None)
         return True
 
+    async def _local_end(self, execution_id: str, seconds: float | None) -> View | None:
+        """While a run in this process drives ``execution_id``, wait for it (at most
+        ``seconds``, then None) and for whatever run it hands the execution on to
+        (a resume of its own park, a continued execution's first run). The finished view
+        when such a run ends the execution; None when none drives it, or it ends otherwise
+        (parked, stopped), and the log is to be read."""
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        while (task := self._runs.get(execution_id)) is not None:
+            left = _remaining(loop, deadline)
+            if left is not None and left <= 0:
+                return None
+            if left is None:
+                await _finished(task)
+            else:
+                await asyncio.wait({task}, timeout=left)
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                return None
+            ended = task.result()
+            if ended is not None:
+                return ended
+        return None
+
     def changed(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
         if signal is not None:
@@ -640,9 +670,11 @@ class Loom:
         self._runs[run.execution_id] = task
         self._drivers[run.execution_id] = run
 
-    async def _drive(self, run: Run) -> None:
+    async def _drive(self, run: Run) -> View | None:
+        """Drive ``run``; return its final view when it finished the execution."""
         execution_id = run.execution_id
         task = asyncio.current_task()
+        ended: View | None = None
         try:
             try:
                 outcome = await run.drive()
@@ -651,15 +683,19 @@ class Loom:
                     del self._runs[execution_id]
                 if self._drivers.get(execution_id) is run:
                     del self._drivers[execution_id]
-            await self._settle(run, outcome)
+            final = await self._settle(run, outcome)
+            if final is not None and final.terminal:
+                ended = final
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)
+        return ended
 
-    async def _settle(self, run: Run, outcome: Outcome) -> None:
+    async def _settle(self, run: Run, outcome: Outcome) -> View | None:
+        """Act on how a run ended; return the run's final view (None when it stopped)."""
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
@@ -670,10 +706,11 @@ class Loom:
                 _log.debug("%s", reason)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
-            return
+            return None
         self.diverged.pop(execution_id, None)
+        final = run.final_view()
         if outcome.kind == "suspended":
-            await self._after_park(run.final_view(), outcome.park_seq)
+            await self._after_park(final, outcome.park_seq)
         elif outcome.kind == "continued":
             assert outcome.successor is not None
             successor = outcome.successor
@@ -681,8 +718,9 @@ class Loom:
                 self._spawn(
                     Run(self, successor.view, successor.token, self._body_of(successor.view))
                 )
-        elif run.final_view().waits:
+        elif final.waits:
             await self.storage.timers.cancel(execution_id)
+        return final
 
     async def _after_park(self, view: View, park_seq: int) -> None:
         """Answer our own park at once when it is already answerable: a timer that is due
@@ -741,12 +779,33 @@ class Loom:
         async def checked(current: View) -> None:
             await self._check_allowed(principal, "resume", current)
 
-        token, resumed, written = await answer_park(events, view, park_seq, answer, checked=checked)
+        async with self._answering(view.execution_id):
+            token, resumed, written = await answer_park(
+                events, view, park_seq, answer, checked=checked
+            )
         for event in written:
             self.hooks.durable_event(event)
         self.changed(view.execution_id)
         self._spawn(Run(self, resumed, token, fn))
         return chosen[0]
+
+    @contextlib.asynccontextmanager
+    async def _answering(self, execution_id: str) -> AsyncIterator[None]:
+        """One resumer at a time per execution in this process. Two at once (a send's
+        delivery and the timer service firing the same row) would take the fence from each
+        other between acquire and append until both gave up contended; one after the other,
+        the second finds the park answered and is refused."""
+        resumers = self._resumers.get(execution_id)
+        if resumers is None:
+            resumers = self._resumers[execution_id] = _Resumers()
+        resumers.waiting += 1
+        try:
+            async with resumers.lock:
+                yield
+        finally:
+            resumers.waiting -= 1
+            if resumers.waiting == 0:
+                del self._resumers[execution_id]
 
     async def _answer_events(
         self, view: View, park_seq: int, prefer: datetime | None, force: bool
@@ -838,6 +897,36 @@ class Loom:
     async def _cancelled(self, execution_id: str) -> None:
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
+
+
+@dataclass(slots=True)
+class _Resumers:
+    """The resumers of one execution in this process, in line."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0
+
+
+async def _finished(task: asyncio.Task[Any]) -> None:
+    """Wait until ``task`` is done without cancelling it when the waiter is cancelled (as
+    awaiting it would), and more cheaply than ``asyncio.wait``."""
+    if task.done():
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Task[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        task.remove_done_callback(wake)
+
+
+def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - loop.time()
 
 
 def _check_id(execution_id: object) -> str:

@@ -114,6 +114,7 @@ class Run:
         self._active = 1
         self._quiet = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._wake: asyncio.Future[None] | None = None
         self._stop_reason: BaseException | None = None
         self._lock = asyncio.Lock()
         self._pending: list[NewEvent] = []
@@ -127,17 +128,17 @@ class Run:
         ctx = Context(self)
         branch_context = contextvars.copy_context()
         branch_context.run(BRANCH.set, Branch())
+        # One future wakes the driver when the body ends, every branch waits or the run
+        # must stop (rather than a task per event and asyncio.wait over them: a short
+        # workflow's run paid more for those than for its own steps).
+        wake = self._wake = asyncio.get_running_loop().create_future()
         body = asyncio.create_task(self._body(ctx), context=branch_context)
-        quiet = asyncio.create_task(self._quiet.wait())
-        stopped = asyncio.create_task(self._stopped.wait())
+        body.add_done_callback(self._wake_driver)
         try:
-            await asyncio.wait({body, quiet, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await wake
         except asyncio.CancelledError:
             await self._teardown(body)
             raise
-        finally:
-            quiet.cancel()
-            stopped.cancel()
         parked = not body.done() and not self._stopped.is_set()
         if not body.done() or self._stopped.is_set():
             await self._teardown(body)
@@ -491,6 +492,12 @@ class Run:
     def _check_quiet(self) -> None:
         if self._active == 0 and self._waits and not self._stopped.is_set():
             self._quiet.set()
+            self._wake_driver()
+
+    def _wake_driver(self, _: object = None) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     # -- stopping and appending ------------------------------------------------------------
 
@@ -502,6 +509,7 @@ class Run:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stopped.set()
+        self._wake_driver()
         raise _Stop
 
     async def _append(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:

@@ -38,6 +38,10 @@ async def test_a_completion_between_the_handles_read_and_its_wait_wakes_it(app: 
         waits.append(signal is not None and signal.is_set())
         await wait(execution_id, seconds, signal)
 
+    async def not_waiting_for_the_run(execution_id: str, seconds: float | None) -> None:
+        return None  # take the path of a run driven elsewhere: read the log, then wait
+
+    app._local_end = not_waiting_for_the_run  # type: ignore[method-assign]
     app.inspect = read_then_complete  # type: ignore[method-assign]
     app.wait_changed = record_wait  # type: ignore[method-assign]
     assert await handle.result(timeout=5) == 7
