@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
+from datetime import UTC, datetime
 
 import pytest
 from loom_conformance.explorer import (
@@ -15,7 +17,7 @@ from loom_conformance.explorer import (
     every_interleaving,
 )
 
-from loom_core import EventStore, NewEvent, Storage, open_storage
+from loom_core import EventStore, NewEvent, Storage, TimerRecord, TimerStore, open_storage
 
 asyncio_test = pytest.mark.asyncio(loop_scope="function")
 
@@ -186,3 +188,60 @@ async def test_a_word_must_name_the_actors_by_one_letter() -> None:
         await interleaving.play("", {"AB": lambda: asyncio.sleep(0)})
     with pytest.raises(ScheduleError, match="names no actor"):
         await interleaving.play("C", {"A": lambda: asyncio.sleep(0)})
+
+
+class SlowTimers:
+    """A timer store whose ``schedule`` does its work in a thread, as a file-backed one does."""
+
+    def __init__(self, inner: TimerStore) -> None:
+        self.inner = inner
+        self.scheduled = 0
+
+    async def schedule(self, record: TimerRecord) -> None:
+        await asyncio.to_thread(time.sleep, 0.01)
+        await self.inner.schedule(record)
+        self.scheduled += 1
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        return await self.inner.due(now, limit=limit, redrive=redrive)
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        return await self.inner.pending(execution_id)
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        return await self.inner.complete(execution_id, wake_at)
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        return await self.inner.cancel(execution_id, wake_at)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@asyncio_test
+async def test_an_actor_is_not_blocked_while_its_timer_call_is_under_way() -> None:
+    """The actor's own task is in a timer call (I/O in a thread) while a task it started
+    already waits at the gate: the schedule waits for the timer call, then the crash
+    stops both tasks, and the gated call never reaches the store."""
+    async with await memory() as storage:
+        interleaving = Interleaving()
+        gated = interleaving.gate(storage.events)
+        slow = SlowTimers(storage.timers)
+        timers = interleaving.track(slow)
+        wake = TimerRecord("a", datetime(2030, 1, 1, tzinfo=UTC))
+
+        async def fan_out() -> None:
+            started = asyncio.create_task(writes(gated, "a", 1))
+            await asyncio.sleep(0)  # the started task reaches the gate first
+            await timers.schedule(wake)
+            await started
+
+        played = await interleaving.play("", {"A": fan_out})
+        assert slow.scheduled == 1
+        assert played.crashed == {"A"}
+        assert await storage.events.head("a") == 0
+        played = await interleaving.play("A", {"A": fan_out})
+        assert played.outcomes["A"].kind == "returned"
+        assert await storage.events.head("a") == 1

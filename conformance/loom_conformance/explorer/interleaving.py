@@ -28,8 +28,12 @@ The model asks two things of the code under exploration, and refuses (with
 (code that fans out must await what it starts, e.g. a runtime's ``drain()``), and it
 neither calls the store after its coroutine has returned nor waits on anything but the
 store (a wait on another actor would never end; :attr:`Interleaving.guard_seconds` turns
-that hang into an error, and is never an assertion about speed). Calls made outside any
-actor (setting a schedule up, checking it afterwards) go straight to the store.
+that hang into an error, and is never an assertion about speed). Timer calls are not
+steps of the word, but a :class:`TrackedTimerStore` makes the schedule wait for an
+actor's timer call to finish before it counts the actor as blocked (on a file-backed store
+that call is real I/O, during which a task the actor started may already wait at the
+gate). Calls made outside any actor (setting a schedule up, checking it afterwards) go
+straight to the store.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Final, Literal, TypeVar
 
 from loom_core import (
@@ -51,6 +56,8 @@ from loom_core import (
     Implement,
     NewEvent,
     Storage,
+    TimerRecord,
+    TimerStore,
 )
 
 __all__ = [
@@ -61,6 +68,7 @@ __all__ = [
     "Outcome",
     "Played",
     "ScheduleError",
+    "TrackedTimerStore",
     "every_interleaving",
 ]
 
@@ -163,6 +171,7 @@ class Played:
 class _Pending:
     future: asyncio.Future[None]
     description: str
+    task: asyncio.Task[object] | None
 
 
 @dataclass(slots=True)
@@ -171,10 +180,16 @@ class _Actor:
     task: asyncio.Task[object]
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     pending: _Pending | None = None
+    in_flight: int = 0
     crashed: bool = False
 
     def finished(self, _: asyncio.Task[object]) -> None:
         self.moved.set()
+
+    @property
+    def quiet(self) -> bool:
+        """Blocked at its next gated call, or finished, with no timer call under way."""
+        return self.in_flight == 0 and (self.pending is not None or self.task.done())
 
 
 class Interleaving:
@@ -193,12 +208,40 @@ class Interleaving:
         """``store`` with every call of an actor waiting for the actor's turn."""
         return GatedEventStore(store, self)
 
+    def track(self, timers: TimerStore) -> TrackedTimerStore:
+        """``timers`` with every call of an actor waited for (see
+        :class:`TrackedTimerStore`)."""
+        return TrackedTimerStore(timers, self)
+
     def storage(self, storage: Storage) -> Storage:
-        """``storage`` with its event store gated (timers and leases are not: they order
-        nothing the explorer checks). Closing the result closes ``storage``'s stores."""
+        """``storage`` with its event store gated and its timer store tracked (leases are
+        neither: nothing the explorer checks is ordered by them). Closing the result closes
+        ``storage``'s stores."""
         return Storage(
-            self.gate(storage.events), storage.timers, storage.leases, url=storage.url
+            self.gate(storage.events), self.track(storage.timers), storage.leases,
+            url=storage.url,
         )
+
+    async def tracked(self, run: Callable[[], Awaitable[_T]]) -> _T:
+        """Make an actor's call that is not a step of the word (a timer call) at once, and
+        count it as under way, so the actor is not taken for blocked while it runs."""
+        name = _ACTOR.get()
+        if name is None:
+            return await run()
+        actor = self._actors.get(name)
+        if actor is None or not self._playing:
+            raise self._broke(
+                f"a timer call was made by actor {name!r}, which is not in the schedule "
+                "being played (a task left behind by an earlier play?)"
+            )
+        if actor.crashed:
+            raise asyncio.CancelledError
+        actor.in_flight += 1
+        try:
+            return await run()
+        finally:
+            actor.in_flight -= 1
+            actor.moved.set()
 
     async def call(
         self,
@@ -247,7 +290,7 @@ class Interleaving:
                 "still waiting for its turn: an actor makes one store call at a time"
             )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        actor.pending = _Pending(future, description)
+        actor.pending = _Pending(future, description, asyncio.current_task())
         actor.moved.set()
         await future
 
@@ -262,7 +305,7 @@ class Interleaving:
 
         watchdog = asyncio.get_running_loop().call_later(self.guard_seconds, give_up)
         try:
-            while actor.pending is None and not actor.task.done():
+            while not actor.quiet:
                 await actor.moved.wait()
                 actor.moved.clear()
                 if hung:
@@ -333,11 +376,17 @@ class Interleaving:
 
     async def _crash_and_collect(self, word: str) -> Played:
         crashed = {n: a.pending.description for n, a in self._actors.items() if a.pending}
+        tasks = [a.task for a in self._actors.values()]
         for name in crashed:
             actor = self._actors[name]
             actor.crashed = True
             actor.task.cancel()
-        tasks = [a.task for a in self._actors.values()]
+            # The call may be a task the actor started (a runtime's run of the body), which
+            # the actor's own task may not be awaiting at this instant: crash it too.
+            waiting = actor.pending.task if actor.pending is not None else None
+            if waiting is not None and waiting is not actor.task:
+                waiting.cancel()
+                tasks.append(waiting)
         try:
             await asyncio.wait_for(
                 asyncio.gather(*tasks, return_exceptions=True), self.guard_seconds
@@ -515,3 +564,40 @@ class GatedEventStore(EventStoreDecorator):
         truncate_prefix_keeping=Implement(truncate_prefix_keeping),
         subscribe=FORWARD,
     )
+
+
+class TrackedTimerStore:
+    """A timer store whose calls, when made by an actor of ``interleaving``, are not steps
+    of the word but are waited for: an actor with a timer call under way (real I/O on a
+    file-backed store) is not yet blocked, even if a task it started already waits at the
+    gate, so the schedule never moves on, or crashes it, in the middle of that call."""
+
+    def __init__(self, inner: TimerStore, interleaving: Interleaving) -> None:
+        self.inner = inner
+        self.interleaving = interleaving
+
+    async def schedule(self, record: TimerRecord) -> None:
+        await self.interleaving.tracked(lambda: self.inner.schedule(record))
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        return await self.interleaving.tracked(
+            lambda: self.inner.due(now, limit=limit, redrive=redrive)
+        )
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        return await self.interleaving.tracked(lambda: self.inner.pending(execution_id))
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        return await self.interleaving.tracked(
+            lambda: self.inner.complete(execution_id, wake_at)
+        )
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        return await self.interleaving.tracked(
+            lambda: self.inner.cancel(execution_id, wake_at)
+        )
+
+    async def close(self) -> None:
+        await self.inner.close()
