@@ -586,7 +586,9 @@ class Loom:
             if exc.reason == "nothing-to-answer":
                 return "obsolete"
             return "left"  # answered by someone else meanwhile: the next poll decides again
-        return "resumed" if answered.wake_at == row.wake_at else "left"
+        # A row with no wait of its own (a send's wake) has done its work once the park is
+        # answered; a timer's row only once its own wait is.
+        return "resumed" if not own or answered.wake_at == row.wake_at else "left"
 
     # -- internals ---------------------------------------------------------------------------
 
