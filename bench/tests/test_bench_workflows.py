@@ -24,9 +24,9 @@ from loom_bench.workflows import (
     runtime_executor,
 )
 
-from loom_core import Event, PluginHost, Storage, hookimpl, open_storage
-from loom_core.memory.plugin import open_memory
-from loom_core.registry import BackendRegistry
+from loom_core import Event, Storage, open_storage
+from loom_core.memory import open_memory
+from loom_core.spi import BackendRegistry, PluginHost, hookimpl
 
 Call = tuple[object, ...]
 

@@ -642,10 +642,9 @@ class Loom:
             if exc.reason == "nothing-to-answer":
                 return "obsolete"
             return "left"  # answered by someone else meanwhile: the next poll decides again
-        # Done with the row when it answered its own wait, or when the row waits for nothing
-        # of its own (a send's wake row, whose message was just delivered).
-        unanswered_own = [w for w in own if w.position not in view.records and w != answered]
-        return "left" if unanswered_own else "resumed"
+        # A row with no wait of its own (a send's wake) has done its work once the park is
+        # answered; a timer's row only once its own wait is.
+        return "resumed" if not own or answered.wake_at == row.wake_at else "left"
 
     # -- internals ---------------------------------------------------------------------------
 

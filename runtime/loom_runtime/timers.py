@@ -100,22 +100,38 @@ class TimerService:
             await self.app.clock.sleep(self.poll_interval)
 
     async def poll_once(self) -> dict[TimerRecord, Fired]:
-        """Fire every due row once; return what became of each."""
+        """Fire up to ``batch`` due rows once; return what became of each row looked at.
+
+        Rows of an execution that is backing off are passed over without counting against
+        ``batch``: the store returns due rows oldest first, so a batch of them would
+        otherwise hide every due row behind it until their backoff ran out."""
         now = self.app.clock.now()
-        rows = await self.app.storage.timers.due(
-            now, limit=self.batch, redrive=bool(self.redrivers)
-        )
+        timers = self.app.storage.timers
         fired: dict[TimerRecord, Fired] = {}
-        for row in rows:
-            if row.redrive is not None:
-                await self._redrive(row)
-                continue
-            backoff = self._backoff.get(row.execution_id)
-            if backoff is not None and backoff.next_try > now:
-                fired[row] = "backing-off"
-                continue
-            fired[row] = await self.fire(row)
-        return fired
+        seen: set[TimerRecord] = set()
+        tried = 0
+        limit = self.batch
+        while True:
+            rows = await timers.due(now, limit=limit, redrive=bool(self.redrivers))
+            fresh = [row for row in rows if row not in seen]
+            for row in fresh:
+                if tried >= self.batch:
+                    return fired
+                seen.add(row)
+                if row.redrive is not None:
+                    tried += 1
+                    await self._redrive(row)
+                    continue
+                backoff = self._backoff.get(row.execution_id)
+                if backoff is not None and backoff.next_try > now:
+                    fired[row] = "backing-off"
+                    continue
+                tried += 1
+                fired[row] = await self.fire(row)
+            if not fresh or tried >= self.batch or len(rows) < limit:
+                return fired
+            # Rows already seen are either retired or still due: ask past all of them.
+            limit = len(seen) + self.batch
 
     async def fire(self, row: TimerRecord) -> Fired:
         timers = self.app.storage.timers

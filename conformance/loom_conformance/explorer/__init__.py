@@ -37,6 +37,12 @@ the unconditional ``acquire_fence``) must find at least one: a rival that read t
 before the winner's resume landed takes a newer token and fences the running body out.
 
 Run it from a shell: ``python -m loom_conformance.explorer [--url URL]``.
+
+The model above is a copy of a resumer, small enough to read in one screen. To explore the
+*real* code instead (a runtime's resume, driven through its own store calls), use
+:mod:`loom_conformance.explorer.interleaving`: :class:`Interleaving` pauses each actor at
+every call it makes through a gated store, plays a word over the actors with crashes, and
+:func:`every_interleaving` walks every distinct schedule.
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
+from loom_conformance.explorer.interleaving import (
+    Call,
+    GatedEventStore,
+    Interleaving,
+    Outcome,
+    Played,
+    ScheduleError,
+    every_interleaving,
+)
 from loom_conformance.factory import StorageFactory, memory_factory
 from loom_core import (
     ConflictError,
@@ -66,9 +81,16 @@ from loom_core import (
 __all__ = [
     "DEFAULT_MAX_STEPS",
     "Acquire",
+    "Call",
     "ExplorationReport",
+    "GatedEventStore",
+    "Interleaving",
     "Isolation",
+    "Outcome",
+    "Played",
+    "ScheduleError",
     "Violation",
+    "every_interleaving",
     "explore",
     "main",
     "schedules",

@@ -1,0 +1,199 @@
+"""Stores for the resume tests: a probe that records (and can interfere with) the calls the
+runtime makes, a conditional acquire that ignores the park (a broken store, for negative
+controls), a token read that writes nothing, and apps built over them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Final
+
+from loom_runtime import Authorize, Context, Loom
+from loom_runtime.testing import VirtualClock
+
+from loom_core import Event, EventStore, FenceNotIssuedError, NewEvent, Storage, open_storage
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement
+from loom_core.spi import ConditionalFence, OptionalMethod
+
+__all__ = [
+    "PROBE_FENCE",
+    "ProbedEventStore",
+    "StoreCall",
+    "TokenOnlyEventStore",
+    "Wired",
+    "kinds",
+    "nap",
+    "token_of",
+    "wired",
+]
+
+PROBE_FENCE: Final = 2**62
+"""A token no test reaches: presenting it is refused with the current one, writing nothing."""
+
+
+async def token_of(events: EventStore, execution_id: str) -> int:
+    """The execution's current token, read without writing or taking one."""
+    head = await events.head(execution_id)
+    try:
+        await events.append(
+            execution_id, [NewEvent("test.token-probe")], expected_sequence=head,
+            fence=PROBE_FENCE,
+        )
+    except FenceNotIssuedError as refused:
+        return refused.current_fence
+    raise AssertionError(f"append(fence={PROBE_FENCE}) to {execution_id!r} was accepted")
+
+
+async def kinds(events: EventStore, execution_id: str) -> list[str]:
+    return [e.kind for e in await events.read(execution_id)]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """One acquire or append the runtime made, and what came of it."""
+
+    method: str
+    execution_id: str
+    fence: int | None = None
+    park_seq: int | None = None
+    kinds: tuple[str, ...] = ()
+    at: int | None = None
+    result: object = None
+    error: BaseException | None = None
+
+
+class ProbedEventStore(EventStoreDecorator):
+    """Forwards everything; records every acquire and append with its outcome, and awaits
+    ``before_acquire(execution_id)`` (when set) before each acquire reaches the store, to
+    put a rival or an audit write in the window before the acquire."""
+
+    def __init__(self, inner: EventStore) -> None:
+        super().__init__(inner)
+        self.calls: list[StoreCall] = []
+        self.before_acquire: Callable[[str], Awaitable[None]] | None = None
+
+    def of(self, *methods: str) -> list[StoreCall]:
+        return [c for c in self.calls if c.method in methods]
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        call = StoreCall(
+            "append", execution_id, fence=fence, kinds=tuple(e.kind for e in events),
+            at=expected_sequence,
+        )
+        try:
+            written = await self.inner.append(
+                execution_id, events, expected_sequence=expected_sequence, fence=fence
+            )
+        except Exception as exc:
+            self.calls.append(replace(call, error=exc))
+            raise
+        self.calls.append(replace(call, result=written))
+        return written
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        if self.before_acquire is not None:
+            await self.before_acquire(execution_id)
+        token = await self.inner.acquire_fence(execution_id)
+        self.calls.append(StoreCall("acquire_fence", execution_id, result=token))
+        return token
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        if self.before_acquire is not None:
+            await self.before_acquire(execution_id)
+        outcome = await self.inner.acquire_fence_if(execution_id, fence=fence, park_seq=park_seq)
+        self.calls.append(
+            StoreCall("acquire_fence_if", execution_id, fence=fence, park_seq=park_seq,
+                      result=outcome)
+        )
+        return outcome
+
+    decisions = Decisions(
+        acquire_fence=Implement(acquire_fence),
+        acquire_fence_if=Implement(acquire_fence_if),
+        append_if_unchanged=FORWARD,
+        append_many=FORWARD,
+        delete_execution=FORWARD,
+        copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD,
+        subscribe=FORWARD,
+    )
+
+
+class TokenOnlyEventStore(EventStoreDecorator):
+    """Broken on purpose: its conditional acquire compares the token and ignores the park
+    (it asks the store about the newest event, past which nothing can answer), so a rival
+    that re-read the token after a resume landed wins and fences the running body out."""
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        newest = await self.inner.head(execution_id) - 1
+        return await self.inner.acquire_fence_if(execution_id, fence=fence, park_seq=newest)
+
+    decisions = Decisions(
+        acquire_fence=FORWARD,
+        acquire_fence_if=Implement(acquire_fence_if),
+        append_if_unchanged=FORWARD,
+        append_many=FORWARD,
+        delete_execution=FORWARD,
+        copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD,
+        subscribe=FORWARD,
+    )
+
+
+@dataclass(slots=True)
+class Wired:
+    """An app over a probed store, with the base storage beneath for direct writes."""
+
+    app: Loom
+    probe: ProbedEventStore
+    base: Storage
+    clock: VirtualClock
+    errors: list[BaseException]
+
+
+async def nap(ctx: Context) -> str:
+    """Parks once on a 60 s sleep, then finishes."""
+    await ctx.sleep(60)
+    return "awake"
+
+
+@asynccontextmanager
+async def wired(
+    url: str = "memory://",
+    *,
+    offer: Sequence[OptionalMethod] | None = None,
+    authorize: Authorize | None = None,
+    node: str = "n1",
+    seed: int = 7,
+) -> AsyncIterator[Wired]:
+    """An entered app (no background timer service, no recovery on entry: the tests call
+    ``poll_once`` and ``recover`` themselves) over ``url`` behind a probe."""
+    options: dict[str, object] = {} if offer is None else {"offer": tuple(offer)}
+    base = await open_storage(url, options=options)
+    probe = ProbedEventStore(base.events)
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(
+        storage, node=node, clock=clock, random=random.Random(seed), on_error=errors.append,
+        authorize=authorize, timers=False, recover=False,
+    )
+    app.workflow(name="nap")(nap)
+    try:
+        async with app:
+            yield Wired(app, probe, base, clock, errors)
+    finally:
+        await storage.close()

@@ -1,0 +1,367 @@
+"""The timer service (``app.timer_service.poll_once()``, driven by hand on a virtual clock):
+due rows resume through the conditional acquire, rows whose wait is answered are retired,
+and a contended wake backs off in process, with full jitter, then gives up once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from loom_runtime import Context, RedriveExhaustedError, TimerService
+from store_probes import Wired, kinds, token_of, wired
+
+from loom_core import EventKind, FenceAcquired, FenceStale, TimerRecord
+
+SEED = 11
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'loom.db'}"
+
+
+async def parked(w: Wired, workflow: str = "nap", execution_id: str = "n") -> int:
+    await w.app.start(workflow, id=execution_id)
+    await w.app.drain()
+    view = await w.app.inspect(execution_id)
+    assert view.status == "suspended"
+    assert view.park is not None
+    return view.park.sequence
+
+
+async def rows(w: Wired, execution_id: str = "n") -> list[TimerRecord]:
+    return list(await w.base.timers.pending(execution_id))
+
+
+async def answers(w: Wired, execution_id: str = "n") -> list[object]:
+    """The answer kinds of the execution's EXECUTION_RESUMED events, in order."""
+    out: list[object] = []
+    for event in await w.base.events.read(execution_id):
+        if event.kind == EventKind.EXECUTION_RESUMED and isinstance(event.payload, dict):
+            answer = event.payload["answer"]
+            assert isinstance(answer, dict)
+            out.append(answer["kind"])
+    return out
+
+
+def contend(w: Wired) -> None:
+    """Before every acquire of the runtime, a rival takes the token and dies."""
+
+    async def dead_acquirer(execution_id: str) -> None:
+        await w.base.events.acquire_fence(execution_id)
+
+    w.probe.before_acquire = dead_acquirer
+
+
+async def test_a_due_row_resumes_its_park_through_the_conditional_acquire(url: str) -> None:
+    async with wired(url) as w:
+        park = await parked(w)
+        (row,) = await rows(w)
+        assert row.wake_at == w.clock.now() + timedelta(seconds=60)
+        assert await w.base.events.acquire_fence_if("n", fence=0, park_seq=park) == (
+            FenceAcquired(1)  # a dead acquirer: the wake goes through the retry
+        )
+        await w.clock.advance(59)
+        assert await w.app.timer_service.poll_once() == {}
+        await w.clock.advance(1)
+        assert await w.app.timer_service.poll_once() == {row: "resumed"}
+        assert [(c.fence, c.park_seq, c.result) for c in w.probe.of("acquire_fence_if")] == [
+            (0, park, FenceStale(1)), (1, park, FenceAcquired(2))
+        ]
+        await w.app.drain()
+        assert await w.app.get("n").result() == "awake"
+        assert await rows(w) == []
+
+
+async def sleeps(ctx: Context) -> str:
+    await ctx.sleep(60)
+    await ctx.sleep(100)
+    return "rested"
+
+
+async def test_a_row_whose_wait_was_answered_is_retired_as_obsolete_and_wakes_nothing(
+    url: str,
+) -> None:
+    async with wired(url) as w:
+        w.app.workflow(name="sleeps")(sleeps)
+        park = await parked(w, "sleeps")
+        (first,) = await rows(w)
+        await w.app.resume("n", fence_if_parked_at=park)  # answers the 60 s sleep early
+        await w.app.drain()
+        assert (await w.app.inspect("n")).status == "suspended"  # on the 100 s sleep
+        second = next(r for r in await rows(w) if r != first)
+        acquires = len(w.probe.calls)
+        await w.clock.advance(60)
+        assert await w.app.timer_service.poll_once() == {first: "obsolete"}
+        assert await rows(w) == [second]
+        assert (await w.app.inspect("n")).status == "suspended"
+        assert await answers(w) == ["timer"]
+        assert w.probe.of("acquire_fence_if")[acquires:] == []
+        await w.clock.advance(40)
+        assert await w.app.timer_service.poll_once() == {second: "resumed"}
+        await w.app.drain()
+        assert await w.app.get("n").result() == "rested"
+
+
+async def reply_then_rest(ctx: Context) -> object:
+    value = await ctx.receive("approve", timeout=60)
+    await ctx.sleep(100)
+    return value
+
+
+async def test_a_message_timeout_row_is_retired_once_the_message_answered_its_wait(
+    url: str,
+) -> None:
+    async with wired(url) as w:
+        w.app.workflow(name="reply_then_rest")(reply_then_rest)
+        await parked(w, "reply_then_rest")
+        (timeout,) = await rows(w)
+        await w.clock.advance(10)
+        await w.app.send("n", "approve", "yes")  # delivered; the body sleeps 100 s
+        await w.app.drain()
+        (rest,) = [r for r in await rows(w) if r != timeout]
+        assert await rows(w) == [timeout, rest]  # the send's own wake row is retired
+        await w.clock.advance(50)
+        assert await w.app.timer_service.poll_once() == {timeout: "obsolete"}
+        assert (await w.app.inspect("n")).status == "suspended"  # the sleep was not woken
+        assert await answers(w) == ["message"]
+        await w.clock.advance(50)
+        assert await w.app.timer_service.poll_once() == {rest: "resumed"}
+        await w.app.drain()
+        assert await w.app.get("n").result() == "yes"
+
+
+async def reply_or_nap(ctx: Context) -> object:
+    value, _ = await ctx.gather(ctx.receive("approve", timeout=60), ctx.sleep(30))
+    return value
+
+
+async def test_in_a_park_on_a_message_and_a_timer_the_timeout_row_waits_for_its_own_wait(
+    url: str,
+) -> None:
+    async with wired(url) as w:
+        w.app.workflow(name="reply_or_nap")(reply_or_nap)
+        await parked(w, "reply_or_nap")
+        nap_row, timeout = await rows(w)
+        assert timeout.wake_at - nap_row.wake_at == timedelta(seconds=30)
+        await w.clock.advance(30)
+        assert await w.app.timer_service.poll_once() == {nap_row: "resumed"}
+        await w.app.drain()
+        # The park the body wrote next waits for the message alone: its timeout row stays.
+        assert (await w.app.inspect("n")).status == "suspended"
+        assert await rows(w) == [timeout]
+        await w.clock.advance(30)
+        assert await w.app.timer_service.poll_once() == {timeout: "resumed"}
+        await w.app.drain()
+        assert await w.app.get("n").result() is None
+        assert await answers(w) == ["timer", "timeout"]
+
+
+async def reply_and_rest(ctx: Context) -> object:
+    value, _ = await ctx.gather(ctx.receive("approve", timeout=60), ctx.sleep(100))
+    return value
+
+
+async def test_a_timeout_row_whose_wait_a_message_answered_is_retired_while_the_park_is_open(
+    url: str,
+) -> None:
+    async with wired(url) as w:
+        w.app.workflow(name="reply_and_rest")(reply_and_rest)
+        await parked(w, "reply_and_rest")
+        timeout, rest = await rows(w)
+        await w.clock.advance(10)
+        await w.app.send("n", "approve", "yes")
+        await w.app.drain()
+        assert (await w.app.inspect("n")).status == "suspended"  # on the 100 s sleep
+        acquires = len(w.probe.calls)
+        await w.clock.advance(50)
+        assert await w.app.timer_service.poll_once() == {timeout: "obsolete"}
+        assert await answers(w) == ["message"]
+        assert w.probe.of("acquire_fence_if")[acquires:] == []
+        await w.clock.advance(40)
+        assert await w.app.timer_service.poll_once() == {rest: "resumed"}
+        await w.app.drain()
+        assert await w.app.get("n").result() == "yes"
+
+
+async def test_a_row_due_while_its_execution_runs_is_left_to_its_driver() -> None:
+    release = asyncio.Event()
+
+    async def hold() -> str:
+        await release.wait()
+        return "held"
+
+    async def busy(ctx: Context) -> object:
+        async def first() -> None:
+            await ctx.sleep(10)
+            await ctx.step(hold, name="hold")
+
+        await ctx.gather(first(), ctx.sleep(60))
+        return "done"
+
+    async with wired() as w:
+        w.app.workflow(name="busy")(busy)
+        await parked(w, "busy")
+        short, long = await rows(w)
+        await w.clock.advance(10)
+        assert await w.app.timer_service.poll_once() == {short: "resumed"}
+        assert (await w.app.inspect("n")).status == "running"  # one branch holds
+        await w.clock.advance(50)
+        assert await w.app.timer_service.poll_once() == {long: "left"}
+        assert await rows(w) == [long]
+        release.set()  # the body parks on the due sleep, and answers it itself
+        await w.app.drain()
+        assert await w.app.get("n").result() == "done"
+        assert await rows(w) == []
+
+
+async def receive_then_rest(ctx: Context) -> object:
+    value = await ctx.receive("approve")
+    await ctx.sleep(100)
+    return value
+
+
+async def test_a_send_that_delivered_its_message_retires_its_own_wake_row(url: str) -> None:
+    async with wired(url) as w:
+        w.app.workflow(name="receive_then_rest")(receive_then_rest)
+        await parked(w, "receive_then_rest")
+        assert await rows(w) == []
+        await w.app.send("n", "approve", "yes")
+        await w.app.drain()
+        assert await answers(w) == ["message"]
+        (rest,) = await rows(w)  # only the 100 s sleep's: the send's row did its work
+        assert rest.wake_at == w.clock.now() + timedelta(seconds=100)
+
+
+async def test_rows_of_executions_backing_off_do_not_hide_the_due_rows_behind_them() -> None:
+    async with wired() as w:
+        service = TimerService(w.app, batch=2)
+        for execution_id in ("a", "b", "c"):
+            await parked(w, execution_id=execution_id)
+        await w.clock.advance(1)
+        await parked(w, execution_id="z")  # due last
+        (late,) = await rows(w, "z")
+
+        async def dead_acquirer(execution_id: str) -> None:
+            if execution_id != "z":
+                await w.base.events.acquire_fence(execution_id)
+
+        w.probe.before_acquire = dead_acquirer
+        await w.clock.advance(60)
+        first = await service.poll_once()
+        assert sorted(r.execution_id for r in first) == ["a", "b"]
+        assert set(first.values()) == {"backing-off"}
+        second = await service.poll_once()  # a and b are passed over, not counted
+        assert {r.execution_id: what for r, what in second.items()} == {
+            "a": "backing-off", "b": "backing-off", "c": "backing-off", "z": "resumed"
+        }
+        assert late in second
+        await w.app.drain()
+        assert await w.app.get("z").result() == "awake"
+
+
+def jitter(rng: random.Random, attempt: int) -> timedelta:
+    """The documented schedule: full jitter up to min(30 s, 0.2 s * 2**(attempt - 1))."""
+    return timedelta(seconds=rng.random() * min(30, 0.2 * 2 ** (attempt - 1)))
+
+
+async def test_a_contended_wake_backs_off_with_full_jitter_then_reports_exhaustion_once(
+    url: str,
+) -> None:
+    async with wired(url, seed=SEED) as w:
+        service = w.app.timer_service
+        assert service.max_attempts == 8
+        park = await parked(w)
+        before = await w.base.events.read("n")
+        (row,) = await rows(w)
+        contend(w)
+        await w.clock.advance(60)
+        draws = random.Random(SEED)  # the app's random, drawn by nothing else here
+        for attempt in range(1, 8):
+            tries = len(w.probe.of("acquire_fence_if"))
+            now = w.clock.now()
+            assert await service.poll_once() == {row: "backing-off"}
+            assert len(w.probe.of("acquire_fence_if")) == tries + 3  # one contended wake
+            next_try = now + jitter(draws, attempt)
+            assert service.backing_off() == {"n": (attempt, next_try)}
+            if next_try > now:  # no acquire at all before the next try
+                assert await service.poll_once() == {row: "backing-off"}
+                assert len(w.probe.of("acquire_fence_if")) == tries + 3
+            await w.clock.advance(next_try - now)
+        assert await service.poll_once() == {row: "exhausted"}
+        assert len(w.probe.of("acquire_fence_if")) == 8 * 3
+        assert [type(e) for e in w.errors] == [RedriveExhaustedError]
+        exhausted = w.errors[0]
+        assert isinstance(exhausted, RedriveExhaustedError)
+        assert (exhausted.execution_id, exhausted.attempts) == ("n", 8)
+        assert await rows(w) == []
+        assert service.backing_off() == {}
+        assert await service.poll_once() == {}
+        assert len(w.errors) == 1
+        # The park is left unanswered, the log untouched, for an operator or a recovery.
+        assert await w.base.events.read("n") == before
+        view = await w.app.inspect("n")
+        assert view.park is not None
+        assert view.park.sequence == park
+        assert await token_of(w.base.events, "n") == 8 * 3
+
+
+async def test_the_backoff_ceiling_stops_at_thirty_seconds() -> None:
+    async with wired(seed=SEED) as w:
+        service = TimerService(w.app, max_attempts=12)
+        await parked(w)
+        (row,) = await rows(w)
+        contend(w)
+        await w.clock.advance(60)
+        draws = random.Random(SEED)
+        for attempt in range(1, 12):
+            now = w.clock.now()
+            assert await service.poll_once() == {row: "backing-off"}
+            next_try = now + jitter(draws, attempt)
+            assert service.backing_off() == {"n": (attempt, next_try)}
+            if attempt >= 9:  # 0.2 s * 2**8 is 51.2 s: capped
+                assert next_try - now < timedelta(seconds=30)
+            await w.clock.advance(next_try - now)
+        assert await service.poll_once() == {row: "exhausted"}
+
+
+async def test_the_backoff_memory_holds_1024_executions_and_forgets_the_oldest_first() -> None:
+    async with wired(seed=SEED) as w:
+        service = w.app.timer_service
+        ids = [f"e{i:04d}" for i in range(1025)]
+        for execution_id in ids:
+            await w.app.start("nap", id=execution_id)
+        await w.app.drain()
+        await w.clock.advance(61)
+        await w.app.start("nap", id="plain")  # uncontended, due last of all
+        await w.app.drain()
+        contended = set(ids)
+
+        async def dead_acquirer(execution_id: str) -> None:
+            if execution_id in contended:
+                await w.base.events.acquire_fence(execution_id)
+
+        w.probe.before_acquire = dead_acquirer
+        await w.clock.advance(60)
+        (plain,) = await rows(w, "plain")
+        polls = 0
+        while (fired := await service.poll_once()).get(plain) != "resumed":
+            polls += 1  # 100 rows tried a poll; rows backing off do not count against it
+            assert polls < 11, "the plain wake was never reached"
+        backing_off = service.backing_off()
+        assert len(backing_off) == 1024
+        assert set(backing_off) == set(ids[1:])  # the oldest, e0000, is forgotten
+        assert {r.execution_id for r, what in fired.items() if what == "backing-off"} >= set(
+            ids[1000:]
+        )
+        await w.app.drain()
+        assert await w.app.get("plain").result() == "awake"
+        # Forgotten means a fresh start: its next wake is tried now, as attempt 1.
+        await service.poll_once()
+        assert service.backing_off()["e0000"][0] == 1
+        assert await kinds(w.base.events, "e0000") == [
+            EventKind.EXECUTION_STARTED, EventKind.EXECUTION_SUSPENDED
+        ]
