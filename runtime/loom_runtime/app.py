@@ -726,15 +726,8 @@ class Loom:
         (``ctx.sleep(0)``) or a message that arrived while the body ran."""
         now = self.clock.now()
         pending = view.pending_waits()
-        answerable = any(w.wake_at is not None and w.wake_at <= now for w in pending)
-        if not answerable:
-            for wait in pending:
-                if wait.topic is not None and await self.inbox.next(
-                    view.execution_id, wait.topic, view.consumed
-                ):
-                    answerable = True
-                    break
-        if not answerable:
+        due = any(w.wake_at is not None and w.wake_at <= now for w in pending)
+        if not due and not await self._message_waiting(view):
             return
         try:
             answered = await self._answer(view, park_seq)
