@@ -1,6 +1,6 @@
 """Answering a park under the conditional fence: :func:`answer_park`.
 
-The rule (docs/design.md, "The conditional acquire", and docs/runtime.md, "Resume"): read
+The rule (docs/design.md, "Resuming a park", and docs/runtime.md, "Parks and resumes"): read
 the park, present the token it was written under (``metadata.fence``, 0 when unfenced)
 with its sequence to ``acquire_fence_if``; on stale, re-read: a park still unanswered
 means someone acquired and never answered (a dead resumer), so try again with the token
