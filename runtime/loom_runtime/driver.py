@@ -47,6 +47,17 @@ class _Stop(BaseException):
     ``except Exception`` in the body cannot swallow it."""
 
 
+class _Park(BaseException):
+    """Unwinds every branch of a run whose branches all wait: the run parks."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    """The body left by raising ``exception``."""
+
+    exception: BaseException
+
+
 class FencedOut(LoomError):
     """Another driver holds the execution now (a newer token, or an answer we did not
     write): this run stops quietly."""
@@ -111,10 +122,13 @@ class Run:
         self._consumed = set(view.consumed)
         self._visited: set[Position] = set()
         self._waits: dict[Position, Wait] = {}
+        # Branches making progress: the body, or the branches of the gathers it is in.
+        # When none is left and some wait, the run is quiet: it parks.
         self._active = 1
-        self._quiet = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._wake: asyncio.Future[None] | None = None
+        self._quiet = False
+        self._stopped = False
+        # Futures of the gathers and waits that block until the run is quiet or stops.
+        self._blocked: set[asyncio.Future[None]] = set()
         self._stop_reason: BaseException | None = None
         self._lock = asyncio.Lock()
         self._pending: list[NewEvent] = []
@@ -124,38 +138,43 @@ class Run:
     # -- the run ---------------------------------------------------------------------------
 
     async def drive(self) -> Outcome:
-        """Run the body to its end, its park, or its stop."""
+        """Run the body to its end, its park, or its stop.
+
+        The body runs in the caller's task (a task of its own per run cost a short
+        workflow more than its steps did); a park or a stop unwinds it with a
+        BaseException that ``except Exception`` in the body cannot swallow.
+        """
         ctx = Context(self)
-        branch_context = contextvars.copy_context()
-        branch_context.run(BRANCH.set, Branch())
-        # One future wakes the driver when the body ends, every branch waits or the run
-        # must stop (rather than a task per event and asyncio.wait over them: a short
-        # workflow's run paid more for those than for its own steps).
-        wake = self._wake = asyncio.get_running_loop().create_future()
-        body = asyncio.create_task(self._body(ctx), context=branch_context)
-        body.add_done_callback(self._wake_driver)
+        reset = BRANCH.set(Branch())
         try:
-            await wake
+            result = await self._fn(ctx, *self._view.input)
         except asyncio.CancelledError:
-            await self._teardown(body)
+            await self._teardown()
             raise
-        parked = not body.done() and not self._stopped.is_set()
-        if not body.done() or self._stopped.is_set():
-            await self._teardown(body)
-        if self._stopped.is_set():
+        except BaseException as exc:  # noqa: BLE001 (sorted below: a park, a stop, an end)
+            return await self._ended(_Raised(exc))
+        finally:
+            BRANCH.reset(reset)
+        return await self._ended(result)
+
+    async def _ended(self, ending: object) -> Outcome:
+        """Act on how the body left: the run's flags first (a body that swallowed the
+        unwinding of a park or a stop still parks or stops), then what it returned or
+        raised."""
+        await self._teardown()
+        if self._stopped:
             return self._outcome("stopped", reason=self._stop_reason)
-        if parked:
+        if self._quiet:
             return await self._park()
         try:
-            return await self._finish(body)
+            return await self._finish(ending)
         except _Stop:
             return self._outcome("stopped", reason=self._stop_reason)
 
-    async def _body(self, ctx: Context) -> Any:
-        return await self._fn(ctx, *self._view.input)
-
-    async def _teardown(self, body: asyncio.Task[Any]) -> None:
-        tasks = [body, *self._tasks]
+    async def _teardown(self) -> None:
+        tasks = list(self._tasks)
+        if not tasks:
+            return
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -171,9 +190,9 @@ class Run:
         """The view the run started from, advanced by everything it wrote or read past."""
         return fold(self._seen, into=self._view)
 
-    async def _finish(self, body: asyncio.Task[Any]) -> Outcome:
-        exc = body.exception()
-        if isinstance(exc, _Stop):
+    async def _finish(self, ending: object) -> Outcome:
+        exc = ending.exception if isinstance(ending, _Raised) else None
+        if isinstance(exc, _Stop | _Park):
             return self._outcome("stopped", reason=self._stop_reason)
         if isinstance(exc, ContinueAsNew):
             self._check_all_visited("the body continued as new")
@@ -200,7 +219,7 @@ class Run:
             return self._outcome("failed")
         self._check_all_visited("the body returned")
         try:
-            result = json_value(body.result(), f"the result of workflow {self.workflow!r}")
+            result = json_value(ending, f"the result of workflow {self.workflow!r}")
         except InvalidInputError as refused:
             if self._replay_only:
                 self._expect_terminal("failed")
@@ -358,12 +377,17 @@ class Run:
         if not aws:
             return ()
         remaining = len(aws)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def settled(_: asyncio.Task[Any]) -> None:
             nonlocal remaining
             remaining -= 1
+            if self._quiet or self._stopped:
+                return  # the run is over; every branch unwinds
             if remaining == 0:
                 self._active += 1  # the gathering branch wakes before its last child leaves
+                if not done.done():
+                    done.set_result(None)
             self._active -= 1
             self._check_quiet()
 
@@ -377,12 +401,20 @@ class Run:
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(settled)
             tasks.append(task)
+        self._blocked.add(done)
         try:
-            await asyncio.wait(tasks)
+            await done
         except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()
             raise
+        finally:
+            self._blocked.discard(done)
+        if self._quiet or self._stopped:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise _Stop if self._stopped else _Park
         for task in tasks:
             if task.cancelled():
                 raise asyncio.CancelledError
@@ -455,7 +487,8 @@ class Run:
             self._diverge(position, _describe_wait(earlier), attempted)
         if self._replay_only:
             if self._cut_by_cancel:
-                self._stopped.set()  # where the cancellation cut the run: replay ends here
+                self._stopped = True  # where the cancellation cut the run: replay ends here
+                self._release()
                 raise _Stop
             self._diverge(position, None, attempted)
 
@@ -485,36 +518,44 @@ class Run:
     async def _wait(self, wait: Wait) -> NoReturn:
         self._waits[wait.position] = wait
         self._active -= 1
-        self._check_quiet()
-        await asyncio.get_running_loop().create_future()
-        raise AssertionError("a wait is only ever left by cancellation")  # pragma: no cover
+        if self._check_quiet():
+            raise _Park  # this was the last branch making progress
+        blocked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._blocked.add(blocked)
+        try:
+            await blocked  # until the run is quiet or stops
+        finally:
+            self._blocked.discard(blocked)
+        raise _Stop if self._stopped else _Park
 
-    def _check_quiet(self) -> None:
-        if self._active == 0 and self._waits and not self._stopped.is_set():
-            self._quiet.set()
-            self._wake_driver()
+    def _check_quiet(self) -> bool:
+        if self._active == 0 and self._waits and not self._stopped and not self._quiet:
+            self._quiet = True
+            self._release()
+        return self._quiet
 
-    def _wake_driver(self, _: object = None) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+    def _release(self) -> None:
+        """Wake every branch blocked in a wait or a gather: the run is quiet or stops."""
+        for blocked in self._blocked:
+            if not blocked.done():
+                blocked.set_result(None)
 
     # -- stopping and appending ------------------------------------------------------------
 
     def _check_alive(self) -> None:
-        if self._stopped.is_set() or self._quiet.is_set():
+        if self._stopped or self._quiet:
             raise _Stop
 
     def _halt(self, reason: BaseException) -> NoReturn:
         if self._stop_reason is None:
             self._stop_reason = reason
-        self._stopped.set()
-        self._wake_driver()
+        self._stopped = True
+        self._release()
         raise _Stop
 
     async def _append(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         async with self._lock:
-            if self._stopped.is_set():
+            if self._stopped:
                 raise _Stop
             batch = [*self._pending, *events]
             for new in batch:
