@@ -105,13 +105,21 @@ class Context:
     """The body's handle on its execution. Every method that touches the outside world or
     time is a durable call: recorded once, then served from the log on replay."""
 
-    __slots__ = ("_run", "logger")
+    __slots__ = ("_logger", "_run")
 
     def __init__(self, run: Run) -> None:
         self._run = run
-        self.logger: logging.LoggerAdapter[logging.Logger] = _ReplayQuiet(
-            logging.getLogger(f"loom_runtime.workflow.{run.workflow}"), self
-        )
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger (``loom_runtime.workflow.<name>``) that is quiet while the body
+        replays what the log already holds, so each line is logged once."""
+        if self._logger is None:
+            self._logger = _ReplayQuiet(
+                logging.getLogger(f"loom_runtime.workflow.{self._run.workflow}"), self
+            )
+        return self._logger
 
     @property
     def execution_id(self) -> str:

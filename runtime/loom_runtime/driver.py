@@ -14,9 +14,9 @@ import contextvars
 import inspect
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 from loom_core import (
     Event,
@@ -32,7 +32,7 @@ from loom_core import (
 from loom_runtime import records
 from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew
 from loom_runtime.errors import ReplayDivergedError, StepFailedError
-from loom_runtime.fold import Recorded, View, fold
+from loom_runtime.fold import Recorded, View, advance
 from loom_runtime.records import Position, Wait, json_value, position_text
 from loom_runtime.retry import NO_RETRY, Retry
 
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from loom_runtime.app import Loom
 
 __all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash"]
+
+_CO_COROUTINE: Final = inspect.CO_COROUTINE
 
 
 class _Stop(BaseException):
@@ -76,11 +78,9 @@ class Outcome:
     """How a run ended."""
 
     kind: Literal["completed", "failed", "suspended", "continued", "stopped"]
-    view: View
     park_seq: int = -1
     successor: Successor | None = None
     reason: BaseException | None = None
-    seen: list[Event] = field(default_factory=list)
 
 
 Workflow = Callable[..., Awaitable[Any]]
@@ -184,11 +184,12 @@ class Run:
         kind: Literal["completed", "failed", "suspended", "continued", "stopped"],
         **extra: Any,
     ) -> Outcome:
-        return Outcome(kind, self._view, seen=self._seen, **extra)
+        return Outcome(kind, **extra)
 
     def final_view(self) -> View:
-        """The view the run started from, advanced by everything it wrote or read past."""
-        return fold(self._seen, into=self._view)
+        """The view the run started from, advanced by everything it wrote or read past.
+        Call it once, after :meth:`drive`: the run's own view is advanced, not copied."""
+        return advance(self._view, self._seen)
 
     async def _finish(self, ending: object) -> Outcome:
         exc = ending.exception if isinstance(ending, _Raised) else None
@@ -282,20 +283,19 @@ class Run:
         retry: Retry | None,
         site: str,
     ) -> Any:
-        attempted = f"step {name!r} at {site}"
-        recorded = self._recorded(position, attempted, "step", name)
+        recorded = self._recorded(position, "step", name, site)
         if recorded is not None:
             if recorded.error is not None:
                 raise StepFailedError(
                     name, position_text(position), recorded.attempt, *recorded.error
                 )
             return recorded.value
-        self._go_live(position, attempted)
+        self._go_live(position, "step", name, site)
         policy = retry or NO_RETRY
         attempt = 0
         while True:
             attempt += 1
-            if self.app.crash_point(self, position, name, "before"):
+            if self.app.crash_points and self.app.crash_point(self, position, name, "before"):
                 self._halt(SimulatedCrash(f"simulated crash before step {name!r}"))
             try:
                 value = await self._call(fn, args)
@@ -308,7 +308,7 @@ class Run:
                 await self._append(
                     [records.step_failed(position, name, error_type, str(exc), attempt, site)]
                 )
-                if self.app.crash_point(self, position, name, "after"):
+                if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
                 raise StepFailedError(
                     name, position_text(position), attempt, error_type, str(exc)
@@ -318,12 +318,15 @@ class Run:
             await self._append(
                 [records.step_completed(position, "step", name, result, attempt, site)]
             )
-            if self.app.crash_point(self, position, name, "after"):
+            if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
                 self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return result
 
     async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
-        if inspect.iscoroutinefunction(fn):
+        code = getattr(fn, "__code__", None)
+        if (code is not None and code.co_flags & _CO_COROUTINE) or inspect.iscoroutinefunction(
+            fn
+        ):
             return await fn(*args)
         result = await asyncio.to_thread(fn, *args)
         if inspect.isawaitable(result):
@@ -333,11 +336,10 @@ class Run:
     async def sleep(
         self, position: Position, seconds: float | None, until: Any, site: str
     ) -> None:
-        attempted = f"sleep at {site}"
-        if self._recorded(position, attempted, "sleep", "") is not None:
+        if self._recorded(position, "sleep", "", site) is not None:
             return
-        earlier = self._earlier_wait(position, attempted, "sleep", None)
-        self._go_live(position, attempted, waits=True)
+        earlier = self._earlier_wait(position, "sleep", None, site)
+        self._go_live(position, "sleep", "", site, waits=True)
         if earlier is not None:
             wake_at = earlier.wake_at
         elif until is not None:
@@ -350,12 +352,11 @@ class Run:
     async def receive(
         self, position: Position, topic: str, seconds: float | None, site: str
     ) -> JsonValue:
-        attempted = f"receive({topic!r}) at {site}"
-        recorded = self._recorded(position, attempted, "receive", topic)
+        recorded = self._recorded(position, "receive", topic, site)
         if recorded is not None:
             return recorded.value
-        earlier = self._earlier_wait(position, attempted, "receive", topic)
-        self._go_live(position, attempted, waits=True)
+        earlier = self._earlier_wait(position, "receive", topic, site)
+        self._go_live(position, "receive", topic, site, waits=True)
         if earlier is not None:
             wake_at = earlier.wake_at
         elif seconds is not None:
@@ -430,11 +431,10 @@ class Run:
     def value(
         self, position: Position, call: str, site: str, draw: Callable[[], JsonValue]
     ) -> JsonValue:
-        attempted = f"{call}() at {site}"
-        recorded = self._recorded(position, attempted, call, "")
+        recorded = self._recorded(position, call, "", site)
         if recorded is not None:
             return recorded.value
-        self._go_live(position, attempted)
+        self._go_live(position, call, "", site)
         value = draw()
         self._pending.append(records.step_completed(position, call, "", value, 1, site))
         return value
@@ -457,40 +457,42 @@ class Run:
 
     # -- replay matching -------------------------------------------------------------------
 
-    def _recorded(
-        self, position: Position, attempted: str, call: str, name: str
-    ) -> Recorded | None:
+    def _recorded(self, position: Position, call: str, name: str, site: str) -> Recorded | None:
         self._check_alive()
         recorded = self._view.records.get(position)
         if recorded is None:
             return None
         self._visited.add(position)
         if recorded.call != call or recorded.name != name:
-            self._diverge(position, recorded.describe(), attempted)
+            self._diverge(position, recorded.describe(), _describe_call(call, name, site))
         return recorded
 
     def _earlier_wait(
-        self, position: Position, attempted: str, call: str, topic: str | None
+        self, position: Position, call: str, topic: str | None, site: str
     ) -> Wait | None:
         """The unanswered wait an earlier park recorded here (its deadline stands)."""
         earlier = self._view.waits.get(position)
         if earlier is None:
             return None
         if earlier.call != call or earlier.topic != topic:
-            self._diverge(position, _describe_wait(earlier), attempted)
+            self._diverge(
+                position, _describe_wait(earlier), _describe_call(call, topic or "", site)
+            )
         return earlier
 
-    def _go_live(self, position: Position, attempted: str, *, waits: bool = False) -> None:
+    def _go_live(
+        self, position: Position, call: str, name: str, site: str, *, waits: bool = False
+    ) -> None:
         """Refuse a live call where the log holds an unanswered wait of an earlier park
         (unless this call is that wait), or any live call when only replaying."""
         if not waits and (earlier := self._view.waits.get(position)) is not None:
-            self._diverge(position, _describe_wait(earlier), attempted)
+            self._diverge(position, _describe_wait(earlier), _describe_call(call, name, site))
         if self._replay_only:
             if self._cut_by_cancel:
                 self._stopped = True  # where the cancellation cut the run: replay ends here
                 self._release()
                 raise _Stop
-            self._diverge(position, None, attempted)
+            self._diverge(position, None, _describe_call(call, name, site))
 
     def _has_history(self, branch: Branch) -> bool:
         depth = len(branch.prefix)
@@ -554,35 +556,44 @@ class Run:
         raise _Stop
 
     async def _append(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
+        if not self._tasks:
+            return await self._append_now(events)  # one branch: nothing to serialise
         async with self._lock:
-            if self._stopped:
-                raise _Stop
-            batch = [*self._pending, *events]
+            return await self._append_now(events)
+
+    async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
+        if self._stopped:
+            raise _Stop
+        batch = [*self._pending, *events] if self._pending else events
+        app = self.app
+        hooks = app.hooks
+        if hooks.on_event is not None:
             for new in batch:
-                self.app.hooks.event(self.execution_id, new)
-            store = self.app.storage.events
-            while True:
-                try:
-                    written = await store.append(
-                        self.execution_id, batch, expected_sequence=self._head, fence=self.token
-                    )
-                    break
-                except SequenceConflictError:
-                    await self._skip_unfenced_tail()
-                except StaleFenceError as exc:
-                    self._halt(FencedOut(self.execution_id, str(exc)))
-                except InvalidInputError:
-                    raise  # refused before anything was written: the body sees it
-                except LoomError as exc:
-                    self.app.hooks.storage_error(self.execution_id, exc)
-                    self._halt(exc)
-            self._pending.clear()
-            self._head = written[-1].sequence + 1
-            self._seen.extend(written)
+                hooks.event(self.execution_id, new)
+        store = app.storage.events
+        while True:
+            try:
+                written = await store.append(
+                    self.execution_id, batch, expected_sequence=self._head, fence=self.token
+                )
+                break
+            except SequenceConflictError:
+                await self._skip_unfenced_tail()
+            except StaleFenceError as exc:
+                self._halt(FencedOut(self.execution_id, str(exc)))
+            except InvalidInputError:
+                raise  # refused before anything was written: the body sees it
+            except LoomError as exc:
+                hooks.storage_error(self.execution_id, exc)
+                self._halt(exc)
+        self._pending.clear()
+        self._head = written[-1].sequence + 1
+        self._seen.extend(written)
+        if hooks.on_durable_event is not None:
             for event in written:
-                self.app.hooks.durable_event(event)
-            self.app.changed(self.execution_id)
-            return written
+                hooks.durable_event(event)
+        app.changed(self.execution_id)
+        return written
 
     async def _skip_unfenced_tail(self) -> None:
         """Someone appended past our head. Audit appends (an unfenced EXECUTION_DENIED, an
@@ -615,6 +626,19 @@ def _type_name(exc: BaseException) -> str:
     if cls.__module__ == "builtins":
         return cls.__qualname__
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _describe_call(call: str, name: str, site: str) -> str:
+    """How a divergence names the call the body attempted."""
+    if call == "step":
+        what = f"step {name!r}"
+    elif call == "receive":
+        what = f"receive({name!r})"
+    elif call == "sleep":
+        what = "sleep"
+    else:
+        what = f"{call}()"
+    return f"{what} at {site}"
 
 
 def _describe_wait(wait: Wait) -> str:

@@ -17,7 +17,7 @@ from loom_core import Event, EventKind, JsonObject, JsonValue
 from loom_runtime.errors import LogFormatError
 from loom_runtime.records import Position, Wait, parse_position
 
-__all__ = ["Park", "Recorded", "Status", "TERMINAL", "View", "fold"]
+__all__ = ["Park", "Recorded", "Status", "TERMINAL", "View", "advance", "fold"]
 
 Status: TypeAlias = Literal[
     "running", "suspended", "completed", "failed", "cancelled", "continued"
@@ -96,7 +96,12 @@ class View:
 
 def fold(events: Iterable[Event], into: View | None = None, *, execution_id: str = "") -> View:
     """Fold ``events`` (in sequence order) onto ``into`` (a copy; ``into`` is not changed)."""
-    view = _copy(into) if into is not None else View(execution_id)
+    return advance(_copy(into) if into is not None else View(execution_id), events)
+
+
+def advance(view: View, events: Iterable[Event]) -> View:
+    """Fold ``events`` (in sequence order) onto ``view`` itself, for the one owner of a
+    view that no one else holds (a run's own, at its end); returns it."""
     for event in events:
         if not view.execution_id:
             view.execution_id = event.execution_id
@@ -105,7 +110,9 @@ def fold(events: Iterable[Event], into: View | None = None, *, execution_id: str
         except (ValueError, TypeError, KeyError) as exc:
             raise LogFormatError(view.execution_id, event.sequence, event.kind, str(exc)) from exc
         view.head = event.sequence + 1
-        view.fence = max(view.fence, event.fence)
+        fence = event.fence
+        if fence > view.fence:
+            view.fence = fence
     return view
 
 
@@ -116,13 +123,17 @@ def _copy(view: View) -> View:
     and parks, JSON values read from the log) is shared, as nothing in the runtime changes
     it. A deep copy cost more than the rest of a short workflow's run.
     """
-    return dataclasses.replace(
-        view,
-        input=list(view.input),
-        records=dict(view.records),
-        waits=dict(view.waits),
-        consumed=set(view.consumed),
-    )
+    copy = object.__new__(View)
+    for name in _FIELDS:
+        object.__setattr__(copy, name, getattr(view, name))
+    copy.input = list(view.input)
+    copy.records = dict(view.records)
+    copy.waits = dict(view.waits)
+    copy.consumed = set(view.consumed)
+    return copy
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(View))
 
 
 def _obj(payload: JsonValue) -> Mapping[str, JsonValue]:
