@@ -12,7 +12,7 @@ import random as random_module
 import socket
 import types
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
@@ -457,7 +457,8 @@ class Loom:
                 f"{fence_if_parked_at!r}"
             )
         view = await self.inspect(execution_id)
-        await self._answer(view, fence_if_parked_at, force=True, principal=principal)
+        _, run = await self._answer(view, fence_if_parked_at, force=True, principal=principal)
+        self._spawn(run)
 
     async def cancel(
         self, execution_id: str, *, reason: str | None = None, principal: object = None
@@ -652,7 +653,8 @@ class Loom:
         if view.park is None or row.execution_id in self._runs:
             return "left"  # its driver parks again (or is recovered) and re-schedules
         try:
-            answered = await self._answer(view, view.park.sequence, prefer=row.wake_at)
+            answered, run = await self._answer(view, view.park.sequence, prefer=row.wake_at)
+            self._spawn(run)
         except ResumeRefusedError as exc:
             if exc.reason == "nothing-to-answer":
                 return "obsolete"
@@ -685,21 +687,28 @@ class Loom:
         self._drivers[run.execution_id] = run
 
     async def _drive(self, run: Run) -> View | None:
-        """Drive ``run``; return its final view when it finished the execution."""
+        """Drive ``run``, and the run that answering its own park starts (in this task);
+        return the final view when the execution finished."""
         execution_id = run.execution_id
         task = asyncio.current_task()
+        assert task is not None
         ended: View | None = None
         try:
-            try:
-                outcome = await run.drive()
-            finally:
-                if self._runs.get(execution_id) is task:
-                    del self._runs[execution_id]
-                if self._drivers.get(execution_id) is run:
-                    del self._drivers[execution_id]
-            final = await self._settle(run, outcome)
-            if final is not None and final.terminal:
-                ended = final
+            next_run: Run | None = run
+            while next_run is not None:
+                run = next_run
+                self._runs[execution_id] = task
+                self._drivers[execution_id] = run
+                try:
+                    outcome = await run.drive()
+                finally:
+                    if self._runs.get(execution_id) is task:
+                        del self._runs[execution_id]
+                    if self._drivers.get(execution_id) is run:
+                        del self._drivers[execution_id]
+                final, next_run = await self._settle(run, outcome)
+                if final is not None and final.terminal:
+                    ended = final
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -713,8 +722,9 @@ class Loom:
                     end.set_result(ended)
         return ended
 
-    async def _settle(self, run: Run, outcome: Outcome) -> View | None:
-        """Act on how a run ended; return the run's final view (None when it stopped)."""
+    async def _settle(self, run: Run, outcome: Outcome) -> tuple[View | None, Run | None]:
+        """Act on how a run ended; return the run's final view (None when it stopped) and
+        the run to drive next when it answered its own park."""
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
@@ -725,12 +735,13 @@ class Loom:
                 _log.debug("%s", reason)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
-            return None
-        self.diverged.pop(execution_id, None)
+            return None, None
+        if self.diverged:
+            self.diverged.pop(execution_id, None)
         final = run.final_view()
         if outcome.kind == "suspended":
-            await self._after_park(final, outcome.park_seq)
-        elif outcome.kind == "continued":
+            return final, await self._after_park(final, outcome.park_seq)
+        if outcome.kind == "continued":
             assert outcome.successor is not None
             successor = outcome.successor
             if successor.execution_id not in self._runs:
@@ -739,25 +750,27 @@ class Loom:
                 )
         elif final.waits:
             await self.storage.timers.cancel(execution_id)
-        return final
+        return final, None
 
-    async def _after_park(self, view: View, park_seq: int) -> None:
-        """Answer our own park at once when it is already answerable: a timer that is due
-        (``ctx.sleep(0)``) or a message that arrived while the body ran."""
+    async def _after_park(self, view: View, park_seq: int) -> Run | None:
+        """Answer our own park at once when it is already answerable (a timer that is due,
+        as ``ctx.sleep(0)``'s, or a message that arrived while the body ran); the run that
+        goes on from the answer, or None."""
         now = self.clock.now()
         pending = view.pending_waits()
         due = any(w.wake_at is not None and w.wake_at <= now for w in pending)
         if not due and not await self._message_waiting(view):
-            return
+            return None
         try:
-            answered = await self._answer(view, park_seq)
+            answered, run = await self._answer(view, park_seq)
         except ResumeRefusedError:
-            return  # answered by someone else, or nothing to answer after all
+            return None  # answered by someone else, or nothing to answer after all
         except LoomError as exc:
             _log.debug("self-resume of %s left to the timer rows: %s", view.execution_id, exc)
-            return
+            return None
         if answered.wake_at is not None and answered.wake_at <= now:
             await self.storage.timers.complete(view.execution_id, answered.wake_at)
+        return run
 
     async def _message_waiting(self, view: View) -> bool:
         """Whether a receive of the open park has a message in the inbox."""
@@ -776,8 +789,9 @@ class Loom:
         prefer: datetime | None = None,
         force: bool = False,
         principal: object = None,
-    ) -> Wait:
-        """Answer the park through :func:`answer_park` and drive the body on."""
+    ) -> tuple[Wait, Run]:
+        """Answer the park through :func:`answer_park`; the wait answered, and the run that
+        drives the body on from the answer (for the caller to drive or spawn)."""
         events = self.storage.events
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
@@ -795,29 +809,18 @@ class Loom:
             token, resumed, written = await answer_park(
                 events, view, park_seq, answer, checked=checked
             )
-        for event in written:
-            self.hooks.durable_event(event)
+        if self.hooks.on_durable_event is not None:
+            for event in written:
+                self.hooks.durable_event(event)
         self.changed(view.execution_id)
-        self._spawn(Run(self, resumed, token, fn))
-        return chosen[0]
+        return chosen[0], Run(self, resumed, token, fn)
 
-    @contextlib.asynccontextmanager
-    async def _answering(self, execution_id: str) -> AsyncIterator[None]:
+    def _answering(self, execution_id: str) -> _Answering:
         """One resumer at a time per execution in this process. Two at once (a send's
         delivery and the timer service firing the same row) would take the fence from each
         other between acquire and append until both gave up contended; one after the other,
         the second finds the park answered and is refused."""
-        resumers = self._resumers.get(execution_id)
-        if resumers is None:
-            resumers = self._resumers[execution_id] = _Resumers()
-        resumers.waiting += 1
-        try:
-            async with resumers.lock:
-                yield
-        finally:
-            resumers.waiting -= 1
-            if resumers.waiting == 0:
-                del self._resumers[execution_id]
+        return _Answering(self._resumers, execution_id)
 
     async def _answer_events(
         self, view: View, park_seq: int, prefer: datetime | None, force: bool
@@ -917,6 +920,41 @@ class _Resumers:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
+
+
+@final
+class _Answering:
+    """``async with``: hold the in-process resumer lock of one execution (a class, not a
+    generator context manager: it is on every resume's path)."""
+
+    __slots__ = ("_execution_id", "_resumers", "_table")
+
+    def __init__(self, table: dict[str, _Resumers], execution_id: str) -> None:
+        self._table = table
+        self._execution_id = execution_id
+        resumers = table.get(execution_id)
+        if resumers is None:
+            resumers = table[execution_id] = _Resumers()
+        self._resumers = resumers
+
+    async def __aenter__(self) -> None:
+        resumers = self._resumers
+        resumers.waiting += 1
+        try:
+            await resumers.lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._resumers.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        resumers = self._resumers
+        resumers.waiting -= 1
+        if resumers.waiting == 0 and self._table.get(self._execution_id) is resumers:
+            del self._table[self._execution_id]
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:

@@ -130,7 +130,7 @@ class Run:
         # Futures of the gathers and waits that block until the run is quiet or stops.
         self._blocked: set[asyncio.Future[None]] = set()
         self._stop_reason: BaseException | None = None
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # made by the first gather
         self._pending: list[NewEvent] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seen: list[Event] = []
@@ -151,7 +151,7 @@ class Run:
         except asyncio.CancelledError:
             await self._teardown()
             raise
-        except BaseException as exc:  # noqa: BLE001 (sorted below: a park, a stop, an end)
+        except BaseException as exc:  # sorted in _ended: a park, a stop, or an end
             return await self._ended(_Raised(exc))
         finally:
             BRANCH.reset(reset)
@@ -251,7 +251,7 @@ class Run:
             return self._outcome("stopped", reason=self._stop_reason)
         waits = sorted(self._waits.values(), key=lambda w: w.position)
         try:
-            if self.app.crash_point(self, (), "park", "before"):
+            if self.app.crash_points and self.app.crash_point(self, (), "park", "before"):
                 self._halt(SimulatedCrash("simulated crash before the park"))
             for wake_at in sorted({w.wake_at for w in waits if w.wake_at is not None}):
                 await self.app.storage.timers.schedule(TimerRecord(self.execution_id, wake_at))
@@ -506,6 +506,8 @@ class Run:
         return False
 
     def _check_all_visited(self, attempted: str) -> None:
+        if len(self._visited) == len(self._view.records):
+            return  # every visited position is a recorded one
         missing = sorted(set(self._view.records) - self._visited)
         if missing:
             self._diverge(missing[0], self._view.records[missing[0]].describe(), attempted)
@@ -558,6 +560,8 @@ class Run:
     async def _append(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if not self._tasks:
             return await self._append_now(events)  # one branch: nothing to serialise
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         async with self._lock:
             return await self._append_now(events)
 

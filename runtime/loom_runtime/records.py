@@ -62,7 +62,7 @@ def position_text(position: Position) -> str:
 
 
 def position_json(position: Position) -> list[JsonValue]:
-    return list(position)
+    return [*position]
 
 
 def json_value(value: object, where: str) -> JsonValue:
@@ -73,7 +73,25 @@ def json_value(value: object, where: str) -> JsonValue:
     return _json(value, where, 0)
 
 
+_PLAIN: Final = frozenset({str, int, bool, type(None)})
+
+
 def _json(value: object, where: str, depth: int) -> JsonValue:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value  # type: ignore[return-value]  # exactly a JSON scalar
+    if kind is dict and depth < 100:
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():  # type: ignore[attr-defined]  # a dict
+            if type(k) is not str:
+                break
+            out[k] = v if type(v) in _PLAIN else _json(v, where, depth + 1)
+        else:
+            return out
+    return _json_checked(value, where, depth)
+
+
+def _json_checked(value: object, where: str, depth: int) -> JsonValue:
     if depth > 100:
         raise NotJsonError(where, "nested more than 100 levels deep")
     if value is None or isinstance(value, bool | int | str):
@@ -83,13 +101,13 @@ def _json(value: object, where: str, depth: int) -> JsonValue:
             raise NotJsonError(where, f"{value!r} has no JSON form")
         return value
     if isinstance(value, list | tuple):
-        return [_json(v, where, depth + 1) for v in value]
+        return [_json_checked(v, where, depth + 1) for v in value]
     if isinstance(value, dict):
-        out: dict[str, JsonValue] = {}
+        out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise NotJsonError(where, f"dict key {k!r} is a {type(k).__name__}, not a str")
-            out[k] = _json(v, where, depth + 1)
+            out[k] = _json_checked(v, where, depth + 1)
         return out
     raise NotJsonError(where, f"a {type(value).__name__} ({value!r:.60})")
 

@@ -22,7 +22,7 @@ from loom_core import (
     StaleFenceError,
 )
 from loom_runtime.errors import ResumeContendedError, ResumeRefusedError
-from loom_runtime.fold import View, fold
+from loom_runtime.fold import View, advance, fold
 
 __all__ = ["ACQUIRE_ATTEMPTS", "Answer", "answer_park", "still_parked"]
 
@@ -113,7 +113,7 @@ async def answer_park(
                 view = await read_tail(events, view)
                 expected = exc.current_fence
                 break
-            return token, fold(written, into=view), written
+            return token, advance(view, written), written  # ``view`` is our own copy
         if not still_parked(view, park_seq):
             raise _refuse(view)
     raise ResumeContendedError(execution_id, ACQUIRE_ATTEMPTS)

@@ -1,0 +1,59 @@
+"""json_value: what a step's or a workflow's value is recorded as, and what is refused."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+from loom_runtime.errors import NotJsonError
+from loom_runtime.records import json_value
+
+
+def _nested(levels: int, leaf: object) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("leaf", [1, "s", None, True, 1.5, {}, []])
+def test_a_value_100_levels_deep_is_recorded(leaf: object) -> None:
+    assert json_value(_nested(100, leaf), "v") == _nested(100, leaf)
+
+
+@pytest.mark.parametrize("leaf", [1, {}, [1]])
+def test_a_value_nested_past_100_levels_is_refused(leaf: object) -> None:
+    with pytest.raises(NotJsonError, match="100 levels"):
+        json_value(_nested(101, {"b": leaf}), "v")
+
+
+def test_tuples_become_lists_at_every_depth_and_the_input_is_not_kept() -> None:
+    given = {"a": (1, 2), "b": {"c": (3, {"d": (4,)})}}
+    recorded = json_value(given, "v")
+    assert recorded == {"a": [1, 2], "b": {"c": [3, {"d": [4]}]}}
+    assert recorded is not given
+    assert isinstance(recorded, dict)
+    assert recorded["b"] is not given["b"]
+
+
+def test_dict_subclasses_are_recorded_as_plain_dicts() -> None:
+    recorded = json_value(OrderedDict(a=1), "v")
+    assert recorded == {"a": 1}
+    assert type(recorded) is dict
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({1: 2}, "dict key 1"),
+        ({"a": {"b": {2: 1}}}, "dict key 2"),
+        ({"a": float("nan")}, "nan"),
+        ([float("inf")], "inf"),
+        ({"a": object()}, "a object"),
+        ({"a": [b"x"]}, "a bytes"),
+    ],
+)
+def test_what_is_not_json_is_refused_naming_it(bad: object, says: str) -> None:
+    with pytest.raises(NotJsonError, match=says) as refused:
+        json_value(bad, "the result of step 's'")
+    assert "the result of step 's'" in str(refused.value)
