@@ -8,10 +8,10 @@ disagree about its state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from loom_core import Event, EventKind, JsonObject, JsonValue
 from loom_runtime.errors import LogFormatError
@@ -105,13 +105,17 @@ def advance(view: View, events: Iterable[Event]) -> View:
     for event in events:
         if not view.execution_id:
             view.execution_id = event.execution_id
-        try:
-            _apply(view, event)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise LogFormatError(view.execution_id, event.sequence, event.kind, str(exc)) from exc
+        apply = _APPLY.get(event.kind)
+        if apply is not None:
+            try:
+                apply(view, event)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise LogFormatError(
+                    view.execution_id, event.sequence, event.kind, str(exc)
+                ) from exc
         view.head = event.sequence + 1
-        fence = event.fence
-        if fence > view.fence:
+        fence = event.metadata.get("fence")
+        if type(fence) is int and fence > view.fence:
             view.fence = fence
     return view
 
@@ -166,94 +170,122 @@ def _error(raw: JsonValue) -> tuple[str, str]:
     return _str(err, "type"), _str(err, "message")
 
 
-def _apply(view: View, event: Event) -> None:
-    kind = event.kind
-    payload = event.payload
-    if kind == EventKind.EXECUTION_STARTED:
-        p = _obj(payload)
-        view.status = "running"
-        view.workflow = _str(p, "workflow")
-        raw_input = p.get("input")
-        view.input = list(raw_input) if isinstance(raw_input, list) else []
-        view.fingerprint = _opt_str(p, "fingerprint") or ""
-        view.node = _opt_str(p, "node") or ""
-        view.root = _opt_str(p, "root") or event.execution_id
-        view.generation = _int(p, "generation", 0)
-        view.continued_from = _opt_str(p, "continued_from")
-        view.parent = p.get("parent")
-        view.started_at = event.recorded_at
-    elif kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED):
-        p = _obj(payload)
-        position = parse_position(p.get("position"))
-        error = _error(p.get("error")) if kind == EventKind.STEP_FAILED else None
+def _started(view: View, event: Event) -> None:
+    p = _obj(event.payload)
+    view.status = "running"
+    view.workflow = _str(p, "workflow")
+    raw_input = p.get("input")
+    view.input = list(raw_input) if isinstance(raw_input, list) else []
+    view.fingerprint = _opt_str(p, "fingerprint") or ""
+    view.node = _opt_str(p, "node") or ""
+    view.root = _opt_str(p, "root") or event.execution_id
+    view.generation = _int(p, "generation", 0)
+    view.continued_from = _opt_str(p, "continued_from")
+    view.parent = p.get("parent")
+    view.started_at = event.recorded_at
+
+
+def _step(view: View, event: Event) -> None:
+    p = _obj(event.payload)
+    position = parse_position(p.get("position"))
+    error = _error(p.get("error")) if event.kind == EventKind.STEP_FAILED else None
+    view.records[position] = Recorded(
+        position=position,
+        call=_str(p, "call"),
+        name=_opt_str(p, "name") or "",
+        value=p.get("result"),
+        error=error,
+        attempt=_int(p, "attempt", 1),
+        site=_opt_str(p, "site") or "",
+        sequence=event.sequence,
+    )
+
+
+def _consumed(view: View, event: Event) -> None:
+    p = _obj(event.payload)
+    position = parse_position(p.get("position"))
+    view.consumed.add(_int(p, "message"))
+    wait = view.waits.get(position)
+    view.records[position] = Recorded(
+        position=position,
+        call="receive",
+        name=_str(p, "topic"),
+        value=p.get("value"),
+        site=wait.site if wait is not None else "",
+        sequence=event.sequence,
+    )
+
+
+def _suspended(view: View, event: Event) -> None:
+    raw_waits = _obj(event.payload).get("waits")
+    if not isinstance(raw_waits, list):
+        raise TypeError("'waits' must be a list")
+    waits = tuple(Wait.from_json(_obj(w)) for w in raw_waits)
+    for wait in waits:
+        view.waits[wait.position] = wait
+    view.park = Park(event.sequence, event.fence, waits)
+    view.status = "suspended"
+
+
+def _resumed(view: View, event: Event) -> None:
+    p = _obj(event.payload)
+    position = parse_position(p.get("position"))
+    answer = _obj(p.get("answer"))
+    wait = view.waits.get(position)
+    if _str(answer, "kind") != "message":
+        # A message's record is its MESSAGE_CONSUMED, appended in the same write.
         view.records[position] = Recorded(
             position=position,
-            call=_str(p, "call"),
-            name=_opt_str(p, "name") or "",
-            value=p.get("result"),
-            error=error,
-            attempt=_int(p, "attempt", 1),
-            site=_opt_str(p, "site") or "",
-            sequence=event.sequence,
-        )
-    elif kind == EventKind.MESSAGE_CONSUMED:
-        p = _obj(payload)
-        position = parse_position(p.get("position"))
-        view.consumed.add(_int(p, "message"))
-        wait = view.waits.get(position)
-        view.records[position] = Recorded(
-            position=position,
-            call="receive",
-            name=_str(p, "topic"),
-            value=p.get("value"),
+            call=wait.call if wait is not None else "sleep",
+            name=(wait.topic or "") if wait is not None else "",
+            value=None,
             site=wait.site if wait is not None else "",
             sequence=event.sequence,
         )
-    elif kind == EventKind.EXECUTION_SUSPENDED:
-        p = _obj(payload)
-        raw_waits = p.get("waits")
-        if not isinstance(raw_waits, list):
-            raise TypeError("'waits' must be a list")
-        waits = tuple(Wait.from_json(_obj(w)) for w in raw_waits)
-        for wait in waits:
-            view.waits[wait.position] = wait
-        view.park = Park(event.sequence, event.fence, waits)
-        view.status = "suspended"
-    elif kind == EventKind.EXECUTION_RESUMED:
-        p = _obj(payload)
-        position = parse_position(p.get("position"))
-        answer = _obj(p.get("answer"))
-        wait = view.waits.get(position)
-        answer_kind = _str(answer, "kind")
-        if answer_kind != "message":
-            # A message's record is its MESSAGE_CONSUMED, appended in the same write.
-            view.records[position] = Recorded(
-                position=position,
-                call=wait.call if wait is not None else "sleep",
-                name=(wait.topic or "") if wait is not None else "",
-                value=None,
-                site=wait.site if wait is not None else "",
-                sequence=event.sequence,
-            )
-        view.park = None
-        view.status = "running"
-        view.node = _opt_str(p, "node") or view.node
-    elif kind == EventKind.EXECUTION_RECOVERED:
-        view.node = _opt_str(_obj(payload), "node") or view.node
-    elif kind == EventKind.EXECUTION_COMPLETED:
-        view.result = _obj(payload).get("result")
-        _finish(view, "completed", event)
-    elif kind == EventKind.EXECUTION_FAILED:
-        view.error = _error(_obj(payload).get("error"))
-        _finish(view, "failed", event)
-    elif kind == EventKind.EXECUTION_CANCELLED:
-        view.cancel_reason = _opt_str(_obj(payload), "reason")
-        _finish(view, "cancelled", event)
-    elif kind == EventKind.EXECUTION_CONTINUED:
-        view.successor = _str(_obj(payload), "successor")
-        _finish(view, "continued", event)
-    # Every other kind (EXECUTION_DENIED, annotations, application events) changes nothing
-    # the runtime acts on.
+    view.park = None
+    view.status = "running"
+    view.node = _opt_str(p, "node") or view.node
+
+
+def _recovered(view: View, event: Event) -> None:
+    view.node = _opt_str(_obj(event.payload), "node") or view.node
+
+
+def _completed(view: View, event: Event) -> None:
+    view.result = _obj(event.payload).get("result")
+    _finish(view, "completed", event)
+
+
+def _failed(view: View, event: Event) -> None:
+    view.error = _error(_obj(event.payload).get("error"))
+    _finish(view, "failed", event)
+
+
+def _cancelled(view: View, event: Event) -> None:
+    view.cancel_reason = _opt_str(_obj(event.payload), "reason")
+    _finish(view, "cancelled", event)
+
+
+def _continued(view: View, event: Event) -> None:
+    view.successor = _str(_obj(event.payload), "successor")
+    _finish(view, "continued", event)
+
+
+_APPLY: Final[Mapping[str, Callable[[View, Event], None]]] = {
+    EventKind.EXECUTION_STARTED: _started,
+    EventKind.STEP_COMPLETED: _step,
+    EventKind.STEP_FAILED: _step,
+    EventKind.MESSAGE_CONSUMED: _consumed,
+    EventKind.EXECUTION_SUSPENDED: _suspended,
+    EventKind.EXECUTION_RESUMED: _resumed,
+    EventKind.EXECUTION_RECOVERED: _recovered,
+    EventKind.EXECUTION_COMPLETED: _completed,
+    EventKind.EXECUTION_FAILED: _failed,
+    EventKind.EXECUTION_CANCELLED: _cancelled,
+    EventKind.EXECUTION_CONTINUED: _continued,
+}
+"""What each kind does to a view. Every other kind (EXECUTION_DENIED, annotations,
+application events) changes nothing the runtime acts on."""
 
 
 def _finish(view: View, status: Status, event: Event) -> None:
