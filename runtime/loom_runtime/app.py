@@ -119,9 +119,11 @@ class Handle(Generic[R]):
             # (nothing changes a log after its terminal event): wait for it rather than
             # reading the log after every append. Otherwise watch before reading, so a
             # write between the read and the wait still wakes us.
-            view = await self._app._local_end(execution_id, _remaining(loop, deadline))
+            last = await self._app._local_end(execution_id, _remaining(loop, deadline))
             changed = None
-            if view is None:
+            if last is not None:
+                view = fold([last])  # a terminal event says all a result needs
+            else:
                 changed = self._app.watch(execution_id)
                 view = await self._app.inspect(execution_id)
             if view.status is None:
@@ -235,9 +237,9 @@ class Loom:
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
-        self._runs: dict[str, asyncio.Task[View | None]] = {}
+        self._runs: dict[str, asyncio.Task[Event | None]] = {}
         self._drivers: dict[str, Run] = {}
-        self._ends: dict[str, list[asyncio.Future[View | None]]] = {}
+        self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._resumers: dict[str, _Resumers] = {}
         self._services: list[asyncio.Task[Any]] = []
@@ -392,7 +394,20 @@ class Loom:
             name, inputs, fingerprint=self._fingerprints[name], node=self.node, root=execution_id
         )
         token, written = await self._create(execution_id, event)
-        self._spawn(Run(self, fold(written), token, fn))
+        # What fold makes of that one event, made directly: this is every start's path.
+        view = View(
+            execution_id,
+            head=1,
+            status="running",
+            workflow=name,
+            input=inputs,
+            fingerprint=self._fingerprints[name],
+            node=self.node,
+            root=execution_id,
+            fence=token,
+            started_at=written[0].recorded_at,
+        )
+        self._spawn(Run(self, view, token, fn))
         return Handle(self, execution_id)
 
     def get(self, execution_id: str) -> Handle[JsonValue]:
@@ -559,7 +574,7 @@ class Loom:
             self._runs.pop(run.execution_id, None)
         return True
 
-    async def _local_end(self, execution_id: str, seconds: float | None) -> View | None:
+    async def _local_end(self, execution_id: str, seconds: float | None) -> Event | None:
         """While a run in this process drives ``execution_id``, wait for it (at most
         ``seconds``, then None) and for whatever run it hands the execution on to
         (a resume of its own park, a continued execution's first run). The finished view
@@ -571,7 +586,7 @@ class Loom:
             left = _remaining(loop, deadline)
             if left is not None and left <= 0:
                 return None
-            end: asyncio.Future[View | None] = loop.create_future()
+            end: asyncio.Future[Event | None] = loop.create_future()
             self._ends.setdefault(execution_id, []).append(end)
             try:
                 if left is None:
@@ -686,13 +701,13 @@ class Loom:
         self._runs[run.execution_id] = task
         self._drivers[run.execution_id] = run
 
-    async def _drive(self, run: Run) -> View | None:
+    async def _drive(self, run: Run) -> Event | None:
         """Drive ``run``, and the run that answering its own park starts (in this task);
-        return the final view when the execution finished."""
+        return the terminal event when the execution finished."""
         execution_id = run.execution_id
         task = asyncio.current_task()
         assert task is not None
-        ended: View | None = None
+        ended: Event | None = None
         try:
             next_run: Run | None = run
             while next_run is not None:
@@ -706,9 +721,7 @@ class Loom:
                         del self._runs[execution_id]
                     if self._drivers.get(execution_id) is run:
                         del self._drivers[execution_id]
-                final, next_run = await self._settle(run, outcome)
-                if final is not None and final.terminal:
-                    ended = final
+                ended, next_run = await self._settle(run, outcome)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -722,9 +735,9 @@ class Loom:
                     end.set_result(ended)
         return ended
 
-    async def _settle(self, run: Run, outcome: Outcome) -> tuple[View | None, Run | None]:
-        """Act on how a run ended; return the run's final view (None when it stopped) and
-        the run to drive next when it answered its own park."""
+    async def _settle(self, run: Run, outcome: Outcome) -> tuple[Event | None, Run | None]:
+        """Act on how a run ended; return the terminal event it wrote (None when it parked
+        or stopped) and the run to drive next when it answered its own park."""
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
@@ -738,9 +751,9 @@ class Loom:
             return None, None
         if self.diverged:
             self.diverged.pop(execution_id, None)
-        final = run.final_view()
         if outcome.kind == "suspended":
-            return final, await self._after_park(final, outcome.park_seq)
+            final = run.final_view()
+            return None, await self._after_park(final, outcome.park_seq)
         if outcome.kind == "continued":
             assert outcome.successor is not None
             successor = outcome.successor
@@ -748,9 +761,9 @@ class Loom:
                 self._spawn(
                     Run(self, successor.view, successor.token, self._body_of(successor.view))
                 )
-        elif final.waits:
+        elif run.waited:
             await self.storage.timers.cancel(execution_id)
-        return final, None
+        return run.last_written, None
 
     async def _after_park(self, view: View, park_seq: int) -> Run | None:
         """Answer our own park at once when it is already answerable (a timer that is due,

@@ -186,6 +186,18 @@ class Run:
     ) -> Outcome:
         return Outcome(kind, **extra)
 
+    @property
+    def waited(self) -> bool:
+        """Whether an earlier park of the execution waited on something (its timer rows
+        may be left to cancel)."""
+        return bool(self._view.waits)
+
+    @property
+    def last_written(self) -> Event | None:
+        """The last event this run wrote or stepped over (after a terminal outcome: the
+        terminal event)."""
+        return self._seen[-1] if self._seen else None
+
     def final_view(self) -> View:
         """The view the run started from, advanced by everything it wrote or read past.
         Call it once, after :meth:`drive`: the run's own view is advanced, not copied."""

@@ -32,3 +32,30 @@ async def test_folding_onto_a_view_leaves_that_view_as_it_was() -> None:
     assert parked.input == [{"n": 1}]
     done.input.append("more")
     assert parked.input == [{"n": 1}]
+
+
+async def test_a_started_run_sees_exactly_what_fold_makes_of_its_first_event() -> None:
+    # app.start builds the first run's view itself rather than folding the event it just
+    # wrote; the two must never drift apart.
+    from loom_runtime import Context, Loom
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n-1", recover=False, timers=False)
+
+        @app.workflow(name="waits")
+        async def waits(ctx: Context, order: str, count: int) -> None:
+            await ctx.receive("never")
+
+        async with app:
+            seen: list[object] = []
+            original = app._spawn
+
+            def spy(run: object) -> None:
+                seen.append(fold([], into=run._view))  # type: ignore[attr-defined]
+                original(run)  # type: ignore[arg-type]
+
+            app._spawn = spy  # type: ignore[method-assign]
+            await app.start(waits, "o-1", 3, id="e-1")
+            await app.drain()
+            log = await storage.events.read("e-1")
+            assert seen == [fold(log[:1])]
