@@ -855,12 +855,14 @@ class Loom:
                     for event in batch:
                         self.hooks.event(view.execution_id, event)
                     return batch, wait
-        now = self.clock.now()
-        timed = sorted(
-            (w for w in pending if w.wake_at is not None), key=lambda w: (w.wake_at, w.position)
-        )
-        pick = next((w for w in timed if prefer is not None and w.wake_at == prefer), None)
-        if pick is None:
+        timed = [w for w in pending if w.wake_at is not None]
+        if len(timed) > 1:
+            timed.sort(key=_wake_order)
+        pick = None
+        if prefer is not None:
+            pick = next((w for w in timed if w.wake_at == prefer), None)
+        if pick is None and timed:
+            now = self.clock.now()
             pick = next((w for w in timed if w.wake_at is not None and w.wake_at <= now), None)
         if pick is None and force and timed:
             pick = timed[0]
@@ -872,7 +874,8 @@ class Loom:
             )
         kind = "timer" if pick.call == "sleep" else "timeout"
         event = records.resumed(park_seq, pick.position, {"kind": kind}, self.node)
-        self.hooks.event(view.execution_id, event)
+        if self.hooks.on_event is not None:
+            self.hooks.event(view.execution_id, event)
         return [event], pick
 
     async def _check_allowed(self, principal: object, action: str, view: View) -> None:
@@ -968,6 +971,11 @@ class _Answering:
         resumers.waiting -= 1
         if resumers.waiting == 0 and self._table.get(self._execution_id) is resumers:
             del self._table[self._execution_id]
+
+
+def _wake_order(wait: Wait) -> tuple[datetime, Position]:
+    assert wait.wake_at is not None
+    return wait.wake_at, wait.position
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import math
 import sys
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
@@ -289,7 +290,10 @@ def _qualname(fn: object) -> str:
 
 
 def _seconds(duration: object, what: str) -> float:
-    if isinstance(duration, timedelta):
+    kind = type(duration)
+    if kind is int or kind is float:
+        seconds = float(duration)  # type: ignore[arg-type]  # exactly an int or a float
+    elif isinstance(duration, timedelta):
         seconds = duration.total_seconds()
     elif isinstance(duration, int | float) and not isinstance(duration, bool):
         seconds = float(duration)
@@ -297,7 +301,7 @@ def _seconds(duration: object, what: str) -> float:
         raise InvalidDurationError(
             f"{what} takes seconds (int or float) or a timedelta, not {duration!r}"
         )
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+    if not math.isfinite(seconds):
         raise InvalidDurationError(f"{what} needs a finite duration, not {duration!r}")
     if seconds < 0:
         raise InvalidDurationError(f"{what} needs a duration >= 0, not {duration!r}")

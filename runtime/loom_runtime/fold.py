@@ -7,7 +7,6 @@ disagree about its state.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -128,16 +127,29 @@ def _copy(view: View) -> View:
     it. A deep copy cost more than the rest of a short workflow's run.
     """
     copy = object.__new__(View)
-    for name in _FIELDS:
-        object.__setattr__(copy, name, getattr(view, name))
+    copy.execution_id = view.execution_id
+    copy.head = view.head
+    copy.status = view.status
+    copy.workflow = view.workflow
     copy.input = list(view.input)
+    copy.fingerprint = view.fingerprint
+    copy.node = view.node
+    copy.root = view.root
+    copy.generation = view.generation
+    copy.continued_from = view.continued_from
+    copy.parent = view.parent
+    copy.fence = view.fence
     copy.records = dict(view.records)
     copy.waits = dict(view.waits)
+    copy.park = view.park
     copy.consumed = set(view.consumed)
+    copy.result = view.result
+    copy.error = view.error
+    copy.cancel_reason = view.cancel_reason
+    copy.successor = view.successor
+    copy.started_at = view.started_at
+    copy.finished_at = view.finished_at
     return copy
-
-
-_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(View))
 
 
 def _obj(payload: JsonValue) -> Mapping[str, JsonValue]:

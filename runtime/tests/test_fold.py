@@ -59,3 +59,30 @@ async def test_a_started_run_sees_exactly_what_fold_makes_of_its_first_event() -
             await app.drain()
             log = await storage.events.read("e-1")
             assert seen == [fold(log[:1])]
+
+
+def test_folding_nothing_onto_a_view_copies_every_field() -> None:
+    # The copy is written out field by field (it is on every resume's path): a field added
+    # to View and not to the copy fails here.
+    from dataclasses import fields
+    from datetime import UTC, datetime
+
+    from loom_runtime.fold import Park, Recorded, View
+    from loom_runtime.records import Wait
+
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    wait = Wait((1,), "sleep", moment)
+    view = View(
+        "e", head=7, status="suspended", workflow="w", input=[1], fingerprint="f",
+        node="n", root="r", generation=2, continued_from="c", parent={"p": 1}, fence=3,
+        records={(0,): Recorded((0,), "step", "s")}, waits={(1,): wait},
+        park=Park(6, 3, (wait,)), consumed={4}, result=5, error=("T", "m"),
+        cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
+    )
+    defaults = View("e")
+    assert all(getattr(view, f.name) != getattr(defaults, f.name) for f in fields(View)
+               if f.name != "execution_id")
+    copy = fold([], into=view)
+    assert copy == view
+    for name in ("input", "records", "waits", "consumed"):
+        assert getattr(copy, name) is not getattr(view, name)
