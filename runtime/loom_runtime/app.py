@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import inspect
 import logging
@@ -696,8 +697,10 @@ class Loom:
             self.hooks.durable_event(durable)
         return token, written
 
-    def _spawn(self, run: Run) -> None:
-        task = asyncio.create_task(self._drive(run), name=f"loom:{run.execution_id}")
+    def _spawn(self, run: Run, context: contextvars.Context | None = None) -> None:
+        task = asyncio.create_task(
+            self._drive(run), name=f"loom:{run.execution_id}", context=context
+        )
         self._runs[run.execution_id] = task
         self._drivers[run.execution_id] = run
 
@@ -708,9 +711,15 @@ class Loom:
         task = asyncio.current_task()
         assert task is not None
         ended: Event | None = None
+        # Every run's body starts from the context vars the first one started from; a
+        # body that set some gets its successor a task of its own, started from those.
+        base = contextvars.copy_context()
         try:
             next_run: Run | None = run
             while next_run is not None:
+                if next_run is not run and contextvars.copy_context() != base:
+                    self._spawn(next_run, base)
+                    break
                 run = next_run
                 self._runs[execution_id] = task
                 self._drivers[execution_id] = run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import pytest
@@ -138,3 +139,29 @@ async def test_sleep_parks_and_the_timer_service_resumes_it(app: Loom, clock: Vi
     await clock.advance(1)
     assert await handle.result(timeout=5) == "awake"
     assert await app.storage.timers.pending("n") == ()
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="unset")
+
+
+async def test_each_replay_starts_from_the_context_vars_the_execution_started_with(
+    app: Loom,
+) -> None:
+    seen: list[str] = []
+
+    async def note(value: str) -> str:
+        return value
+
+    @app.workflow()
+    async def flow(ctx: Context) -> list[str]:
+        seen.append(_REQUEST.get())
+        _REQUEST.set("set by the body")
+        await ctx.sleep(0)  # parked, and answered at once by the run itself
+        seen.append(_REQUEST.get())
+        return [await ctx.step(note, "done")]
+
+    _REQUEST.set("the starter's")
+    handle = await app.start(flow, id="ctx-1")
+    assert await handle.result(timeout=5) == ["done"]
+    # The replay after the park sees the starter's value again, not the first run's.
+    assert seen == ["the starter's", "the starter's", "set by the body"]
