@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 from loom_runtime import fold
 
 from loom_core import JsonObject, NewEvent, open_storage
@@ -38,6 +40,7 @@ async def test_a_started_run_sees_exactly_what_fold_makes_of_its_first_event() -
     # app.start builds the first run's view itself rather than folding the event it just
     # wrote; the two must never drift apart.
     from loom_runtime import Context, Loom
+    from loom_runtime.driver import Run
 
     async with open_storage("memory://") as storage:
         app = Loom(storage, node="n-1", recover=False, timers=False)
@@ -50,9 +53,9 @@ async def test_a_started_run_sees_exactly_what_fold_makes_of_its_first_event() -
             seen: list[object] = []
             original = app._spawn
 
-            def spy(run: object) -> None:
-                seen.append(fold([], into=run._view))  # type: ignore[attr-defined]
-                original(run)  # type: ignore[arg-type]
+            def spy(run: Run, context: contextvars.Context | None = None) -> None:
+                seen.append(fold([], into=run._view))
+                original(run, context)
 
             app._spawn = spy  # type: ignore[method-assign]
             await app.start(waits, "o-1", 3, id="e-1")
