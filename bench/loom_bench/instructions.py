@@ -1,0 +1,155 @@
+"""The workflow rows' cost in CPU instructions: ``python3 -m loom_bench.instructions``.
+
+Throughput on a shared two-core machine moves with whatever else runs on it; the number of
+instructions a workflow costs does not. This counts them with valgrind's callgrind (which
+counts executed instructions, not time, and runs threads one at a time): a child process
+runs ``small`` executions of a workflow (or of its twin, the store making the same calls,
+see :mod:`loom_bench.workflows`) at 64 concurrent on a fresh storage, another runs
+``large``, and the difference over ``large - small`` executions is one execution's cost,
+start-up and warm-up cancelled out. twin / runtime is the counterpart, free of noise, of
+the throughput rows' runtime / store.
+
+It says nothing about waiting (a disk, a server): on SQLite it counts the store's thread
+too, on PostgreSQL only the client's side. Valgrind must be installed (``valgrind`` on
+``PATH``); each count runs the workflows about fifty times slower than natively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from loom_bench.workflows import WORKFLOWS, runtime_executor, twin_executor
+from loom_core import open_storage
+
+__all__ = ["Count", "count_instructions", "main", "per_execution", "run_executions"]
+
+Side = Literal["runtime", "twin"]
+SIDES: Final[tuple[Side, ...]] = ("runtime", "twin")
+CONCURRENCY: Final = 64
+_COLLECTED: Final = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+async def run_executions(side: Side, scenario: str, executions: int, url: str) -> None:
+    """Run ``executions`` of ``scenario`` through the runtime or its twin on a fresh
+    storage at ``url``, 64 at a time (what each counted child process does)."""
+    workflow = WORKFLOWS[scenario]
+    executor = runtime_executor if side == "runtime" else twin_executor
+    async with open_storage(url) as storage, executor(storage, workflow) as execute:
+        slots = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(index: int) -> None:
+            async with slots:
+                await execute(f"{side}-{index}")
+
+        await asyncio.gather(*(one(index) for index in range(executions)))
+
+
+def per_execution(small: int, large: int, at_small: int, at_large: int) -> int:
+    """One execution's instructions, from the counts of two runs of different sizes."""
+    if not 0 < small < large:
+        raise ValueError(f"need 0 < small < large, not {small} and {large}")
+    return round((at_large - at_small) / (large - small))
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    scenario: str
+    backend: str
+    runtime: int
+    twin: int
+
+    @property
+    def ratio(self) -> float:
+        """twin / runtime: what the throughput rows' runtime / store would be if both
+        sides were bound by this process's CPU alone."""
+        return self.twin / self.runtime
+
+
+def _url(backend: str, directory: Path, name: str) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{directory / f'{name}.db'}"
+    raise ValueError(f"counted backends are memory and sqlite, not {backend!r}")
+
+
+def _collected(valgrind_output: str) -> int:
+    found = _COLLECTED.search(valgrind_output)
+    if found is None:
+        raise RuntimeError(f"valgrind printed no instruction count:\n{valgrind_output[-2000:]}")
+    return int(found.group(1))
+
+
+def count_instructions(
+    scenario: str, backend: str, *, small: int = 200, large: int = 1200
+) -> Count:
+    """Count one execution of ``scenario`` on ``backend``, through the runtime and as its
+    twin (four valgrind runs)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise RuntimeError("valgrind is not on PATH (e.g. apt-get install valgrind)")
+    totals: dict[tuple[Side, int], int] = {}
+    with tempfile.TemporaryDirectory(prefix="loom-instructions-") as tmp:
+        directory = Path(tmp)
+        for side in SIDES:
+            for executions in (small, large):
+                url = _url(backend, directory, f"{side}-{executions}")
+                done = subprocess.run(
+                    [
+                        valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                        sys.executable, "-m", "loom_bench.instructions", "--child",
+                        side, scenario, str(executions), url,
+                    ],
+                    capture_output=True, text=True, check=False,
+                )
+                if done.returncode != 0:
+                    raise RuntimeError(f"the counted run failed:\n{done.stderr[-2000:]}")
+                totals[side, executions] = _collected(done.stderr)
+    runtime, twin = (
+        per_execution(small, large, totals[side, small], totals[side, large])
+        for side in SIDES
+    )
+    return Count(scenario, backend, runtime, twin)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m loom_bench.instructions",
+        description="Instructions per workflow, through the runtime and as its twin "
+        "(valgrind's callgrind; deterministic, unlike throughput).",
+    )
+    parser.add_argument("--backends", default="memory,sqlite")
+    parser.add_argument("--scenarios", default=",".join(WORKFLOWS))
+    parser.add_argument("--small", type=int, default=200)
+    parser.add_argument("--large", type=int, default=1200)
+    parser.add_argument("--child", nargs=4, metavar=("SIDE", "SCENARIO", "N", "URL"))
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        side, scenario, executions, url = args.child
+        asyncio.run(run_executions(side, scenario, int(executions), url))
+        return 0
+    print("| workflow | backend | runtime: instructions | store, same calls | runtime / store |")
+    print("|---|---|---|---|---|")
+    for backend in args.backends.split(","):
+        for scenario in args.scenarios.split(","):
+            count = count_instructions(scenario, backend, small=args.small, large=args.large)
+            print(
+                f"| {WORKFLOWS[scenario].title} | {backend} | {count.runtime:,} | "
+                f"{count.twin:,} | {count.ratio:.2f}x |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

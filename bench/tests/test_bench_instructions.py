@@ -1,0 +1,57 @@
+"""The instruction counter's parts that need no valgrind: the counted child run, the
+arithmetic, the parsing, and a clear refusal without valgrind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loom_bench import instructions
+from loom_bench.instructions import Count, per_execution, run_executions
+
+from loom_core import open_storage
+
+
+async def test_a_counted_run_completes_every_execution(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'counted.db'}"
+    await run_executions("runtime", "workflow-one-step", 5, url)
+    async with open_storage(url) as storage:
+        ids = await storage.events.list_executions()
+        assert sorted(ids) == [f"runtime-{i}" for i in range(5)]
+        for execution_id in ids:
+            kinds = [e.kind for e in await storage.events.read(execution_id)]
+            assert kinds[-1] == "EXECUTION_COMPLETED"
+
+
+def test_the_child_process_runs_the_twin_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'child.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "loom_bench.instructions", "--child",
+         "twin", "workflow-sleep", "3", url],
+        capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_one_execution_is_the_difference_over_the_difference_in_size() -> None:
+    assert per_execution(200, 1200, 5_000_000, 105_000_000) == 100_000
+    with pytest.raises(ValueError, match="small < large"):
+        per_execution(10, 10, 1, 2)
+    assert Count("workflow-one-step", "memory", runtime=800, twin=600).ratio == 0.75
+
+
+def test_valgrind_s_count_is_read_from_its_output() -> None:
+    output = "==1== Events    : Ir\n==1== Collected : 123456789\n==1==\n"
+    assert instructions._collected(output) == 123_456_789
+    with pytest.raises(RuntimeError, match="no instruction count"):
+        instructions._collected("valgrind: no such file")
+
+
+def test_without_valgrind_the_count_is_refused_saying_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("loom_bench.instructions.shutil.which", lambda _: None)
+    with pytest.raises(RuntimeError, match="valgrind is not on PATH"):
+        instructions.count_instructions("workflow-one-step", "memory")
