@@ -9,6 +9,7 @@ same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -140,6 +141,21 @@ class SqliteBackend:
 
     def _path(self, tag: str) -> Path:
         return self.workdir / f"{tag}.db"
+
+    def database_file(self, tag: str) -> Path:
+        """The file of run ``tag`` (a peer's file too: cleared by :meth:`forget`)."""
+        return self._path(tag)
+
+    def journal_mode(self, tag: str) -> str | None:
+        """``PRAGMA journal_mode`` read back from run ``tag``'s file (WAL is recorded in
+        the file itself), or None when the run left no file."""
+        import sqlite3
+
+        path = self._path(tag)
+        if not path.exists():
+            return None
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return str(db.execute("PRAGMA journal_mode").fetchone()[0])
 
     def storage_url(self, tag: str) -> str:
         return f"sqlite:///{self._path(tag)}"

@@ -30,10 +30,9 @@ from loom_bench.backends import BACKEND_NAMES
 from loom_bench.compare import CompareError, load_report, render_comparison
 from loom_bench.report_json import render_json
 from loom_bench.report_markdown import render_markdown
-from loom_bench.runner import BenchConfig, run_benchmark
+from loom_bench.runner import ALL_ROWS, BenchConfig, run_benchmark
 from loom_bench.scenarios import SCENARIOS
 from loom_bench.stacks import parse_stack
-from loom_bench.workflows import WORKFLOWS
 
 __all__ = ["build_parser", "config_from", "main", "redact"]
 
@@ -64,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Loom's throughput table (five kinds of execution, fenced and not) on the installed "
             "backends and decorator stacks, each row beside its raw-driver floor run in "
-            "the same repetitions; and workflows through loom-runtime, each beside the "
-            "store making the same calls (and DBOS, where installed)."
+            "the same repetitions; workflows through loom-runtime, each beside the "
+            "store making the same calls (and DBOS, where installed); and plain stream "
+            "writes beside eventsourcing's recorders (where installed)."
         ),
     )
     parser.add_argument(
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--scenarios", default="all",
-        help=f"comma-separated rows, or 'all': {', '.join((*SCENARIOS, *WORKFLOWS))}",
+        help=f"comma-separated rows, or 'all': {', '.join(ALL_ROWS)}",
     )
     parser.add_argument(
         "--stacks", default="",
@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-dbos", action="store_true", help="skip DBOS beside the one-step workflow"
     )
+    parser.add_argument(
+        "--no-eventsourcing", action="store_true",
+        help="skip eventsourcing's recorders beside the stream rows",
+    )
     parser.add_argument("--json", type=Path, help="write the JSON report here")
     parser.add_argument("--markdown", type=Path, help="also write the Markdown table here")
     parser.add_argument(
@@ -134,9 +138,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     unknown = [name for name in backends if name not in BACKEND_NAMES]
     if not backends or unknown:
         raise ValueError(f"--backends takes {', '.join(BACKEND_NAMES)}; got {args.backends!r}")
-    scenarios = (
-        (*SCENARIOS, *WORKFLOWS) if args.scenarios == "all" else tuple(_list(args.scenarios))
-    )
+    scenarios = ALL_ROWS if args.scenarios == "all" else tuple(_list(args.scenarios))
     stacks = tuple(parse_stack(item) for item in _list(args.stacks))
     warmup = args.warmup if args.warmup is not None else args.executions // 10
     return BenchConfig(
@@ -154,6 +156,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         raw=not args.no_raw,
         ceiling=not args.no_pgbench,
         peer=not args.no_dbos,
+        eventsourcing=not args.no_eventsourcing,
         workdir=args.workdir,
     )
 

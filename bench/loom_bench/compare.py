@@ -82,7 +82,9 @@ def render_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
         floor = next(
             (
                 key
-                for key in ("ours_over_raw", "ours_over_store")
+                for key in (
+                    "ours_over_raw", "ours_over_store", "ours_over_eventsourcing_aggregate"
+                )
                 if _median(a, key) is not None or _median(b, key) is not None
             ),
             "ours_over_undecorated",
@@ -95,7 +97,8 @@ def render_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
     lines += [
         "",
         "The floor is the raw driver of the same run (for a workflow row, the store making the "
-        "same calls; for a decorator row without one, the undecorated row). Read the change "
+        "same calls; for a stream row, eventsourcing's aggregate recorder; for a decorator "
+        "row without one, the undecorated row). Read the change "
         "of the ratio: it is paired, the rates are not.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""Run ``count`` executions and time them: ``concurrency`` asyncio tasks, or one thread.
+"""Run ``count`` executions and time them: ``concurrency`` asyncio tasks, one thread, or a
+pool of ``concurrency`` threads (for a synchronous library, driven as its users drive it).
 
 Each worker takes the next execution index, runs it to the end and takes another, so
 ``concurrency`` executions are in flight until the last ones drain. The clock covers the
@@ -13,14 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TypeVar
 
 from loom_bench.statistics import Sample, sample_from
 
-__all__ = ["RunPlan", "Tick", "drive_concurrently", "drive_sequentially", "drive_workers"]
+__all__ = [
+    "RunPlan",
+    "Tick",
+    "drive_concurrently",
+    "drive_sequentially",
+    "drive_threads",
+    "drive_workers",
+]
 
 W = TypeVar("W")
 
@@ -118,6 +128,59 @@ def drive_sequentially(
         latencies.append(perf_counter() - began)
         tick()
     return sample_from(latencies, perf_counter() - started)
+
+
+def drive_threads(
+    count: int, concurrency: int, execute: Callable[[int], None], tick: Tick = _noop
+) -> Sample:
+    """Run ``execute(0)`` … ``execute(count - 1)`` on a pool of ``concurrency`` threads,
+    each taking the next index as it finishes one, so ``concurrency`` are in flight until
+    the last ones drain (as :func:`drive_concurrently` does with tasks).
+
+    The threads are started before the clock (they wait at a barrier), and ``tick`` is
+    called under a lock, one thread at a time. The first failure stops the other threads
+    taking more work and is raised as itself once they have finished.
+    """
+    _check(count, concurrency)
+    workers = min(concurrency, count)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    next_index = 0
+    stop = threading.Event()
+    start = threading.Barrier(workers + 1)
+
+    def worker() -> None:
+        nonlocal next_index
+        start.wait()
+        while not stop.is_set():
+            with lock:
+                index = next_index
+                next_index += 1
+            if index >= count:
+                return
+            began = perf_counter()
+            try:
+                execute(index)
+            except BaseException:
+                stop.set()
+                raise
+            elapsed = perf_counter() - began
+            with lock:
+                latencies.append(elapsed)
+                tick()
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-driver") as pool:
+        futures = [pool.submit(worker) for _ in range(workers)]
+        gc.collect()
+        start.wait()
+        started = perf_counter()
+        wait(futures)
+        seconds = perf_counter() - started
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return sample_from(latencies, seconds)
 
 
 def _check(count: int, concurrency: int) -> None:

@@ -66,6 +66,15 @@ def _row(row: RowResult) -> dict[str, object]:
             "ours_over_peer": _spread(row.vs_ceiling),
         })
         return data
+    if spec.kind == "stream":
+        # ours is the store; beside it eventsourcing's aggregate and application recorders.
+        data.update({
+            "eventsourcing_aggregate": _side(row.raw),
+            "eventsourcing_application": _side(row.ceiling),
+            "ours_over_eventsourcing_aggregate": _spread(row.vs_raw),
+            "ours_over_eventsourcing_application": _spread(row.vs_ceiling),
+        })
+        return data
     data.update({
         "raw": _side(row.raw),
         "pgbench": _side(row.ceiling),

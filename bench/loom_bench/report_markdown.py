@@ -1,5 +1,5 @@
-"""The Markdown report: one table per backend (and one of its workflow rows), the
-decorator stacks, the targets.
+"""The Markdown report: one table per backend (and one of its workflow rows, and one of
+its stream rows beside eventsourcing), the decorator stacks, the targets.
 
 Throughput is "median (min-max)" executions per second; p50 is the median over runs of
 each run's median latency; ratios are paired per repetition and printed as
@@ -192,6 +192,80 @@ def _workflow_section(
     return [title, "", *_table(header, lines), "", note, ""]
 
 
+def _stream_section(
+    backend: str, rows: Sequence[RowResult], result: BenchResult, many: bool
+) -> list[str]:
+    aggregate = next((r.raw.label for r in rows if r.raw is not None), None)
+    application = next((r.ceiling.label for r in rows if r.ceiling is not None), None)
+    peers = [label for label in (aggregate, application) if label is not None]
+    header = ["write", "Loom writes/s", "p50 ms"]
+    for peer in peers:
+        header += [f"{peer} writes/s", f"{peer} p50 ms", f"Loom / {peer}"]
+    title = f"### {backend}: streams beside eventsourcing"
+    first = rows[0]
+    if first.status != "ok" and all(
+        (r.status, r.note) == (first.status, first.note) for r in rows
+    ):
+        return [title, "", _status_cell(first), ""]
+    lines = []
+    for row in rows:
+        if row.status != "ok":
+            lines.append([_label(row, many), _status_cell(row)] + [_DASH] * (len(header) - 2))
+            continue
+        line = [_label(row, many), *_cells(row.ours)]
+        if aggregate:
+            line += [*_cells(row.raw), format_ratio(row.vs_raw)]
+        if application:
+            line += [*_cells(row.ceiling), format_ratio(row.vs_ceiling)]
+        lines.append(line)
+    return [title, "", *_table(header, lines), "", _stream_note(backend, result, peers), ""]
+
+
+def _stream_note(backend: str, result: BenchResult, peers: Sequence[str]) -> str:
+    note = (
+        "Each write is one append through `open_storage` and the SPI (a new stream: three "
+        "events at `expected_sequence=0`; an append: one event at 3, to a stream of three "
+        "written before the clock), by asyncio tasks."
+    )
+    if not peers:
+        return note
+    note += (
+        " Beside it, in the same repetitions, eventsourcing's recorders make the same "
+        "writes (`insert_events` of stored events with the same kinds and JSON payloads, "
+        "versions 1-3, or 4), driven by a pool of as many threads as the concurrency: the "
+        "aggregate recorder inserts the events; the application recorder also numbers them "
+        "for its notification log."
+    )
+    settings = result.settings.get(backend, {})
+    if backend == "sqlite":
+        ours = (
+            f"Loom: journal_mode {settings.get('loom_journal_mode', '?')} (read back from its "
+            f"file), synchronous {settings.get('synchronous', '?')} (set on every connection "
+            "it opens)"
+        )
+        theirs = (
+            f"eventsourcing: journal_mode {settings.get('eventsourcing_journal_mode', '?')}, "
+            f"synchronous {settings.get('eventsourcing_synchronous', '?')} (read back through "
+            "a connection of its pool)"
+        )
+        return f"{note} Durability: {ours}; {theirs}. A fresh file per run for each side."
+    if backend == "postgres":
+        ours = (
+            f"Loom's database: fsync {settings.get('postgres_fsync', '?')}, "
+            f"synchronous_commit {settings.get('postgres_synchronous_commit', '?')}"
+        )
+        theirs = (
+            f"eventsourcing's (read back through a connection of its pool): fsync "
+            f"{settings.get('eventsourcing_fsync', '?')}, synchronous_commit "
+            f"{settings.get('eventsourcing_synchronous_commit', '?')}"
+        )
+        return (
+            f"{note} Durability on the one server: {ours}; {theirs}. eventsourcing writes "
+            "into a database of its own on it."
+        )
+    return note
+
+
 def _stacks_section(rows: Sequence[RowResult], many: bool) -> list[str]:
     header = ["backend", "stack", "Loom executions/s", "p50 ms", "vs undecorated", "Loom / raw"]
     lines = []
@@ -295,6 +369,7 @@ def render_markdown(result: BenchResult) -> str:
     ]
     bare = [r for r in result.rows if not r.spec.stack and r.spec.kind == "store"]
     workflows = [r for r in result.rows if r.spec.kind == "workflow"]
+    streams = [r for r in result.rows if r.spec.kind == "stream"]
     stacked = [r for r in result.rows if r.spec.stack]
     for backend in p.backends:
         rows = [r for r in bare if r.spec.backend == backend]
@@ -303,6 +378,9 @@ def render_markdown(result: BenchResult) -> str:
         flows = [r for r in workflows if r.spec.backend == backend]
         if flows:
             out += _workflow_section(backend, flows, result, many)
+        writes = [r for r in streams if r.spec.backend == backend]
+        if writes:
+            out += _stream_section(backend, writes, result, many)
     if stacked:
         out += _stacks_section(stacked, many)
     checks = evaluate(result)

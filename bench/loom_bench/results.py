@@ -28,11 +28,13 @@ Status = Literal["ok", "not installed", "unavailable", "unsupported", "failed"]
 store does not offer a method the scenario calls. ``failed``: a run raised."""
 
 
-RowKind = Literal["store", "workflow"]
+RowKind = Literal["store", "workflow", "stream"]
 """``store``: a step script through the SPI, beside the raw-driver floors. ``workflow``: a
 workflow through ``loom_runtime``, beside the store making the same calls (its *floor*,
 the ``raw`` side) and, where it has one, DBOS's equivalent (the *peer*, the ``ceiling``
-side)."""
+side). ``stream``: one event-store write through the SPI, beside eventsourcing's
+aggregate recorder (the ``raw`` side) and its application recorder (the ``ceiling``
+side) writing the same events."""
 
 
 @dataclass(frozen=True, slots=True)

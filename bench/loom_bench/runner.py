@@ -12,7 +12,9 @@ is a row status, never a crash; a run that raises marks its row failed with the 
 the benchmark goes on. A workflow row's sides are the runtime (``ours``), the store making
 the same calls (``raw``, its floor) and, on PostgreSQL for the one-step workflow, DBOS
 (``ceiling``, its peer); without loom-runtime the row, and without DBOS its peer side,
-says "not installed" and what to install.
+says "not installed" and what to install. A stream row's sides are our store (``ours``)
+and, on SQLite and PostgreSQL, eventsourcing's aggregate recorder (``raw``) and
+application recorder (``ceiling``), both "not installed" without eventsourcing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ from loom_bench import machine
 from loom_bench.backends import Backend, MemoryBackend, PostgresBackend, SqliteBackend
 from loom_bench.dbos_peer import DBOS_LABEL, dbos_missing, measure_dbos
 from loom_bench.drive import RunPlan
+from loom_bench.eventsourcing_peer import (
+    EVENTSOURCING_LABEL,
+    Peer,
+    PostgresPeer,
+    RecorderKind,
+    SqlitePeer,
+    eventsourcing_missing,
+    measure_eventsourcing,
+    recorder_label,
+)
 from loom_bench.loom_runs import NotOffered, measure_loom
 from loom_bench.pgbench import find_pgbench
 from loom_bench.progress import Progress
@@ -48,6 +60,7 @@ from loom_bench.scenarios import SCENARIOS, Scenario, scenario
 from loom_bench.servers import ServerUnavailable, postgres_server
 from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
+from loom_bench.streams import STREAMS, StreamScenario, measure_loom_stream, stream_scenario
 from loom_bench.workflows import (
     WORKFLOWS,
     WorkflowScenario,
@@ -64,19 +77,23 @@ __all__ = ["BenchConfig", "run_benchmark"]
 Side = Literal["ours", "raw", "ceiling"]
 RUNTIME_LABEL = "runtime"
 TWIN_LABEL = "store"
+ALL_ROWS = (*SCENARIOS, *WORKFLOWS, *STREAMS)
+"""Every row a benchmark can run, in the table's order."""
+# A stream row's eventsourcing sides, by the side they take in a row.
+_RECORDER_SIDES: dict[Side, RecorderKind] = {"raw": "aggregate", "ceiling": "application"}
+
+AnyScenario = Scenario | WorkflowScenario | StreamScenario
 
 
-def known_scenario(key: str) -> Scenario | WorkflowScenario:
-    """The store scenario or workflow named ``key``; refuses an unknown name."""
-    workflow = workflow_scenario(key)
-    if workflow is not None:
-        return workflow
+def known_scenario(key: str) -> AnyScenario:
+    """The store scenario, workflow or stream row named ``key``; refuses an unknown name."""
+    chosen = workflow_scenario(key) or stream_scenario(key)
+    if chosen is not None:
+        return chosen
     try:
         return scenario(key)
     except ValueError:
-        raise ValueError(
-            f"unknown scenario {key!r}; known: {', '.join((*SCENARIOS, *WORKFLOWS))}"
-        ) from None
+        raise ValueError(f"unknown scenario {key!r}; known: {', '.join(ALL_ROWS)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +105,7 @@ class BenchConfig:
     executions: int = 3000
     runs: int = 5
     warmup: int = 300
-    scenarios: tuple[str, ...] = (*SCENARIOS, *WORKFLOWS)
+    scenarios: tuple[str, ...] = ALL_ROWS
     stacks: tuple[tuple[str, ...], ...] = ()
     stack_scenario: str = "short"
     sqlite_synchronous: Synchronous = "NORMAL"
@@ -97,6 +114,7 @@ class BenchConfig:
     raw: bool = True
     ceiling: bool = True
     peer: bool = True
+    eventsourcing: bool = True
     workdir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -114,7 +132,7 @@ class _Row:
     """A row while it is being measured (the mutable twin of RowResult)."""
 
     spec: RowSpec
-    scenario: Scenario | WorkflowScenario
+    scenario: AnyScenario
     backend: Backend | None
     runs: int
     status: Status = "ok"
@@ -149,8 +167,14 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _specs(config: BenchConfig) -> list[tuple[RowSpec, Scenario | WorkflowScenario]]:
-    specs: list[tuple[RowSpec, Scenario | WorkflowScenario]] = []
+def _kind(chosen: AnyScenario) -> RowKind:
+    if isinstance(chosen, WorkflowScenario):
+        return "workflow"
+    return "stream" if isinstance(chosen, StreamScenario) else "store"
+
+
+def _specs(config: BenchConfig) -> list[tuple[RowSpec, AnyScenario]]:
+    specs: list[tuple[RowSpec, AnyScenario]] = []
     for backend in config.backends:
         for concurrency in config.concurrency:
             keys = list(config.scenarios)
@@ -158,9 +182,8 @@ def _specs(config: BenchConfig) -> list[tuple[RowSpec, Scenario | WorkflowScenar
                 keys.append(config.stack_scenario)  # the stacks' undecorated baseline
             for key in keys:
                 chosen = known_scenario(key)
-                kind: RowKind = "workflow" if isinstance(chosen, WorkflowScenario) else "store"
                 specs.append(
-                    (RowSpec(backend, key, chosen.title, (), concurrency, kind), chosen)
+                    (RowSpec(backend, key, chosen.title, (), concurrency, _kind(chosen)), chosen)
                 )
             stack_scenario = scenario(config.stack_scenario)
             for stack in config.stacks:
@@ -205,6 +228,8 @@ async def run_benchmark(
                 row.status, row.note = "not installed", missing
             elif isinstance(chosen, WorkflowScenario):
                 _enable_workflow(row, chosen, backend, config)
+            elif isinstance(chosen, StreamScenario):
+                _enable_stream(row, backend, config)
             else:
                 row.enable("ours", "loom")
                 if config.raw:
@@ -213,15 +238,19 @@ async def run_benchmark(
                     row.enable("ceiling", backend.ceiling_label)
             rows.append(row)
         total = sum(len(r.sides) for r in rows if r.status == "ok") * config.runs
+        read_back: dict[str, dict[str, object]] = {}
         async with Progress(total, stream=progress_stream, enabled=show_progress) as progress:
             indexed = list(enumerate(rows))
             for repetition in range(config.runs):
                 order = indexed if repetition % 2 == 0 else indexed[::-1]
                 for index, row in order:
                     await _measure_row(
-                        row, index, repetition, config, host, session, progress
+                        row, index, repetition, config, host, session, progress, read_back
                     )
-        settings = {name: backend.settings() for name, backend in backends.items()}
+        settings = {
+            name: {**backend.settings(), **read_back.get(name, {})}
+            for name, backend in backends.items()
+        }
     machine_info = {**machine_info, "load_average_after": machine.load_average()}
     results = _results(rows)
     parameters = Parameters(
@@ -264,6 +293,19 @@ def _enable_workflow(
         row.enable("ceiling", DBOS_LABEL)
     else:
         row.missing["ceiling"] = (DBOS_LABEL, f"not installed: {absent}")
+
+
+def _enable_stream(row: _Row, backend: Backend, config: BenchConfig) -> None:
+    """Our store; eventsourcing's two recorders beside it on SQLite and PostgreSQL."""
+    row.enable("ours", "loom")
+    if not config.eventsourcing or not isinstance(backend, SqliteBackend | PostgresBackend):
+        return
+    absent = eventsourcing_missing()
+    for side, kind in _RECORDER_SIDES.items():
+        if absent is None:
+            row.enable(side, recorder_label(kind))
+        else:
+            row.missing[side] = (recorder_label(kind), f"not installed: {absent}")
 
 
 async def _backends(
@@ -331,6 +373,7 @@ async def _measure_row(
     host: PluginHost,
     session: str,
     progress: Progress,
+    read_back: dict[str, dict[str, object]],
 ) -> None:
     if row.status != "ok" or row.backend is None:
         return
@@ -348,6 +391,11 @@ async def _measure_row(
             if isinstance(chosen, WorkflowScenario):
                 sample = await _measure_workflow_side(side, backend, chosen, plan, tag,
                                                       progress, host)
+            elif isinstance(chosen, StreamScenario):
+                sample, settings = await _measure_stream_side(
+                    side, backend, chosen, plan, tag, progress, host
+                )
+                read_back.setdefault(spec.backend, {}).update(settings)
             elif side == "ours":
                 sample = await measure_loom(
                     backend, spec.stack, chosen, plan, tag, progress.tick, host
@@ -395,6 +443,31 @@ async def _measure_workflow_side(
         )
     assert isinstance(backend, PostgresBackend)
     return await measure_dbos(await backend.peer_url(DBOS_LABEL), chosen, plan, progress.tick)
+
+
+async def _measure_stream_side(
+    side: Side,
+    backend: Backend,
+    chosen: StreamScenario,
+    plan: RunPlan,
+    tag: str,
+    progress: Progress,
+    host: PluginHost,
+) -> tuple[Sample, dict[str, object]]:
+    """One run of a stream row's side, and the durability settings it read back (keys
+    ``loom_*`` or ``eventsourcing_*``, for the report)."""
+    if side == "ours":
+        sample = await measure_loom_stream(backend, chosen, plan, tag, progress.tick, host)
+        journal = backend.journal_mode(tag) if isinstance(backend, SqliteBackend) else None
+        return sample, {} if journal is None else {"loom_journal_mode": journal}
+    peer: Peer
+    if isinstance(backend, SqliteBackend):
+        peer = SqlitePeer(backend.database_file(tag), backend.synchronous)
+    else:
+        assert isinstance(backend, PostgresBackend)
+        peer = PostgresPeer(await backend.peer_url(EVENTSOURCING_LABEL))
+    run = await measure_eventsourcing(peer, _RECORDER_SIDES[side], chosen, plan, progress.tick)
+    return run.sample, {f"eventsourcing_{key}": value for key, value in run.durability.items()}
 
 
 async def _forget(backend: Backend, tag: str, row: _Row) -> None:

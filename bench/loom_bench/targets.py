@@ -15,6 +15,10 @@ Each target is named for what it measures (the report prints the name):
   at most 25% over the store making the same calls (its twin, in the same run).
 - ``vs-dbos``: on PostgreSQL, one-step workflows/s through the runtime at 64 concurrent at
   least 20x of DBOS running its equivalent one-step workflow against the same server.
+- ``vs-eventsourcing``: on SQLite and PostgreSQL, at every concurrency, each stream row
+  (a new stream of three events; one event appended to a stream) at least 1.0x of each of
+  eventsourcing's recorders (aggregate, application) writing the same events in the same
+  run, on the same server or disk.
 
 Beside them, for reference and without a threshold, ``fenced-execution-cost``: the cost
 of the ``short-fenced`` row (whose ``acquire_fence`` is a fourth write inside every timed
@@ -45,6 +49,8 @@ PGBENCH_CONCURRENCY: Final = 64
 RUNTIME_OVERHEAD: Final = 0.25
 DBOS_RATIO: Final = 20.0
 DBOS_CONCURRENCY: Final = 64
+EVENTSOURCING_RATIO: Final = 1.0
+EVENTSOURCING_BACKENDS: Final = ("sqlite", "postgres")
 
 Verdict = Literal["met", "not met", "undecided", "not measured", "reference"]
 
@@ -182,6 +188,7 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
                 )
             )
     checks += _workflow_checks(result)
+    checks += _stream_checks(result)
     return tuple(checks)
 
 
@@ -223,4 +230,36 @@ def _workflow_checks(result: BenchResult) -> list[TargetCheck]:
                 "ratio", ">=", DBOS_RATIO, measured, note,
             )
         )
+    return checks
+
+
+def _stream_checks(result: BenchResult) -> list[TargetCheck]:
+    """``vs-eventsourcing``: every stream row over each recorder beside it; a recorder
+    skipped (``--no-eventsourcing``) is no target, one not installed says what to install."""
+    checks: list[TargetCheck] = []
+    for row in result.rows:
+        spec = row.spec
+        if spec.kind != "stream" or spec.backend not in EVENTSOURCING_BACKENDS:
+            continue
+        for peer, measured in ((row.raw, row.vs_raw), (row.ceiling, row.vs_ceiling)):
+            if row.status == "ok" and peer is None:
+                continue  # --no-eventsourcing
+            note = None
+            if measured is None:
+                note = _why_missing(row)
+                if peer is not None and peer.note:
+                    note = f"{peer.label} {peer.note}"
+                elif peer is not None and peer.error:
+                    note = f"{peer.label} failed: {peer.error}"
+            label = peer.label if peer is not None else "eventsourcing"
+            checks.append(
+                TargetCheck(
+                    "vs-eventsourcing", spec.backend, spec.concurrency,
+                    f"{spec.title}: Loom / {label} recorder (same events, same "
+                    f"{'server' if spec.backend == 'postgres' else 'disk'})",
+                    "ratio", ">=", EVENTSOURCING_RATIO, measured, note,
+                )
+            )
+            if row.status != "ok":
+                break  # the row itself is missing: say it once
     return checks

@@ -156,3 +156,62 @@ def test_vs_dbos_without_dbos_says_what_to_install() -> None:
     ]
     assert check.verdict == "not measured"
     assert check.note == "dbos not installed: pip install 'loom-bench[dbos]'"
+
+
+def _stream(key: str, backend: str, concurrency: int, loom: SideResult,
+            aggregate: SideResult | None, application: SideResult | None) -> RowResult:
+    return RowResult(
+        RowSpec(backend, key, key, (), concurrency, "stream"), "ok",
+        ours=loom, raw=aggregate, ceiling=application,
+    )
+
+
+def test_vs_eventsourcing_is_judged_per_recorder_at_every_concurrency_on_both_backends() -> None:
+    rows = [
+        _stream(key, backend, concurrency, _side("loom", 1000, 1200),
+                _side("eventsourcing aggregate", 800, 1000),
+                _side("eventsourcing application", 1100, 1300))
+        for backend in ("sqlite", "postgres")
+        for concurrency in (1, 8, 64)
+        for key in ("stream-new", "stream-append")
+    ]
+    rows.append(_stream("stream-new", "memory", 64, _side("loom", 5000), None, None))
+    checks = [c for c in _evaluate(*rows) if c.name == "vs-eventsourcing"]
+    assert len(checks) == 2 * 3 * 2 * 2  # backends x concurrencies x rows x recorders
+    assert {(c.backend, c.concurrency) for c in checks} == {
+        (b, c) for b in ("sqlite", "postgres") for c in (1, 8, 64)
+    }
+    aggregate = [c for c in checks if "aggregate" in c.description]
+    application = [c for c in checks if "application" in c.description]
+    for check in aggregate:
+        assert check.measured is not None
+        # Per repetition: 1000/800 = 1.25, 1200/1000 = 1.2; the median is their mean.
+        assert check.measured.median == pytest.approx((1.25 + 1.2) / 2)
+        assert check.measured.minimum == pytest.approx(1.2)
+        assert check.threshold == 1.0
+        assert check.verdict == "met"
+    for check in application:
+        assert check.measured is not None
+        assert check.measured.median == pytest.approx((1000 / 1100 + 1200 / 1300) / 2)
+        # A target missed is a verdict in the report, not an error.
+        assert check.verdict == "not met"
+        assert check.met is False
+
+
+def test_vs_eventsourcing_without_it_says_what_to_install_and_without_the_flag_is_absent(
+) -> None:
+    note = "not installed: pip install 'loom-bench[eventsourcing]'"
+    absent = SideResult("eventsourcing aggregate", (None, None), note=note)
+    missing = [
+        c for c in _evaluate(
+            _stream("stream-new", "sqlite", 8, _side("loom", 900, 1000), absent, None),
+        )
+        if c.name == "vs-eventsourcing"
+    ]
+    assert [(c.verdict, c.note) for c in missing] == [
+        ("not measured", f"eventsourcing aggregate {note}")
+    ]
+    skipped = _evaluate(
+        _stream("stream-new", "sqlite", 8, _side("loom", 900, 1000), None, None)
+    )
+    assert [c for c in skipped if c.name == "vs-eventsourcing"] == []
