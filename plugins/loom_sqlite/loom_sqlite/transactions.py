@@ -167,33 +167,36 @@ class TransactionRunner:
     async def _call(
         self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
     ) -> object:
-        future = self._submit(op, write=write, doing=doing)
-        if future.done():
-            # It ran at once, on the loop. Yield once anyway, as a hop would have: a task
-            # that appends in a loop must not keep the other tasks from running.
-            await asyncio.sleep(0)
-        return await future
+        if self._closing:
+            raise DatabaseClosedError(self.path)
+        if self._alone_now(write):
+            # The first operation of this turn of the loop, after a batch that was alone
+            # too: run it now, rather than one turn later. Whatever is submitted before
+            # this task resumes queues, and goes to the thread if it is several.
+            self._turn_taken = True
+            try:
+                loop = asyncio.get_running_loop()
+                result = self._run_inline([_Pending(op, write, doing, loop.create_future())])
+            except _Reroute:
+                self._turn_taken = False
+            else:
+                try:
+                    # Yield once, as a hop would have: a task that appends in a loop must
+                    # not keep the other tasks from running.
+                    await asyncio.sleep(0)
+                finally:
+                    self._turn_taken = False
+                value, error = result.outcomes[0]
+                if error is not None:
+                    raise error
+                return value
+        return await self._submit(op, write=write, doing=doing)
 
     def _submit(
         self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
     ) -> asyncio.Future[object]:
-        if self._closing:
-            raise DatabaseClosedError(self.path)
         loop = asyncio.get_running_loop()
         pending = _Pending(op, write, doing, loop.create_future())
-        if self._alone_now(write):
-            # The first operation of this turn of the loop, after a batch that was alone
-            # too: run it now rather than one turn later (the next turn's operations, if
-            # several, queue behind the turn marker and go to the thread together).
-            self._turn_taken = True
-            loop.call_soon(self._next_turn)
-            try:
-                result = self._run_inline([pending])
-            except _Reroute:
-                pass
-            else:
-                self._finish([pending], result, loop)
-                return pending.future
         self._queue.append(pending)
         self._schedule(loop)
         return pending.future
@@ -209,9 +212,6 @@ class TransactionRunner:
             and self._connection.loop_raw is not None
             and self._clock() >= self._inline_after
         )
-
-    def _next_turn(self) -> None:
-        self._turn_taken = False
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         # One turn later: every task made ready in this turn has queued its operation by
