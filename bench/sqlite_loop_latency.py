@@ -136,14 +136,16 @@ def _reexec_with_shim(slow_ms: float) -> None:
 
 async def _main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="loom-loop-latency-"))
-    url = f"sqlite:///{workdir}/loom.db?synchronous={args.synchronous}"
-    sides: list[tuple[str, Callable[[Callable[[], bool]], Awaitable[int]] | None]] = [
-        ("idle", None),
-        ("loom", _loom_writer(url)),
-        ("sqlite3 on the loop", _raw_on_loop(workdir / "raw.db", args.synchronous)),
-    ]
-    results: dict[str, list[tuple[list[float], int]]] = {name: [] for name, _ in sides}
-    for _ in range(args.runs):
+    results: dict[str, list[tuple[list[float], int]]] = {
+        "idle": [], "loom": [], "sqlite3 on the loop": []
+    }
+    for run in range(args.runs):  # a fresh file per run for each writer
+        url = f"sqlite:///{workdir}/loom-{run}.db?synchronous={args.synchronous}"
+        sides: list[tuple[str, Callable[[Callable[[], bool]], Awaitable[int]] | None]] = [
+            ("idle", None),
+            ("loom", _loom_writer(url)),
+            ("sqlite3 on the loop", _raw_on_loop(workdir / f"raw-{run}.db", args.synchronous)),
+        ]
         for name, writer in sides:
             results[name].append(await _measure(args.seconds, writer))
     slow = os.environ.get("LOOM_SLOW_FSYNC_US")
