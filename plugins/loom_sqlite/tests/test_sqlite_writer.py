@@ -261,3 +261,18 @@ async def test_checkpoints_run_on_the_thread_and_keep_the_wal_small(db_path: Pat
         # 6 000 rows written, two or three pages a commit, would leave some 30 MB in the
         # -wal file if nothing checkpointed; the thread's commits keep it near 1 000 pages.
         assert _size(str(db_path) + "-wal") < 2_000 * 4_120
+
+
+def test_the_poller_wakes_subscribers_when_another_connection_commits() -> None:
+    """``(thread, loop)`` data versions: each of the storage's connections moves only the
+    other's; another process moves both, possibly one poll apart (compared with the last
+    wake, so that is not missed)."""
+    from loom_sqlite.subscribe import _another_committed
+
+    woken_at = (10, 20)
+    assert not _another_committed(woken_at, (11, 20))  # the loop's own commit
+    assert not _another_committed(woken_at, (10, 21))  # the thread's own commit
+    assert _another_committed(woken_at, (11, 21))  # another process, or both of ours
+    assert _another_committed(woken_at, (11, -1))  # the loop's version could not be read
+    assert _another_committed((10, None), (11, None))  # FULL: one connection
+    assert not _another_committed((10, None), (10, None))
