@@ -19,13 +19,15 @@ Where a batch runs:
 - **on the event loop**, on the loop connection (:mod:`loom_sqlite.connection`), when it
   is a single operation, nothing is on the thread, and the storage is at ``synchronous =
   NORMAL``. A lone caller then pays no thread hop: its operation is a few SQLite calls
-  that write to the operating system's cache and return. It cannot wait on anything: the
-  loop connection's busy timeout is zero, so if another process holds the write lock the
-  operation goes to the thread instead (where it waits up to ``busy_timeout_ms``), and it
-  never checkpoints, so it never syncs the disk. One that took longer than
-  ``INLINE_STALL_SECONDS`` anyway, ``STALLS_TO_COOL_OFF`` times in a row (a disk too slow
-  even for that, not one preemption by a busy machine), sends every batch to the thread
-  for the next ``COOL_OFF_SECONDS``;
+  that write to the operating system's cache and return. While operations come one at a
+  time, each runs at once in its caller's turn (not one turn later), and the caller
+  yields once afterwards, so a task that writes in a loop never starves the others. It
+  cannot wait on anything: the loop connection's busy timeout is zero, so if another
+  process holds the write lock the operation goes to the thread instead (where it waits
+  up to ``busy_timeout_ms``), and it never checkpoints, so it never syncs the disk. One
+  that took longer than ``INLINE_STALL_SECONDS`` anyway, ``STALLS_TO_COOL_OFF`` times in a
+  row (a disk too slow even for that, not one preemption by a busy machine), sends every
+  batch to the thread for the next ``COOL_OFF_SECONDS``;
 - **on the writer thread** otherwise: several operations (the thread's one hop and one
   commit are shared), ``synchronous = FULL`` (every commit syncs the disk), or anything
   queued while the thread is busy. The thread wakes the loop once per batch.

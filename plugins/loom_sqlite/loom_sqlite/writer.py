@@ -34,11 +34,6 @@ class Outcome(Generic[T]):
         self.value = value
         self.error = error
 
-    def get(self) -> T:
-        if self.error is not None:
-            raise self.error
-        return self.value  # type: ignore[return-value]
-
 
 _Job = tuple[
     Callable[[], object],
@@ -59,10 +54,6 @@ class WriterThread:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
 
     def submit(
         self,
