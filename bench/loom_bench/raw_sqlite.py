@@ -1,12 +1,21 @@
 """The SQLite raw floor: the same writes through the stdlib ``sqlite3`` module, no Loom code.
 
-An equivalent table (primary key ``(execution_id, sequence)``), the same WAL and
-``synchronous`` settings as the store under test, and **one transaction per append**,
-in one loop on one connection: SQLite has one writer, so a loop is the fastest honest way
-to drive it. For the fenced variants it also does the fence-row writes: ``acquire_fence``
-is an upsert that bumps the token, a fenced append inserts only while its token is current
-(one statement), and ``acquire_fence_if`` checks the token and scans for an answering event
-past the park in one ``BEGIN IMMEDIATE`` before the bump.
+A plain loop on one connection, in one thread, with the same WAL and ``synchronous``
+settings as the store under test, writing the same rows in the same transactions as the
+store must (SQLite has one writer, so a loop is the fastest honest way to drive it):
+
+- an append is one ``BEGIN IMMEDIATE`` transaction: read the execution's head and token
+  (one statement), refuse unless the head is the expected sequence (and, when fenced, the
+  token is the one presented), insert the event, move the head (an upsert of the
+  execution's row), ``COMMIT``. The head row is a write the store cannot do without:
+  prefix truncation removes events but keeps the head, so the head is not ``max(sequence)``;
+- ``acquire_fence`` is one upsert that bumps the token (one statement is its own
+  transaction);
+- ``acquire_fence_if`` checks the token and scans for an answering event past the park in
+  one ``BEGIN IMMEDIATE`` before the bump.
+
+The tables have the store's shape: ``WITHOUT ROWID``, keyed by execution id (and sequence),
+times as INTEGER microseconds.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from datetime import UTC, datetime
+import time
 from pathlib import Path
 from typing import Final, Literal
 
@@ -28,33 +37,40 @@ __all__ = ["SCHEMA", "RawSqliteFloor", "Synchronous", "measure_raw_sqlite"]
 Synchronous = Literal["NORMAL", "FULL"]
 
 SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS executions (
+        execution_id TEXT NOT NULL PRIMARY KEY,
+        head INTEGER NOT NULL
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS events (
         execution_id TEXT NOT NULL,
         sequence INTEGER NOT NULL,
         kind TEXT NOT NULL,
         payload TEXT NOT NULL,
         metadata TEXT NOT NULL,
-        recorded_at TEXT NOT NULL,
+        recorded_at INTEGER NOT NULL,
         PRIMARY KEY (execution_id, sequence)
-    )""",
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS fences (
-        execution_id TEXT PRIMARY KEY,
+        execution_id TEXT NOT NULL PRIMARY KEY,
         token INTEGER NOT NULL
-    )""",
+    ) WITHOUT ROWID""",
 )
 PRAGMAS: Final[dict[Synchronous, tuple[str, ...]]] = {
     "NORMAL": ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = NORMAL"),
     "FULL": ("PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL"),
 }
 BUSY_TIMEOUT: Final = "PRAGMA busy_timeout = 5000"
+STATE: Final = (
+    "SELECT (SELECT head FROM executions WHERE execution_id = ?1), "
+    "(SELECT token FROM fences WHERE execution_id = ?1)"
+)
 INSERT: Final = (
     "INSERT INTO events (execution_id, sequence, kind, payload, metadata, recorded_at) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-INSERT_FENCED: Final = (
-    "INSERT INTO events (execution_id, sequence, kind, payload, metadata, recorded_at) "
-    "SELECT ?, ?, ?, ?, ?, ? "
-    "WHERE COALESCE((SELECT token FROM fences WHERE execution_id = ?), 0) <= ?"
+MOVE_HEAD: Final = (
+    "INSERT INTO executions (execution_id, head) VALUES (?, ?) "
+    "ON CONFLICT (execution_id) DO UPDATE SET head = excluded.head"
 )
 ACQUIRE: Final = (
     "INSERT INTO fences (execution_id, token) VALUES (?, 1) "
@@ -105,14 +121,9 @@ class RawSqliteFloor:
                     step.event.kind,
                     json.dumps(step.event.payload, separators=(",", ":")),
                     json.dumps({"fence": token}) if fenced else "{}",
-                    datetime.now(UTC).isoformat(),
+                    time.time_ns() // 1000,
                 )
-                if fenced:
-                    cursor = db.execute(INSERT_FENCED, (*row, execution_id, token))
-                    if cursor.rowcount != 1:
-                        raise ScenarioError(f"raw fenced append of {execution_id!r} refused")
-                else:
-                    db.execute(INSERT, row)
+                self._append(row, token if fenced else None)
                 if step.event.kind == PARK.kind:
                     park_token = token if fenced and token is not None else 0
                     park_sequence = sequence
@@ -121,6 +132,21 @@ class RawSqliteFloor:
                 token = db.execute(ACQUIRE, (execution_id,)).fetchone()[0]
             else:
                 token = self._acquire_if(execution_id, park_token, park_sequence)
+
+    def _append(self, row: tuple[str, int, str, str, str, int], fence: int | None) -> None:
+        db = self._db
+        execution_id, sequence = row[0], row[1]
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            head, current = db.execute(STATE, (execution_id,)).fetchone()
+            if (head or 0) != sequence or (fence is not None and (current or 0) != fence):
+                raise ScenarioError(f"raw append to {execution_id!r} at {sequence} refused")
+            db.execute(INSERT, row)
+            db.execute(MOVE_HEAD, (execution_id, sequence + 1))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def _acquire_if(self, execution_id: str, expected: int, park_sequence: int) -> int:
         db = self._db

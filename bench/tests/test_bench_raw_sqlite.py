@@ -25,11 +25,33 @@ def _log(path: Path, execution_id: str) -> list[tuple[str, int]]:
 def test_one_raw_execution_writes_the_same_events_as_ours(key: str, tmp_path: Path) -> None:
     path = tmp_path / "raw.db"
     floor = RawSqliteFloor(path)
+    scenario = SCENARIOS[key]
     try:
-        floor.run_execution("e-1", SCENARIOS[key])
+        if scenario.setup_only is not None:
+            floor.run_execution("e-1", scenario.setup_only)
+        floor.run_execution("e-1", scenario)
     finally:
         floor.close()
-    assert _log(path, "e-1") == list(expected_log(SCENARIOS[key]))
+    assert _log(path, "e-1") == list(expected_log(scenario))
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT head FROM executions").fetchall() == [(scenario.appends,)]
+
+
+def test_a_raw_append_is_refused_like_ours_and_writes_nothing(tmp_path: Path) -> None:
+    """The floor makes the store's checks: the head must be the expected sequence and a
+    fenced append's token the current one (the check costs what the store's costs)."""
+    path = tmp_path / "raw.db"
+    floor = RawSqliteFloor(path)
+    try:
+        floor.run_execution("e-1", SCENARIOS["short"])
+        with pytest.raises(ScenarioError, match="refused"):
+            floor.run_execution("e-1", SCENARIOS["short"])  # the head is 3, not 0
+        with pytest.raises(ScenarioError, match="refused"):
+            floor.run_execution("e-2", SCENARIOS["short-fenced-appends"])  # no token held
+    finally:
+        floor.close()
+    assert _log(path, "e-1") == list(expected_log(SCENARIOS["short"]))
+    assert _log(path, "e-2") == []
 
 
 def test_fenced_variants_leave_the_fence_row_at_the_acquired_token(tmp_path: Path) -> None:

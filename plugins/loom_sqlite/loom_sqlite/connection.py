@@ -1,33 +1,34 @@
-"""One aiosqlite connection: opened and configured for Loom, and a way to run a whole
-function on its thread in one hop.
+"""The storage's connections to its file: one on the writer thread, one for the event loop.
 
-aiosqlite runs every ``sqlite3`` call on the connection's own thread and hands the result
-back to the event loop; each hand-off costs far more than a small SQLite statement, so a
-store operation that issued its statements one by one through ``aiosqlite`` would spend
-most of its time hopping. :meth:`SqliteConnection.call` instead ships one function that
-does all of an operation's (or a batch of operations') work with the plain
-``sqlite3.Connection`` on that thread. aiosqlite has no public name for this, so it uses
-``Connection._execute`` (there in the aiosqlite releases this was tested with, up to
-0.22); :func:`open_connection` checks it is there and refuses clearly if a later
-aiosqlite removes it.
+Every SQLite call of a storage runs on one of two connections, opened and configured here:
+
+- the **thread connection**, owned by the storage's :class:`~loom_sqlite.writer.WriterThread`
+  and used only there. It waits up to ``busy_timeout_ms`` for another process's write
+  lock, and it runs every checkpoint of this storage (SQLite's automatic one: the only
+  writes that sync the disk under ``synchronous = NORMAL``);
+- the **loop connection** (``synchronous = NORMAL`` only), which the event loop uses for
+  an operation that is alone (see :mod:`loom_sqlite.transactions`). Its busy timeout is
+  zero, so it never waits for a lock, and its automatic checkpoints are off, so none of
+  its commits syncs the disk: a WAL commit under ``NORMAL`` writes its frames to the
+  operating system and returns. Under ``FULL`` every commit syncs, so there is no loop
+  connection and everything runs on the thread.
+
+Both connections are opened and closed on the thread (closing the last connection
+checkpoints the file).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import sqlite3
 import stat
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar, cast, final
-
-import aiosqlite
+from collections.abc import Callable
+from typing import Final, TypeVar, final
 
 from loom_core.errors import StorageError
 from loom_sqlite.errors import (
-    DatabaseBusyError,
     DatabaseClosedError,
     DatabaseCorruptError,
     DatabaseOpenError,
@@ -35,6 +36,7 @@ from loom_sqlite.errors import (
     translate,
 )
 from loom_sqlite.settings import Settings
+from loom_sqlite.writer import WriterThread
 
 __all__ = ["SqliteConnection", "open_connection"]
 
@@ -46,24 +48,30 @@ SYNCHRONOUS: Final = {
     "NORMAL": "PRAGMA synchronous = NORMAL",
     "FULL": "PRAGMA synchronous = FULL",
 }
+# The loop connection's: it leaves checkpoints to the thread (see loom_sqlite.transactions).
+NO_AUTOCHECKPOINT: Final = "PRAGMA wal_autocheckpoint = 0"
 MIN_SQLITE: Final = (3, 35, 0)  # RETURNING and UPSERT with DO UPDATE
+CACHED_STATEMENTS: Final = 256
 
 
 @final
 class SqliteConnection:
-    """The storage's single connection; every SQLite call of the storage goes through
-    :meth:`call`, so they run one at a time on one thread."""
+    """The storage's connections and writer thread; see the module docstring."""
 
-    __slots__ = ("_aio", "_closed", "_execute", "settings")
+    __slots__ = ("_closed", "loop_raw", "settings", "thread_raw", "writer")
 
-    def __init__(self, aio: aiosqlite.Connection, settings: Settings) -> None:
-        self._aio = aio
+    def __init__(
+        self,
+        writer: WriterThread,
+        thread_raw: sqlite3.Connection,
+        loop_raw: sqlite3.Connection | None,
+        settings: Settings,
+    ) -> None:
+        self.writer = writer
+        self.thread_raw = thread_raw
+        self.loop_raw = loop_raw
         self.settings = settings
         self._closed = False
-        # aiosqlite's (untyped) hook for running a callable on its thread.
-        self._execute = cast(
-            Callable[[Callable[[], object]], Awaitable[object]], aio._execute
-        )
 
     @property
     def path(self) -> str:
@@ -76,11 +84,11 @@ class SqliteConnection:
     async def call(
         self, fn: Callable[[sqlite3.Connection], T], *, doing: str, write: bool
     ) -> T:
-        """Run ``fn(connection)`` on the connection's thread; a ``sqlite3`` error comes
-        back as the typed :class:`~loom_core.errors.StorageError` for it."""
+        """Run ``fn(connection)`` on the thread; a ``sqlite3`` error comes back as the
+        typed :class:`~loom_core.errors.StorageError` for it."""
         if self._closed:
             raise DatabaseClosedError(self.path)
-        raw = self._aio._conn
+        raw = self.thread_raw
 
         def run() -> T:
             try:
@@ -88,7 +96,7 @@ class SqliteConnection:
             except sqlite3.Error as exc:
                 raise self.translate(exc, doing=doing, write=write) from exc
 
-        return cast(T, await self._execute(run))
+        return await self.writer.call(run)
 
     def translate(self, exc: sqlite3.Error, *, doing: str, write: bool) -> StorageError:
         return translate(
@@ -100,10 +108,19 @@ class SqliteConnection:
         )
 
     async def close(self) -> None:
+        """Close both connections on the thread (after any job queued there), then end
+        the thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        await self._aio.close()
+        await self.writer.stop(self._close_both)
+
+    def _close_both(self) -> None:
+        # The loop's first: the thread connection is then the file's last in this
+        # process, and its close checkpoints here, on the thread.
+        if self.loop_raw is not None:
+            self.loop_raw.close()
+        self.thread_raw.close()
 
 
 def _explain(path: str, exc: sqlite3.Error) -> StorageError:
@@ -157,16 +174,6 @@ def _require_directory(path: str) -> None:
         )
 
 
-async def _stopped(aio: aiosqlite.Connection) -> None:
-    """Wait for a failed connection's thread to end.
-
-    aiosqlite stops the thread of a connection that failed to open without awaiting it;
-    if the event loop closed first, the thread's last hand-back would fail on the closed
-    loop. Waiting here keeps that inside this call.
-    """
-    await asyncio.to_thread(aio._thread.join, 10)
-
-
 def _switch_to_wal(
     raw: sqlite3.Connection, settings: Settings, pause: Callable[[float], None] = time.sleep
 ) -> object:
@@ -208,6 +215,56 @@ def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
     raw.execute(SYNCHRONOUS[settings.synchronous])
 
 
+def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
+    """Open and configure the thread connection, then (under NORMAL) the loop's."""
+    try:
+        thread_raw = sqlite3.connect(
+            settings.path,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE … COMMIT
+            timeout=settings.busy_timeout_ms / 1000,  # the busy handler, without SQL text
+            cached_statements=CACHED_STATEMENTS,
+        )
+    except sqlite3.Error as exc:
+        raise _explain(settings.path, exc) from exc
+    try:
+        _configure(thread_raw, settings)
+        if settings.synchronous != "NORMAL":
+            return thread_raw, None
+        # Used by the event loop only, never at the same time as on this thread.
+        loop_raw = sqlite3.connect(
+            settings.path,
+            isolation_level=None,
+            timeout=0,  # a lock held elsewhere sends the operation to the thread instead
+            cached_statements=CACHED_STATEMENTS,
+            check_same_thread=False,
+        )
+        try:
+            loop_raw.execute(SYNCHRONOUS[settings.synchronous])
+            loop_raw.execute(NO_AUTOCHECKPOINT)
+        except BaseException:
+            loop_raw.close()
+            raise
+    except DatabaseOpenError:
+        thread_raw.close()
+        raise
+    except sqlite3.Error as exc:
+        thread_raw.close()
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise translate(
+                exc,
+                path=settings.path,
+                doing="opening it",
+                write=True,
+                busy_timeout_ms=settings.busy_timeout_ms,
+            ) from exc
+        raise _explain(settings.path, exc) from exc
+    except BaseException:
+        thread_raw.close()
+        raise
+    return thread_raw, loop_raw
+
+
 async def open_connection(settings: Settings) -> SqliteConnection:
     """Open ``settings.path`` (creating the file, never its directory) in WAL mode.
 
@@ -221,40 +278,11 @@ async def open_connection(settings: Settings) -> SqliteConnection:
             f"loom-sqlite needs SQLite >= {'.'.join(map(str, MIN_SQLITE))}; this Python "
             f"links SQLite {sqlite3.sqlite_version}",
         )
-    if not hasattr(aiosqlite.Connection, "_execute"):
-        raise DatabaseOpenError(
-            settings.path,
-            f"aiosqlite {getattr(aiosqlite, '__version__', '?')} has no Connection._execute, "
-            "which loom-sqlite uses to batch work per thread hop; install aiosqlite 0.22 (or "
-            "another release that has it)",
-        )
     _require_directory(settings.path)
-    pending = aiosqlite.connect(
-        settings.path,
-        isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE … COMMIT
-        timeout=settings.busy_timeout_ms / 1000,  # the busy handler, without SQL text
-        cached_statements=256,
-    )
+    writer = WriterThread(f"loom-sqlite {os.path.basename(settings.path)}")
     try:
-        aio = await pending
-    except sqlite3.Error as exc:
-        await _stopped(pending)
-        raise _explain(settings.path, exc) from exc
-    connection = SqliteConnection(aio, settings)
-    try:
-        await connection.call(
-            lambda raw: _configure(raw, settings), doing="opening it", write=True
-        )
-    except DatabaseOpenError:
-        await connection.close()
+        thread_raw, loop_raw = await writer.call(lambda: _open_on_thread(settings))
+    except BaseException:
+        await writer.stop(lambda: None)
         raise
-    except (DatabaseBusyError, DatabaseCorruptError):
-        await connection.close()
-        raise
-    except StorageError as exc:
-        await connection.close()
-        cause = exc.__cause__
-        if isinstance(cause, sqlite3.Error):
-            raise _explain(settings.path, cause) from cause
-        raise
-    return connection
+    return SqliteConnection(writer, thread_raw, loop_raw, settings)

@@ -92,9 +92,10 @@ TRUNCATE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ? AND seq
 _NO_LIMIT: Final = -1  # SQLite: a negative LIMIT means none
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Row:
-    """One event ready to insert: the values to return and the text to store."""
+    """One event ready to insert: the values to return and the text to store (private to
+    one call, so not frozen: a frozen dataclass costs a setattr call per field)."""
 
     kind: str
     payload: JsonValue
@@ -104,19 +105,18 @@ class _Row:
 
 
 def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
+    stamp: JsonObject = {} if fence is None else {"fence": fence}
+    # Most events carry no metadata of their own: their text is the stamp's, encoded once.
+    stamp_text = canonical_json(stamp)
     rows = []
     for event in events:
-        metadata: JsonObject = dict(event.metadata)
-        if fence is not None:
-            metadata["fence"] = fence
+        if event.metadata:
+            metadata: JsonObject = {**event.metadata, **stamp}
+            metadata_text = canonical_json(metadata)
+        else:
+            metadata, metadata_text = dict(stamp), stamp_text
         rows.append(
-            _Row(
-                kind=event.kind,
-                payload=event.payload,
-                metadata=metadata,
-                payload_text=canonical_json(event.payload),
-                metadata_text=canonical_json(metadata),
-            )
+            _Row(event.kind, event.payload, metadata, canonical_json(event.payload), metadata_text)
         )
     return tuple(rows)
 

@@ -4,7 +4,8 @@ An append made through this storage wakes its execution's subscribers at once. A
 another process sharing the file are found by polling: while anyone is subscribed, one
 poller per storage reads ``PRAGMA data_version`` (a counter SQLite bumps when *another*
 connection commits, one cheap read for all subscriptions) every ``subscribe_poll_ms``
-(default 50 ms) and, when it moved, wakes every subscriber to re-read its log. So another
+(default 50 ms) on each of the storage's connections and, when a connection outside the
+storage committed (both moved), wakes every subscriber to re-read its log. So another
 process's event reaches a subscriber within about one poll interval plus one read.
 
 A subscriber registers its wake-up signal *before* it reads, so an append that lands
@@ -32,6 +33,19 @@ BATCH: Final = 256
 
 def _data_version(raw: sqlite3.Connection) -> int:
     return int(raw.execute(DATA_VERSION).fetchone()[0])
+
+
+def _another_committed(before: tuple[int, int | None], now: tuple[int, int | None]) -> bool:
+    """Whether a connection outside this storage committed since ``before``: then both of
+    its connections' versions have moved (with one connection, that one). Compared with
+    the last wake, not the last poll: the two are read one after the other, so another
+    process's commit between the two reads moves one in this poll and the other in the
+    next. The storage's own two connections moving each other wakes everyone too, which
+    costs a read per subscriber and misses nothing."""
+    thread_moved = before[0] != now[0]
+    if now[1] is None:
+        return thread_moved
+    return thread_moved and (before[1] != now[1] or now[1] == -1)
 
 
 @final
@@ -73,23 +87,38 @@ class Subscriptions:
                 del self._waiting[execution_id]
 
     async def _poll(self) -> None:
-        last: int | None = None
+        woken_at: tuple[int, int | None] | None = None  # the versions at the last wake
         try:
             # Only while someone waits: an abandoned subscription stops costing reads.
             while self._waiting and not self._closed:
                 try:
-                    version = await self._runner.read(
-                        _data_version, doing="polling for other processes' commits"
-                    )
+                    versions = await self._versions()
                 except DatabaseClosedError:
                     return
-                if version != last:
-                    last = version
+                if woken_at is None or _another_committed(woken_at, versions):
                     self._wake_all()
+                    woken_at = versions
                 await asyncio.sleep(self._poll_seconds)
         finally:
             self._poller = None
 
+    async def _versions(self) -> tuple[int, int | None]:
+        """``data_version`` as the thread's connection and the loop's see it.
+
+        Each one moves when a connection other than itself commits, so the storage's own
+        two connections move each other's; a commit by another process moves both.
+        """
+        connection = self._runner.connection
+        on_thread = await connection.call(
+            _data_version, doing="polling for other processes' commits", write=False
+        )
+        loop_raw = connection.loop_raw
+        if loop_raw is None:
+            return on_thread, None
+        try:
+            return on_thread, _data_version(loop_raw)  # a read of the shared index
+        except sqlite3.Error:
+            return on_thread, -1  # unknown: counts as moved, so everyone re-reads
     async def follow(
         self,
         execution_id: str,

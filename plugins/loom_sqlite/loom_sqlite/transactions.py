@@ -1,11 +1,10 @@
-"""Store operations, each all-or-nothing, with concurrent writes grouped into one
-transaction per thread hop (group commit).
+"""Store operations, each all-or-nothing, run where they cost least: on the event loop when
+one is alone, on the writer thread in one transaction per batch (group commit) otherwise.
 
 A store method builds an *operation*: a plain function of the ``sqlite3.Connection`` that
 does all of its SQL (checks, then writes) and returns the result or raises a
-:class:`~loom_core.errors.LoomError`. :class:`TransactionRunner` queues operations; while
-one hop to the connection's thread is in flight, new ones wait, and the next hop takes
-all of them at once:
+:class:`~loom_core.errors.LoomError`. :class:`TransactionRunner` queues operations and,
+once per turn of the event loop, takes what is queued as a *batch*:
 
 - reads run first, each as its own autocommit statement(s);
 - writes run in arrival order inside one ``BEGIN IMMEDIATE`` … ``COMMIT``. Every
@@ -15,13 +14,40 @@ all of them at once:
   refused by SQLite) rolls the whole transaction back, and the others are run again
   without it, so each round drops one operation and the loop ends.
 
+Where a batch runs:
+
+- **on the event loop**, on the loop connection (:mod:`loom_sqlite.connection`), when it
+  is a single operation, nothing is on the thread, and the storage is at ``synchronous =
+  NORMAL``. A lone caller then pays no thread hop: its operation is a few SQLite calls
+  that write to the operating system's cache and return. While operations come one at a
+  time, each runs at once in its caller's turn (not one turn later), and the caller
+  yields once afterwards, so a task that writes in a loop never starves the others. It
+  cannot wait on anything: the loop connection's busy timeout is zero, so if another
+  process holds the write lock the operation goes to the thread instead (where it waits
+  up to ``busy_timeout_ms``), and it never checkpoints, so it never syncs the disk. One
+  that took longer than ``INLINE_STALL_SECONDS`` anyway, ``STALLS_TO_COOL_OFF`` times in a
+  row (a disk too slow even for that, not one preemption by a busy machine), sends every
+  batch to the thread for the next ``COOL_OFF_SECONDS``;
+- **on the writer thread** otherwise: several operations (the thread's one hop and one
+  commit are shared), ``synchronous = FULL`` (every commit syncs the disk), or anything
+  queued while the thread is busy. The thread wakes the loop once per batch.
+
+Checkpoints (the writes that sync the disk under ``NORMAL``) run only on the thread: the
+thread connection checkpoints as SQLite does by default (a commit that leaves 1 000 pages
+or more in the ``-wal`` file copies them back), the loop connection never does. So that the
+``-wal`` file does not grow without end at one writer, after ``CHECKPOINT_ROWS`` rows
+written on the loop the next write batch goes to the thread, where its commit
+checkpoints. The write after any thread write goes to the thread as well: the first
+commit after a checkpoint starts the ``-wal`` file over and syncs its header, and that
+sync belongs on the thread too. (If another connection holds a read transaction over that
+commit, SQLite starts the file over at a later commit, which may then run on the loop.)
+
 Every operation that was in the queue at the same time was concurrent with the others, so
 running them in this order is a valid serial order, and each caller's result is delivered
 only after the ``COMMIT`` that made it durable. ``BEGIN IMMEDIATE`` takes SQLite's write
-lock up front (waiting up to ``busy_timeout_ms`` for another process), so the checks an
+lock up front (another process's writes wait, or make this one wait), so the checks an
 operation makes and the writes it does cannot interleave with any other writer's, in this
-process or another. A lone caller pays one hop per operation; many concurrent callers
-share hops and commits, which is where the throughput comes from.
+process or another.
 """
 
 from __future__ import annotations
@@ -30,6 +56,8 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias, TypeVar, cast, final
@@ -37,6 +65,7 @@ from typing import Final, TypeAlias, TypeVar, cast, final
 from loom_core.errors import StorageWriteError, WriteOutcomeUnknownError
 from loom_sqlite.connection import SqliteConnection
 from loom_sqlite.errors import DatabaseClosedError
+from loom_sqlite.writer import Outcome
 
 __all__ = ["Operation", "TransactionRunner"]
 
@@ -53,7 +82,15 @@ _OP_SPECIFIC: Final = frozenset(
     {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_MISMATCH,
      sqlite3.SQLITE_RANGE, sqlite3.SQLITE_FULL}
 )
+_BUSY: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 MAX_BATCH: Final = 256  # keeps one transaction (and another process's wait) short
+CHECKPOINT_ROWS: Final = 1000  # an append is two rows in two pages: about 1 000 pages
+# A lone append takes about 0.1 ms on the loop. One that takes 20 times that may only
+# have been preempted by another process (a busy machine does that now and then); three
+# in a row is the disk (or the machine) being slow right now.
+INLINE_STALL_SECONDS: Final = 0.002
+STALLS_TO_COOL_OFF: Final = 3
+COOL_OFF_SECONDS: Final = 5.0
 
 _Outcome: TypeAlias = tuple[object, BaseException | None]
 
@@ -66,17 +103,52 @@ class _Pending:
     future: asyncio.Future[object]
 
 
+class _Reroute(Exception):
+    """The loop connection would have had to wait for a lock: run the batch on the thread."""
+
+
+@dataclass(slots=True)
+class _BatchResult:
+    outcomes: list[_Outcome]
+    changed: int
+
+
 @final
 class TransactionRunner:
     """The only way the stores reach the database; see the module docstring."""
 
-    __slots__ = ("_closing", "_connection", "_drainer", "_queue")
+    __slots__ = (
+        "_busy",
+        "_checkpoint_rows",
+        "_clock",
+        "_closing",
+        "_connection",
+        "_follow_up",
+        "_idle",
+        "_inline_after",
+        "_lone",
+        "_queue",
+        "_rows_on_loop",
+        "_scheduled",
+        "_stalls",
+        "_turn_taken",
+    )
 
     def __init__(self, connection: SqliteConnection) -> None:
         self._connection = connection
         self._queue: list[_Pending] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._scheduled = False  # a dispatch is due on the loop
+        self._busy = False  # a job is on the writer thread
         self._closing = False
+        self._lone = True  # the last batch was one operation: the next may run at once
+        self._turn_taken = False  # an operation ran at once in this turn of the loop
+        self._idle: asyncio.Event | None = None  # set when close() waits for the queue
+        self._inline_after = 0.0
+        self._stalls = 0  # inline batches in a row that took INLINE_STALL_SECONDS or more
+        self._rows_on_loop = 0  # rows written on the loop since the last thread write
+        self._checkpoint_rows = CHECKPOINT_ROWS
+        self._follow_up = False  # the next write goes to the thread (see the docstring)
+        self._clock: Callable[[], float] = time.perf_counter
 
     @property
     def connection(self) -> SqliteConnection:
@@ -88,71 +160,228 @@ class TransactionRunner:
 
     async def read(self, op: Operation[T], *, doing: str) -> T:
         """Run a read-only ``op`` (autocommit: one snapshot per statement)."""
-        return cast(T, await self._submit(op, write=False, doing=doing))
+        return cast(T, await self._call(op, write=False, doing=doing))
 
     async def write(self, op: Operation[T], *, doing: str) -> T:
         """Run ``op`` in a write transaction; its result is returned once committed."""
-        return cast(T, await self._submit(op, write=True, doing=doing))
+        return cast(T, await self._call(op, write=True, doing=doing))
+
+    async def _call(
+        self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
+    ) -> object:
+        if self._closing:
+            raise DatabaseClosedError(self.path)
+        if self._alone_now(write):
+            # The first operation of this turn of the loop, after a batch that was alone
+            # too: run it now, rather than one turn later. Whatever is submitted before
+            # this task resumes queues, and goes to the thread if it is several.
+            self._turn_taken = True
+            try:
+                loop = asyncio.get_running_loop()
+                result = self._run_inline([_Pending(op, write, doing, loop.create_future())])
+            except _Reroute:
+                self._turn_taken = False
+            else:
+                try:
+                    # Yield once, as a hop would have: a task that appends in a loop must
+                    # not keep the other tasks from running.
+                    await asyncio.sleep(0)
+                finally:
+                    self._turn_taken = False
+                value, error = result.outcomes[0]
+                if error is not None:
+                    raise error
+                return value
+        return await self._submit(op, write=write, doing=doing)
 
     def _submit(
         self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
     ) -> asyncio.Future[object]:
-        if self._closing:
-            raise DatabaseClosedError(self.path)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-        self._queue.append(_Pending(op, write, doing, future))
-        if self._drainer is None:
-            self._drainer = loop.create_task(self._drain())
-        return future
+        pending = _Pending(op, write, doing, loop.create_future())
+        self._queue.append(pending)
+        self._schedule(loop)
+        return pending.future
 
-    async def _drain(self) -> None:
+    def _alone_now(self, write: bool) -> bool:
+        return (
+            self._lone
+            and not self._turn_taken
+            and not self._queue
+            and not self._busy
+            and not self._scheduled
+            and not (write and self._write_owed_to_thread())
+            and self._connection.loop_raw is not None
+            and self._clock() >= self._inline_after
+        )
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        # One turn later: every task made ready in this turn has queued its operation by
+        # then, so a batch that is alone is really alone.
+        if not self._scheduled and not self._busy:
+            self._scheduled = True
+            loop.call_soon(self._dispatch, loop)
+
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        while self._queue and not batch:
+            batch = [p for p in self._queue[:MAX_BATCH] if not p.future.cancelled()]
+            del self._queue[:MAX_BATCH]
+        return batch
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduled = False
+        if self._busy:
+            return  # the thread's answer dispatches what queued meanwhile
+        batch = self._take()
+        if not batch:
+            self._settle()
+            return
+        self._lone = len(batch) == 1
+        writes = any(p.write for p in batch)
+        owed = writes and self._write_owed_to_thread()
+        follow_up = owed and self._follow_up
+        if self._inline_allowed(batch, owed):
+            try:
+                result = self._run_inline(batch)
+            except _Reroute:
+                pass
+            else:
+                self._finish(batch, result, loop)
+                return
+        self._busy = True
+        job = functools.partial(
+            _run_on_thread,
+            raw=self._connection.thread_raw,
+            batch=batch,
+            connection=self._connection,
+        )
+        self._connection.writer.submit(
+            job, functools.partial(self._answered, batch, loop, writes, follow_up), loop
+        )
+
+    def _write_owed_to_thread(self) -> bool:
+        return self._follow_up or self._rows_on_loop >= self._checkpoint_rows
+
+    def _inline_allowed(self, batch: list[_Pending], owed: bool) -> bool:
+        return (
+            len(batch) == 1
+            and not owed
+            and self._connection.loop_raw is not None
+            and self._clock() >= self._inline_after
+        )
+
+    def _run_inline(self, batch: list[_Pending]) -> _BatchResult:
+        raw = self._connection.loop_raw
+        assert raw is not None
+        began = self._clock()
         try:
-            while self._queue:
-                batch = [p for p in self._queue[:MAX_BATCH] if not p.future.cancelled()]
-                del self._queue[:MAX_BATCH]
-                if not batch:
-                    continue
-                try:
-                    outcomes = await self._connection.call(
-                        functools.partial(_run_batch, batch=batch, connection=self._connection),
-                        doing="running a batch",
-                        write=True,
-                    )
-                except asyncio.CancelledError:
-                    # The loop is shutting down; the batch may still commit on the thread.
-                    for pending in (*batch, *self._queue):
-                        pending.future.cancel()
-                    self._queue.clear()
-                    raise
-                except Exception as exc:  # the hop was refused (closed): no operation ran
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(exc)
-                    continue
-                for pending, (value, error) in zip(batch, outcomes, strict=True):
-                    if pending.future.done():
-                        continue
-                    if error is None:
-                        pending.future.set_result(value)
-                    else:
-                        pending.future.set_exception(error)
+            result = _run_batch(raw, batch, self._connection, inline=True)
+            self._rows_on_loop += result.changed
+            return result
         finally:
-            self._drainer = None
+            ended = self._clock()
+            if ended - began < INLINE_STALL_SECONDS:
+                self._stalls = 0
+            else:
+                self._stalls += 1
+                if self._stalls >= STALLS_TO_COOL_OFF:
+                    # Slow right now: stop risking the loop for a while.
+                    self._stalls = 0
+                    self._inline_after = ended + COOL_OFF_SECONDS
+
+    def _answered(
+        self,
+        batch: list[_Pending],
+        loop: asyncio.AbstractEventLoop,
+        writes: bool,
+        follow_up: bool,
+        outcome: Outcome[_BatchResult],
+    ) -> None:
+        """On the loop, once per thread batch: deliver every result of it."""
+        self._busy = False
+        if writes:
+            # Its commit checkpointed if the -wal file had grown enough; the next write
+            # starts the file over if so, and goes to the thread too (unless it is that).
+            self._rows_on_loop = 0
+            self._follow_up = not follow_up
+        if outcome.error is not None:
+            # The job itself failed (the thread could not run it): no operation ran.
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(outcome.error)
+            self._next(loop)
+            return
+        result = outcome.value
+        assert result is not None
+        self._finish(batch, result, loop)
+
+    def _finish(
+        self, batch: list[_Pending], result: _BatchResult, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        for pending, (value, error) in zip(batch, result.outcomes, strict=True):
+            if pending.future.done():
+                continue
+            if error is None:
+                pending.future.set_result(value)
+            else:
+                pending.future.set_exception(error)
+        self._next(loop)
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._queue:
+            # Scheduled after the wake-ups of the callers just answered, so what they
+            # queue next joins the same batch.
+            self._schedule(loop)
+        else:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self._idle is not None and not self._queue and not self._busy:
+            self._idle.set()
+
+    def _occupy(self, gate: threading.Event) -> asyncio.Future[None]:
+        """Hold the writer thread until ``gate`` is set; what is submitted meanwhile
+        queues behind it, as behind a slow batch. For the tests that force a batch."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._busy = True
+
+        def released(outcome: Outcome[bool]) -> None:
+            self._busy = False
+            done.set_result(None)
+            self._next(loop)
+
+        self._connection.writer.submit(gate.wait, released, loop)
+        return done
 
     async def close(self) -> None:
         """Let queued operations finish, then close the connection. Idempotent."""
         self._closing = True
-        while self._drainer is not None:
-            await asyncio.shield(self._drainer)
+        if self._queue or self._busy or self._scheduled:
+            self._idle = asyncio.Event()
+            self._settle()
+            await self._idle.wait()
         await self._connection.close()
 
 
+def _run_on_thread(
+    *, raw: sqlite3.Connection, batch: Sequence[_Pending], connection: SqliteConnection
+) -> _BatchResult:
+    return _run_batch(raw, batch, connection, inline=False)
+
+
 def _run_batch(
-    raw: sqlite3.Connection, batch: Sequence[_Pending], connection: SqliteConnection
-) -> list[_Outcome]:
-    """On the connection's thread: the reads, then the writes in one transaction."""
+    raw: sqlite3.Connection,
+    batch: Sequence[_Pending],
+    connection: SqliteConnection,
+    *,
+    inline: bool,
+) -> _BatchResult:
+    """The reads, then the writes in one transaction; on the loop when ``inline``, where
+    a lock held elsewhere raises :class:`_Reroute` before anything was written."""
     outcomes: list[_Outcome] = [(None, None)] * len(batch)
+    before = raw.total_changes
     writes: list[int] = []
     for index, pending in enumerate(batch):
         if pending.write:
@@ -161,12 +390,19 @@ def _run_batch(
         try:
             outcomes[index] = (pending.op(raw), None)
         except sqlite3.Error as exc:
+            if inline and _busy(exc):
+                raise _Reroute from exc
             outcomes[index] = (None, connection.translate(exc, doing=pending.doing, write=False))
         except Exception as exc:
             outcomes[index] = (None, exc)
     if writes:
-        _run_writes(raw, batch, writes, outcomes, connection)
-    return outcomes
+        _run_writes(raw, batch, writes, outcomes, connection, inline)
+    return _BatchResult(outcomes, raw.total_changes - before)
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _BUSY
 
 
 def _run_writes(
@@ -175,10 +411,11 @@ def _run_writes(
     writes: list[int],
     outcomes: list[_Outcome],
     connection: SqliteConnection,
+    inline: bool,
 ) -> None:
     remaining = list(writes)
     while remaining:
-        culprit = _attempt(raw, batch, remaining, outcomes, connection)
+        culprit = _attempt(raw, batch, remaining, outcomes, connection, inline)
         if culprit is None:
             return
         # It failed half-way through its own writes; everything was rolled back, so run
@@ -192,6 +429,7 @@ def _attempt(
     remaining: list[int],
     outcomes: list[_Outcome],
     connection: SqliteConnection,
+    inline: bool,
 ) -> int | None:
     """One transaction over ``remaining``; the index to drop and retry without, or None."""
 
@@ -202,6 +440,8 @@ def _attempt(
     try:
         raw.execute(BEGIN)
     except sqlite3.Error as exc:
+        if inline and _busy(exc):
+            raise _Reroute from exc  # nothing of this batch was written
         fail_all(_translated(exc, connection))
         return None
     for index in remaining:

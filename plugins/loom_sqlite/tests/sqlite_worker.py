@@ -13,6 +13,7 @@ line per fact the test needs, flushed as soon as it is true.
 - ``fenced URL ID ROUNDS NAME``: acquire a fence and append under it, over and over,
   printing ``ack <seq> <token>`` for every append the store accepted.
 - ``append URL ID SEQ``: append one application event at SEQ.
+- ``acquire URL ID``: take a fence on ID and print ``token N``.
 - ``zygote URL``: preload everything, then fork one ``writer`` child per ``go SEED`` line
   and report ``pid N``, the child's ``ack`` lines, and ``dead N`` once it is reaped; the
   parent SIGKILLs the child (forking a warm process keeps 200 kills fast).
@@ -125,6 +126,11 @@ async def role_append(url: str, execution_id: str, sequence: int) -> None:
         say("appended")
 
 
+async def role_acquire(url: str, execution_id: str) -> None:
+    async with open_storage(url) as storage:
+        say(f"token {await storage.events.acquire_fence(execution_id)}")
+
+
 async def _writer_task(events: EventStore, execution_id: str, rng: random.Random) -> None:
     head = await events.head(execution_id)
     while True:
@@ -198,6 +204,8 @@ def main(argv: Sequence[str]) -> None:
         asyncio.run(role_fenced(url, rest[0], int(rest[1]), rest[2]))
     elif role == "append":
         asyncio.run(role_append(url, rest[0], int(rest[1])))
+    elif role == "acquire":
+        asyncio.run(role_acquire(url, rest[0]))
     elif role == "zygote":
         role_zygote(url)
     else:

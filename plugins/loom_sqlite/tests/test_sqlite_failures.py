@@ -225,9 +225,15 @@ async def test_a_full_disk_fails_the_write_and_keeps_the_others(db_url: str) -> 
     async with open_storage(db_url) as storage:
         events = storage.events
         assert isinstance(events, SqliteEventStore)
-        await events._runner.read(
-            lambda raw: raw.execute("PRAGMA max_page_count = 20").fetchall(), doing="test"
+        # A per-connection limit: set on the thread's connection and on the loop's.
+        connection = events._runner.connection
+        await connection.call(
+            lambda raw: raw.execute("PRAGMA max_page_count = 20").fetchall(),
+            doing="test",
+            write=False,
         )
+        if connection.loop_raw is not None:
+            connection.loop_raw.execute("PRAGMA max_page_count = 20").fetchall()
         big = NewEvent("STEP_COMPLETED", {"pad": "x" * 200_000})
         outcomes = await asyncio.gather(
             events.append("big", [big], expected_sequence=0),

@@ -25,7 +25,10 @@ async def _pragma(storage: Storage, name: str) -> object:
     statements = {"synchronous": "PRAGMA synchronous", "journal_mode": "PRAGMA journal_mode",
                   "busy_timeout": "PRAGMA busy_timeout"}
     sql = statements[name]
-    return await events._runner.read(lambda raw: raw.execute(sql).fetchone()[0], doing="test")
+    # The writer thread's connection: the one that waits for other processes' locks.
+    return await events._runner.connection.call(
+        lambda raw: raw.execute(sql).fetchone()[0], doing="test", write=False
+    )
 
 
 def test_the_entry_point_registers_the_sqlite_scheme() -> None:
@@ -43,6 +46,18 @@ async def test_open_storage_gives_sqlite_stores_in_wal_mode(storage: Storage) ->
     assert await _pragma(storage, "journal_mode") == "wal"
     assert await _pragma(storage, "synchronous") == 1  # NORMAL
     assert await _pragma(storage, "busy_timeout") == 5000
+
+
+async def test_the_loop_connection_never_waits_and_never_checkpoints(storage: Storage) -> None:
+    """The event loop's connection (NORMAL only) has a zero busy timeout and no automatic
+    checkpoint, so nothing run on it waits for a lock or syncs the disk."""
+    events = storage.events
+    assert isinstance(events, SqliteEventStore)
+    loop_raw = events._runner.connection.loop_raw
+    assert loop_raw is not None
+    assert loop_raw.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    assert loop_raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert loop_raw.execute("PRAGMA synchronous").fetchone()[0] == 1
 
 
 async def test_synchronous_full_and_busy_timeout_from_the_url(db_path: Path) -> None:

@@ -1,0 +1,278 @@
+"""Where operations run: a lone one on the event loop, a group on the writer thread.
+
+Every interleaving here is forced, never timed: the test holds the writer thread on a
+gate it opens itself (``TransactionRunner._occupy``), holds the file's write lock on its
+own connection, or drives the runner's clock by hand. Which thread ran an operation is
+observed by running one that returns ``threading.get_ident()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from loom_sqlite import DatabaseClosedError, SqliteEventStore
+from loom_sqlite.transactions import (
+    COOL_OFF_SECONDS,
+    INLINE_STALL_SECONDS,
+    STALLS_TO_COOL_OFF,
+    TransactionRunner,
+)
+from sqlite_helpers import expect_line, finish, spawn, url_for
+
+from loom_core import (
+    ExecutionAlreadyExistsError,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+    Storage,
+    StoreClosedError,
+    open_storage,
+)
+
+T = TypeVar("T")
+LOOP = threading.get_ident()
+
+
+def _runner(storage: Storage) -> TransactionRunner:
+    events = storage.events
+    assert isinstance(events, SqliteEventStore)
+    return events._runner
+
+
+def _ident(raw: sqlite3.Connection) -> int:
+    return threading.get_ident()
+
+
+async def _where(runner: TransactionRunner) -> str:
+    """Run one read alone; 'loop' or 'thread', for where it ran."""
+    return "loop" if await runner.read(_ident, doing="test") == LOOP else "thread"
+
+
+async def _until_queued(runner: TransactionRunner, count: int) -> None:
+    """Let the tasks just created run up to their submit (a few turns, never a clock)."""
+    for _ in range(100):
+        if len(runner._queue) >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(runner._queue)} operations queued, expected {count}")
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path)
+
+
+def _in_background(awaitable: Awaitable[T]) -> asyncio.Task[T]:
+    async def run() -> T:
+        return await awaitable
+
+    return asyncio.get_running_loop().create_task(run())
+
+
+async def test_a_lone_operation_runs_on_the_loop_and_a_group_on_the_thread(
+    storage: Storage,
+) -> None:
+    runner = _runner(storage)
+    assert await _where(runner) == "loop"
+    # Three in one turn: the first may still run at once, the others go together.
+    first = await asyncio.gather(*(runner.read(_ident, doing="test") for _ in range(3)))
+    assert first[1:] == [first[1], first[1]]
+    assert first[1] != LOOP
+    # Right after a group, a group goes to the thread whole.
+    second = await asyncio.gather(*(runner.read(_ident, doing="test") for _ in range(3)))
+    assert LOOP not in second
+    # Alone again: on the loop again.
+    assert await _where(runner) == "loop"
+    assert await _where(runner) == "loop"
+
+
+async def test_under_synchronous_full_nothing_runs_on_the_loop(db_path: Path) -> None:
+    async with open_storage(url_for(db_path) + "?synchronous=FULL") as storage:
+        runner = _runner(storage)
+        assert runner.connection.loop_raw is None
+        assert await _where(runner) == "thread"
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        assert await _where(runner) == "thread"
+
+
+async def test_a_refusal_inside_a_group_leaves_the_others_and_the_store_unchanged(
+    storage: Storage,
+) -> None:
+    events = storage.events
+    runner = _runner(storage)
+    await events.append("taken", [NewEvent("A")], expected_sequence=0)
+    token = await events.acquire_fence("fenced")
+    await events.acquire_fence("fenced")
+    before = {e: await events.read(e) for e in ("taken", "fenced")}
+    gate = threading.Event()
+    held = runner._occupy(gate)
+    calls = [
+        events.append("new-1", [NewEvent("A"), NewEvent("B")], expected_sequence=0),
+        events.append("taken", [NewEvent("B")], expected_sequence=0),
+        events.append("taken", [NewEvent("B")], expected_sequence=5),
+        events.append("fenced", [NewEvent("B")], expected_sequence=0, fence=token),
+        events.append("new-2", [NewEvent("A")], expected_sequence=0),
+    ]
+    tasks = [_in_background(call) for call in calls]
+    await _until_queued(runner, len(tasks))
+    assert not any(task.done() for task in tasks)
+    gate.set()
+    await held
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(o) for o in outcomes[1:4]] == [
+        ExecutionAlreadyExistsError,
+        SequenceConflictError,
+        StaleFenceError,
+    ]
+    assert [e.kind for e in outcomes[0]] == ["A", "B"]  # type: ignore[union-attr]
+    assert [e.sequence for e in outcomes[4]] == [0]  # type: ignore[union-attr]
+    assert {e: await events.read(e) for e in ("taken", "fenced")} == before
+    assert await events.head("new-1") == 2
+    assert await events.head("new-2") == 1
+
+
+async def test_close_lets_queued_appends_commit_then_refuses(db_path: Path) -> None:
+    storage = await open_storage(url_for(db_path))
+    runner = _runner(storage)
+    gate = threading.Event()
+    held = runner._occupy(gate)
+    tasks = [
+        _in_background(storage.events.append(f"q{i}", [NewEvent("A")], expected_sequence=0))
+        for i in range(3)
+    ]
+    await _until_queued(runner, 3)
+    closing = _in_background(storage.close())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not closing.done()  # it waits for the queued appends
+    with pytest.raises(StoreClosedError):
+        await storage.events.append("late", [NewEvent("A")], expected_sequence=0)
+    gate.set()
+    await held
+    await closing
+    assert [len(await task) for task in tasks] == [1, 1, 1]
+    with pytest.raises(DatabaseClosedError):
+        await storage.events.head("q0")
+    async with open_storage(url_for(db_path)) as reopened:
+        assert [await reopened.events.head(f"q{i}") for i in range(3)] == [1, 1, 1]
+        assert await reopened.events.head("late") == 0
+
+
+async def test_a_lock_held_elsewhere_sends_the_append_to_the_thread_and_the_loop_runs_on(
+    db_path: Path,
+) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            append = _in_background(
+                storage.events.append("e", [NewEvent("B")], expected_sequence=1)
+            )
+            turns = 0
+            while not runner._busy:  # tried on the loop, found the lock, sent on
+                assert not append.done(), append
+                await asyncio.sleep(0)
+                turns += 1
+                assert turns < 100
+            for _ in range(10):  # the loop keeps serving other tasks meanwhile
+                await asyncio.sleep(0)
+            assert not append.done()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        written = await append
+        assert [e.sequence for e in written] == [1]
+        assert await storage.events.head("e") == 2
+
+
+async def test_a_fenced_append_is_refused_after_another_process_took_the_fence(
+    db_path: Path,
+) -> None:
+    url = url_for(db_path)
+    async with open_storage(url) as storage:
+        token = await storage.events.acquire_fence("x")
+        await storage.events.append("x", [NewEvent("A")], expected_sequence=0, fence=token)
+        other = spawn("acquire", url, "x")
+        assert expect_line(other) == f"token {token + 1}"
+        finish(other)
+        before = await storage.events.read("x")
+        with pytest.raises(StaleFenceError) as refused:
+            await storage.events.append("x", [NewEvent("B")], expected_sequence=1, fence=token)
+        assert refused.value.current_fence == token + 1
+        assert await storage.events.read("x") == before
+        assert await _where(_runner(storage)) == "loop"  # the refusal ran at once, alone
+
+
+class _Clock:
+    """The runner's clock, moved by the operations themselves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_slow_operations_in_a_row_send_the_next_ones_to_the_thread_for_a_while(
+    storage: Storage,
+) -> None:
+    runner = _runner(storage)
+    clock = _Clock()
+    runner._clock = clock
+
+    def slow(raw: sqlite3.Connection) -> int:
+        clock.now += INLINE_STALL_SECONDS * 10
+        return threading.get_ident()
+
+    # One slow operation between fast ones is a preemption, not a slow disk.
+    for _ in range(STALLS_TO_COOL_OFF - 1):
+        assert await runner.read(slow, doing="test") == LOOP
+    assert await _where(runner) == "loop"
+    for _ in range(STALLS_TO_COOL_OFF):
+        assert await runner.read(slow, doing="test") == LOOP
+    assert await _where(runner) == "thread"
+    assert await _where(runner) == "thread"
+    clock.now += COOL_OFF_SECONDS
+    assert await _where(runner) == "loop"
+
+
+async def test_checkpoints_run_on_the_thread_and_keep_the_wal_small(db_path: Path) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        runner._checkpoint_rows = 4  # two appends (an event and a head row each)
+        await storage.events.append("a", [NewEvent("A")], expected_sequence=0)
+        await storage.events.append("b", [NewEvent("A")], expected_sequence=0)
+        # The next write goes to the thread, whose commit may checkpoint; so does the
+        # write after it (which would start the -wal file over); then the loop again.
+        assert await runner.write(_ident, doing="test") != LOOP
+        assert await runner.write(_ident, doing="test") != LOOP
+        assert await runner.write(_ident, doing="test") == LOOP
+        runner._checkpoint_rows = 100
+        for i in range(3_000):
+            await storage.events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+        # 6 000 rows written, two or three pages a commit, would leave some 30 MB in the
+        # -wal file if nothing checkpointed; the thread's commits keep it near 1 000 pages.
+        assert _size(str(db_path) + "-wal") < 2_000 * 4_120
+
+
+def test_the_poller_wakes_subscribers_when_another_connection_commits() -> None:
+    """``(thread, loop)`` data versions: each of the storage's connections moves only the
+    other's; another process moves both, possibly one poll apart (compared with the last
+    wake, so that is not missed)."""
+    from loom_sqlite.subscribe import _another_committed
+
+    woken_at = (10, 20)
+    assert not _another_committed(woken_at, (11, 20))  # the loop's own commit
+    assert not _another_committed(woken_at, (10, 21))  # the thread's own commit
+    assert _another_committed(woken_at, (11, 21))  # another process, or both of ours
+    assert _another_committed(woken_at, (11, -1))  # the loop's version could not be read
+    assert _another_committed((10, None), (11, None))  # FULL: one connection
+    assert not _another_committed((10, None), (10, None))
