@@ -452,10 +452,14 @@ def _check_batch(
     kind_of = type(events)
     if kind_of is CheckedEvents:
         batch = sealed(events)
-        if batch is not None:
-            if not batch._state[1] and not allow_empty:
-                raise InvalidEventError("events must not be empty")
-            return batch, None
+        if batch is None:
+            raise InvalidEventError(
+                "events is a CheckedEvents the kernel did not build (only check_batch "
+                "makes one); pass the events themselves"
+            )
+        if not batch._state[1] and not allow_empty:
+            raise InvalidEventError("events must not be empty")
+        return batch, None
     elif (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
         # The most common append, one event, without building columns.
         kind, payload, metadata, answers, payload_copy, metadata_copy = _check_event(
