@@ -93,6 +93,13 @@ def check_key(value: object, what: str = "execution id") -> str:
 
 
 def check_execution_id(value: object) -> str:
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID_BYTES
+        and value.isascii()
+        and value.isprintable()
+    ):
+        return value
     return check_key(value, "execution id")
 
 
