@@ -421,9 +421,12 @@ Copies = list[tuple[JsonValue, JsonObject]]
 """Fresh copies of a checked batch's payloads and metadata, made by the check itself."""
 
 
-def _check_event(
-    event: object, i: int
-) -> tuple[str, Encoded, Encoded, bool, JsonValue, JsonObject]:
+CheckedEvent = tuple[str, Encoded, Encoded, bool, JsonValue, JsonObject]
+"""One checked event: kind, encoded payload and metadata, whether it answers, and fresh
+copies of the payload and metadata."""
+
+
+def _check_event(event: object, i: int) -> CheckedEvent:
     """One event checked: kind, encoded payload and metadata, whether it answers, and
     fresh copies of the payload and metadata."""
     if not isinstance(event, NewEvent):
@@ -487,6 +490,15 @@ def _check_batch(
         _build(kinds, payloads, metadatas, answering),
         list(zip(payload_copies, metadata_copies, strict=True)),
     )
+
+
+def _check_single(events: object) -> CheckedEvent | None:
+    """The one event of a one-event list or tuple, checked (what most appends carry, with
+    no batch built); None for anything else, which :func:`_check_batch` takes."""
+    kind_of = type(events)
+    if (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
+        return _check_event(events[0], 0)  # type: ignore[index]
+    return None
 
 
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:

@@ -40,8 +40,10 @@ from loom_core.protocols import (
 )
 from loom_core.refusal import RefusesUnoffered
 from loom_core.validation import (
+    CheckedEvent,
     Copies,
     _check_batch,
+    _check_single,
     check_append_requests,
     check_execution_id,
     check_fence,
@@ -249,6 +251,28 @@ class MemoryEventStore(RefusesUnoffered):
         self._commit(execution_id, log, batch, fence, now)
         return written
 
+    def _write_one(
+        self, execution_id: str, log: _Log | None, event: CheckedEvent, fence: int | None
+    ) -> tuple[Event, ...]:
+        """``_write`` for a one-event append, with no batch built: most appends."""
+        now = self._clock()
+        kind, payload, metadata, answering, payload_copy, metadata_copy = event
+        if log is None:
+            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
+        sequence = log.head
+        log.kinds.append(kind)
+        log.payloads.append(payload)
+        log.metadata.append(metadata)
+        log.fences.append(fence)
+        log.recorded.append(now)
+        log.answering.append(answering)
+        log.head = sequence + 1
+        if self._signals:
+            self._wake(execution_id)
+        if fence is not None:
+            metadata_copy["fence"] = fence
+        return (_event(execution_id, sequence, kind, payload_copy, metadata_copy, now),)
+
     def _wake(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
         if signal is not None:
@@ -274,7 +298,9 @@ class MemoryEventStore(RefusesUnoffered):
         fence: int | None = None,
     ) -> tuple[Event, ...]:
         execution_id = check_execution_id(execution_id)
-        batch, copies = _check_batch(events)
+        single = _check_single(events)
+        if single is None:
+            batch, copies = _check_batch(events)
         expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
@@ -285,6 +311,8 @@ class MemoryEventStore(RefusesUnoffered):
         if self._closed:
             self._check_open()
         log = self._check_append(execution_id, expected_sequence, fence)
+        if single is not None:
+            return self._write_one(execution_id, log, single, fence)
         return self._write(execution_id, log, batch, copies, fence)
 
     async def read(
