@@ -35,12 +35,25 @@ and users apply it by name, innermost first: ``open_storage(url, decorators=["co
 only below a fan-out), :func:`find_layers` or :func:`base_stores`, never by following
 ``inner``.
 
+A decorator checks a batch once with :func:`check_batch` and passes the
+:class:`CheckedEvents` it returns to the store below, which takes it as checked; events it
+makes from a checked batch it builds with :meth:`CheckedEvents.with_payloads` or
+:meth:`CheckedEvents.with_metadata`, which check only what is new::
+
+    async def append(self, execution_id, events, *, expected_sequence, fence=None):
+        batch = check_batch(events)
+        stamped = batch.with_metadata([{"tenant": self.tenant}] * len(batch))
+        return await self.inner.append(
+            execution_id, stamped, expected_sequence=expected_sequence, fence=fence
+        )
+
 The contract a decorator wraps, and the checks it runs on its own arguments, are in
 :mod:`loom_core.spi` (with :class:`~loom_core.spi.PluginHost`, to load a plugin in a test).
 Prove a decorator with ``loom_conformance.decorating`` (docs/plugin-authors.md).
 Everything here is public; the modules it comes from are not.
 """
 
+from loom_core.checked import CheckedEvents
 from loom_core.decisions import (
     FORWARD,
     Decision,
@@ -56,6 +69,7 @@ from loom_core.plugins import DecoratorSpec
 from loom_core.refusal import RefusesUnoffered
 from loom_core.registry import DecoratorRegistry, InnerOpener, StorageDecorator
 from loom_core.stacks import LayerBelowFanOutError, base_stores, find_layer, find_layers
+from loom_core.validation import check_batch
 
 __all__ = [
     # the event-store decorator
@@ -68,6 +82,9 @@ __all__ = [
     "Refuse",
     "RefusesUnoffered",
     "DecoratorDefinitionError",
+    # checking a batch once per stack
+    "CheckedEvents",
+    "check_batch",
     # walking a stack
     "find_layer",
     "find_layers",

@@ -32,6 +32,8 @@ What is here:
 - **The checks** every store runs on its arguments before touching anything (``check_*``,
   with the limits :data:`MAX_ID_BYTES` and :data:`MAX_POSITION`), so that every backend
   refuses the same input with the same typed error, and :func:`canonical_json`.
+  :func:`check_batch` returns a :class:`CheckedEvents`, which every check takes back as
+  already checked (a batch checked by a decorator above is not checked again).
 - **The kind classification** a conditional fence needs (:func:`is_answering_kind`,
   :data:`ANSWERING_KINDS`, :data:`KERNEL_KINDS`): never keep a list of your own.
 - **Plugin loading**: :data:`hookimpl`, :class:`BackendRegistry`, and :class:`PluginHost`
@@ -44,6 +46,7 @@ namespace, :mod:`loom_core.decorating`. Prove a store with ``loom-conformance``
 (docs/plugin-authors.md). Everything here is public; the modules it comes from are not.
 """
 
+from loom_core.checked import CheckedEvents
 from loom_core.errors import DuplicateRegistrationError
 from loom_core.events import Event, NewEvent
 from loom_core.hookspecs import hookimpl
@@ -81,6 +84,7 @@ from loom_core.validation import (
     check_append,
     check_append_requests,
     check_aware,
+    check_batch,
     check_events,
     check_execution_id,
     check_fence,
@@ -114,10 +118,12 @@ __all__ = [
     # the checks every store runs before touching anything
     "MAX_ID_BYTES",
     "MAX_POSITION",
+    "CheckedEvents",
     "canonical_json",
     "check_append",
     "check_append_requests",
     "check_aware",
+    "check_batch",
     "check_events",
     "check_execution_id",
     "check_fence",

@@ -7,12 +7,16 @@ was wrong, so a refused call never writes anything.
 from __future__ import annotations
 
 import json
+import marshal
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final, cast
 
+import orjson
+
+from loom_core.checked import CheckedEvents, Encoded, _build, decode, sealed
 from loom_core.errors import (
     InvalidEventError,
     InvalidExecutionIdError,
@@ -21,6 +25,7 @@ from loom_core.errors import (
     InvalidSequenceError,
 )
 from loom_core.events import JsonObject, JsonValue, NewEvent
+from loom_core.kinds import is_answering_kind
 from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
@@ -31,6 +36,7 @@ __all__ = [
     "RESERVED_METADATA_KEYS",
     "canonical_json",
     "check_append",
+    "check_batch",
     "check_append_requests",
     "check_aware",
     "check_count",
@@ -62,6 +68,15 @@ _CONTROL: Final = re.compile("[\x00-\x1f\x7f]")
 
 def check_key(value: object, what: str = "execution id") -> str:
     """A non-empty string of at most 512 UTF-8 bytes with no control characters."""
+    # The common case in two C calls: printable ASCII is one byte a character, and
+    # isprintable() is False for every control character (tab, newline, NUL, DEL...).
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID_BYTES
+        and value.isascii()
+        and value.isprintable()
+    ):
+        return value
     if not isinstance(value, str):
         raise InvalidExecutionIdError(value, f"{what} must be a str, not {type(value).__name__}")
     if not value:
@@ -78,6 +93,13 @@ def check_key(value: object, what: str = "execution id") -> str:
 
 
 def check_execution_id(value: object) -> str:
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID_BYTES
+        and value.isascii()
+        and value.isprintable()
+    ):
+        return value
     return check_key(value, "execution id")
 
 
@@ -95,10 +117,14 @@ def _check_int(value: object, what: str, minimum: int) -> int:
 
 def check_sequence(value: object, what: str = "sequence") -> int:
     """A non-negative int (``bool`` is refused, though it is an ``int``)."""
+    if type(value) is int and 0 <= value <= MAX_POSITION:
+        return value
     return _check_int(value, what, 0)
 
 
 def check_fence(value: object, what: str = "fence") -> int:
+    if type(value) is int and 0 <= value <= MAX_POSITION:
+        return value
     return _check_int(value, what, 0)
 
 
@@ -240,50 +266,317 @@ def check_json(value: object, what: str) -> JsonValue:
     return _check_json(value, what)
 
 
-def check_metadata(value: object, what: str) -> JsonObject:
+# -- the fast path ------------------------------------------------------------------------
+#
+# orjson writes a value in C and refuses most of what the rules refuse (non-string keys,
+# lone surrogates, sets, bytes, datetimes, subclasses of the JSON types, more than 254
+# levels). What it would let through is caught by cheap checks on its output, and
+# anything they cannot vouch for goes to the pure-Python walk above, which decides and
+# words the refusal exactly as it always has:
+#
+# - marshal refuses every object that is not of an exact built-in type, so no enum, UUID
+#   or orjson.Fragment (which orjson writes) and no overridden ``__eq__`` gets through;
+# - decoding the output again and comparing it with the value (exact built-in types
+#   only, by then) catches NaN and infinities (written as null) and tuples (read back as
+#   lists, which the walk accepts and converts);
+# - an escaped U+0000 or more than 200 levels of nesting is looked for in the output.
+
+_ORJSON_OPTIONS: Final = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+_MAX_DEPTH: Final = 200
+_ESCAPED_NUL: Final = b"\\u0000"
+_STRING: Final = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_INNERMOST: Final = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKET: Final = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _nests_deeper_than_limit(encoded: bytes) -> bool:
+    """Whether the JSON text ``encoded`` may nest more than 200 containers (True when it
+    is exactly at the edge: the walk decides those)."""
+    if encoded.count(b"[") + encoded.count(b"{") <= _MAX_DEPTH:
+        return False
+    skeleton = _STRING.sub(b"", encoded).translate(None, _NOT_BRACKET)
+    levels = 0
+    while skeleton:
+        # Each pass removes every container that holds no container: one level.
+        skeleton = _INNERMOST.sub(b"", skeleton)
+        levels += 1
+        if levels > _MAX_DEPTH:
+            return True
+    return False
+
+
+def _fast_json(value: object) -> tuple[bytes, JsonValue] | None:
+    """``value`` as orjson bytes and a fresh decoded copy, when the fast checks prove it
+    valid; None when only the walk can tell."""
+    try:
+        encoded = _dumps(value, option=_ORJSON_OPTIONS)
+        _marshal(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    copy: JsonValue = _loads(encoded)
+    if copy != value or _ESCAPED_NUL in encoded:
+        return None
+    if len(encoded) > 2 * _MAX_DEPTH and _nests_deeper_than_limit(encoded):
+        return None
+    return encoded, copy
+
+
+_dumps: Final = orjson.dumps
+_loads: Final = orjson.loads
+_marshal: Final = marshal.dumps
+
+
+def _encode_json(value: object, path: _Where) -> tuple[Encoded, JsonValue]:
+    """A checked JSON value's encoded form and a fresh copy; refuses what the walk
+    refuses, with its message."""
+    fast = _fast_json(value)
+    if fast is not None:
+        return fast
+    return _walk_json(value, path)
+
+
+def _walk_json(value: object, path: _Where) -> tuple[Encoded, JsonValue]:
+    """The rare path: what the fast checks could not vouch for, checked by the walk."""
+    copy = _check_json(value, path)
+    # The walk accepted what orjson would not write (an integer past 64 bits, a
+    # subclass of a JSON type, a tuple): orjson may write its copy, else json text.
+    retry = _fast_json(copy)
+    if retry is not None:
+        return retry
+    return canonical_json(copy), copy
+
+
+_EMPTY: Final = b"{}"
+
+
+def _encode_metadata(value: object, path: _Where) -> tuple[Encoded, JsonObject]:
+    if type(value) is dict and not value:
+        return _EMPTY, {}
     if not isinstance(value, Mapping):
-        raise InvalidEventError(f"{what} must be a JSON object, not {type(value).__name__}")
-    checked = _check_json(value, what)
-    assert isinstance(checked, dict)
-    return checked
+        raise InvalidEventError(
+            f"{_where(path)} must be a JSON object, not {type(value).__name__}"
+        )
+    encoded, copy = _encode_json(value, path)
+    assert isinstance(copy, dict)
+    return encoded, copy
 
 
-def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent, ...]:
-    """A non-empty sequence of valid :class:`NewEvent` (fresh, validated copies)."""
-    if isinstance(events, NewEvent) or not isinstance(events, Sequence | Iterable):
+def check_metadata(value: object, what: str) -> JsonObject:
+    return _encode_metadata(value, what)[1]
+
+
+def _refuse_reserved(metadata: JsonObject, path: _Where) -> None:
+    reserved = RESERVED_METADATA_KEYS & metadata.keys()
+    if reserved:
+        raise InvalidEventError(
+            f"{_where(path)} uses the reserved key(s) {sorted(reserved)}; "
+            "the store stamps 'fence' from append(fence=...)"
+        )
+
+
+def _check_kind(kind: object, i: int) -> str:
+    if (
+        type(kind) is str
+        and 0 < len(kind) <= MAX_KIND_LENGTH
+        and kind.isascii()
+        and kind.isprintable()
+    ):
+        return kind
+    if not isinstance(kind, str) or not kind:
+        raise InvalidEventError(f"events[{i}].kind must be a non-empty str, got {kind!r}")
+    if len(kind) > MAX_KIND_LENGTH or _CONTROL.search(kind):
+        raise InvalidEventError(
+            f"events[{i}].kind {kind[:40]!r} must be at most {MAX_KIND_LENGTH} printable "
+            "characters"
+        )
+    _check_text(kind, f"events[{i}].kind")
+    return str(kind)
+
+
+def _check_items(events: object, allow_empty: bool) -> tuple[object, ...]:
+    if type(events) is tuple:
+        items: tuple[object, ...] = events
+    elif type(events) is list:
+        items = tuple(events)
+    elif isinstance(events, NewEvent) or not isinstance(events, Sequence | Iterable):
         raise InvalidEventError(
             f"events must be a sequence of NewEvent, not {type(events).__name__}"
         )
-    items = tuple(events)
+    else:
+        items = tuple(events)
     if not items and not allow_empty:
         raise InvalidEventError("events must not be empty")
     if len(items) > MAX_EVENTS_PER_APPEND:
         raise InvalidEventError(
             f"{len(items)} events in one append; the limit is {MAX_EVENTS_PER_APPEND}"
         )
-    out = []
-    for i, event in enumerate(items):
-        if not isinstance(event, NewEvent):
-            raise InvalidEventError(f"events[{i}] is a {type(event).__name__}, not a NewEvent")
-        kind = event.kind
-        if not isinstance(kind, str) or not kind:
-            raise InvalidEventError(f"events[{i}].kind must be a non-empty str, got {kind!r}")
-        if len(kind) > MAX_KIND_LENGTH or _CONTROL.search(kind):
+    return items
+
+
+Copies = list[tuple[JsonValue, JsonObject]]
+"""Fresh copies of a checked batch's payloads and metadata, made by the check itself."""
+
+
+CheckedEvent = tuple[str, Encoded, Encoded, bool, JsonValue, JsonObject]
+"""One checked event: kind, encoded payload and metadata, whether it answers, and fresh
+copies of the payload and metadata."""
+
+
+def _check_event(event: object, i: int) -> CheckedEvent:
+    """One event checked: kind, encoded payload and metadata, whether it answers, and
+    fresh copies of the payload and metadata."""
+    if not isinstance(event, NewEvent):
+        raise InvalidEventError(f"events[{i}] is a {type(event).__name__}, not a NewEvent")
+    kind = _check_kind(event.kind, i)
+    payload = event.payload
+    fast: tuple[Encoded, JsonValue] | None = _fast_json(payload)
+    if fast is None:
+        fast = _walk_json(payload, (("events", i), "payload"))
+    metadata = event.metadata
+    if type(metadata) is dict and not metadata:
+        encoded_metadata: Encoded = _EMPTY
+        metadata_copy: JsonObject = {}
+    else:
+        where: _Where = (("events", i), "metadata")
+        encoded_metadata, metadata_copy = _encode_metadata(metadata, where)
+        _refuse_reserved(metadata_copy, where)
+    return (
+        kind,
+        fast[0],
+        encoded_metadata,
+        is_answering_kind(kind, metadata_copy),
+        fast[1],
+        metadata_copy,
+    )
+
+
+def _check_batch(
+    events: object, allow_empty: bool = False
+) -> tuple[CheckedEvents, Copies | None]:
+    """The checked batch, and fresh copies of each event's payload and metadata when the
+    check made them (None when ``events`` was already a checked batch)."""
+    kind_of = type(events)
+    if kind_of is CheckedEvents:
+        batch = sealed(events)
+        if batch is None:
             raise InvalidEventError(
-                f"events[{i}].kind {kind[:40]!r} must be at most {MAX_KIND_LENGTH} printable "
-                "characters"
+                "events is a CheckedEvents the kernel did not build (only check_batch "
+                "makes one); pass the events themselves"
             )
-        _check_text(kind, f"events[{i}].kind")
-        payload = check_json(event.payload, f"events[{i}].payload")
-        metadata = check_metadata(event.metadata, f"events[{i}].metadata")
-        reserved = RESERVED_METADATA_KEYS & metadata.keys()
-        if reserved:
-            raise InvalidEventError(
-                f"events[{i}].metadata uses the reserved key(s) {sorted(reserved)}; "
-                "the store stamps 'fence' from append(fence=...)"
-            )
-        out.append(NewEvent(str(kind), payload, metadata))
-    return tuple(out)
+        if not batch._state[1] and not allow_empty:
+            raise InvalidEventError("events must not be empty")
+        return batch, None
+    elif (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
+        # The most common append, one event, without building columns.
+        kind, payload, metadata, answers, payload_copy, metadata_copy = _check_event(
+            events[0], 0  # type: ignore[index]
+        )
+        return (
+            _build((kind,), (payload,), (metadata,), (answers,)),
+            [(payload_copy, metadata_copy)],
+        )
+    items = _check_items(events, allow_empty)
+    if not items:
+        return _build((), (), (), ()), []
+    rows = [_check_event(event, i) for i, event in enumerate(items)]
+    kinds, payloads, metadatas, answering, payload_copies, metadata_copies = zip(
+        *rows, strict=True
+    )
+    return (
+        _build(kinds, payloads, metadatas, answering),
+        list(zip(payload_copies, metadata_copies, strict=True)),
+    )
+
+
+def _check_single(events: object) -> CheckedEvent | None:
+    """The one event of a one-event list or tuple, checked (what most appends carry, with
+    no batch built); None for anything else, which :func:`_check_batch` takes."""
+    kind_of = type(events)
+    if (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
+        return _check_event(events[0], 0)  # type: ignore[index]
+    return None
+
+
+def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
+    if copies is None:
+        return tuple(batch)
+    return tuple(
+        NewEvent(kind, payload, metadata)
+        for kind, (payload, metadata) in zip(batch._state[1], copies, strict=True)
+    )
+
+
+def check_batch(events: object, *, allow_empty: bool = False) -> CheckedEvents:
+    """A non-empty sequence of valid :class:`NewEvent`, as a :class:`CheckedEvents`.
+
+    A :class:`CheckedEvents` the kernel built is returned as it is, unchecked again (in
+    O(1)): a decorator passes the batch it checked to the store below, and the store's
+    own ``check_batch`` costs nothing. Anything else is checked event by event and
+    refused, before anything is written, with the :class:`InvalidEventError` that says
+    what was wrong and where.
+    """
+    return _check_batch(events, allow_empty)[0]
+
+
+def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent, ...]:
+    """A non-empty sequence of valid :class:`NewEvent` (fresh, validated copies).
+
+    A :class:`CheckedEvents` is not checked again (its items are fresh copies already);
+    :func:`check_batch` returns the checked batch itself, to pass to the store below.
+    """
+    return _new_events(*_check_batch(events, allow_empty))
+
+
+def rebuild_payloads(batch: CheckedEvents, payloads: Sequence[object]) -> CheckedEvents:
+    """``batch`` with each payload replaced (see :meth:`CheckedEvents.with_payloads`)."""
+    if sealed(batch) is None:
+        batch = check_batch(batch, allow_empty=True)
+    values = _check_replacements(batch, payloads, "payloads")
+    encoded = tuple(
+        _encode_json(v, (("events", i), "payload"))[0] for i, v in enumerate(values)
+    )
+    _, kinds, _, metadata, answering = batch._state
+    return _build(kinds, encoded, metadata, answering)
+
+
+def rebuild_metadata(batch: CheckedEvents, extra: Sequence[JsonObject]) -> CheckedEvents:
+    """``batch`` with ``extra[i]`` merged into each event's metadata (see
+    :meth:`CheckedEvents.with_metadata`)."""
+    if sealed(batch) is None:
+        batch = check_batch(batch, allow_empty=True)
+    values = _check_replacements(batch, extra, "extra")
+    _, kinds, payloads, metadata, _ = batch._state
+    encoded: list[Encoded] = []
+    answering: list[bool] = []
+    for i, (add, current) in enumerate(zip(values, metadata, strict=True)):
+        what: _Where = (("events", i), "metadata")
+        _, added = _encode_metadata(add, what)
+        _refuse_reserved(added, what)
+        merged = decode(current)
+        assert isinstance(merged, dict)
+        merged.update(added)
+        # Both halves are checked; only the merged nesting can be new.
+        merged_encoded, merged_copy = _encode_metadata(merged, what)
+        encoded.append(merged_encoded)
+        answering.append(is_answering_kind(kinds[i], merged_copy))
+    return _build(kinds, payloads, tuple(encoded), tuple(answering))
+
+
+def _check_replacements(
+    batch: CheckedEvents, values: Sequence[object], what: str
+) -> tuple[object, ...]:
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
+        raise InvalidEventError(f"{what} must be a sequence, one per event")
+    items = tuple(values)
+    if len(items) != len(batch):
+        raise InvalidEventError(
+            f"{len(items)} {what} for a batch of {len(batch)} events; give one per event"
+        )
+    return items
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
@@ -300,7 +593,11 @@ def canonical_json(value: JsonValue) -> str:
 def check_append_requests(
     requests: Sequence[AppendRequest],
 ) -> list[tuple[AppendRequest, tuple[NewEvent, ...]]]:
-    """A valid ``append_many`` batch: non-empty, each id once, each request checked."""
+    """A valid ``append_many`` batch: non-empty, each id once, each request checked.
+
+    Each request comes back with its events as a :class:`CheckedEvents` (so a decorator
+    that forwards the request costs the store below no second check), beside a tuple of
+    fresh copies of them."""
     if isinstance(requests, AppendRequest) or not isinstance(requests, Sequence):
         raise InvalidInputError("append_many takes a sequence of AppendRequest")
     if not requests:
@@ -317,10 +614,11 @@ def check_append_requests(
                 f"append_many names {execution_id!r} twice; put its events in one request"
             )
         seen.add(execution_id)
-        events = check_events(request.events)
+        batch, copies = _check_batch(request.events)
         expected = check_sequence(request.expected_sequence, f"requests[{i}].expected_sequence")
         fence = None if request.fence is None else check_fence(request.fence)
-        out.append((AppendRequest(execution_id, events, expected, fence), events))
+        events = _new_events(batch, copies)
+        out.append((AppendRequest(execution_id, batch, expected, fence), events))
     return out
 
 

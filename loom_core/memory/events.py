@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Final
 
+from loom_core.checked import CheckedEvents, Encoded, decode
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -26,8 +28,7 @@ from loom_core.errors import (
     StaleFenceError,
     StoreClosedError,
 )
-from loom_core.events import Event, JsonObject, NewEvent
-from loom_core.kinds import is_answering_kind
+from loom_core.events import Event, JsonObject, JsonValue, NewEvent
 from loom_core.protocols import (
     DEFAULT_LIST_LIMIT,
     OPTIONAL_EVENT_STORE_METHODS,
@@ -39,8 +40,10 @@ from loom_core.protocols import (
 )
 from loom_core.refusal import RefusesUnoffered
 from loom_core.validation import (
-    canonical_json,
-    check_append,
+    CheckedEvent,
+    Copies,
+    _check_batch,
+    _check_single,
     check_append_requests,
     check_execution_id,
     check_fence,
@@ -55,22 +58,75 @@ Clock = Callable[[], datetime]
 
 
 @dataclass(slots=True)
-class _Stored:
-    """An event kept as JSON text, so no caller can mutate what the store holds."""
-
-    sequence: int
-    kind: str
-    payload: str
-    metadata: str
-    recorded_at: datetime
-    answering: bool
-
-
-@dataclass(slots=True)
 class _Log:
+    """One execution's log, one list per field, so an append extends each list once
+    however many events it carries. Entry ``i`` is the event of sequence ``first + i``
+    (sequences are gapless; ``first`` moves when a prefix is truncated).
+
+    Payloads and metadata are kept as the JSON bytes their check produced, so no caller
+    can mutate what the store holds, and every read decodes a fresh copy. ``metadata``
+    is the writer's; ``fences`` is stamped into it on the way out."""
+
     head: int = 0
-    events: list[_Stored] = field(default_factory=list)
-    sequences: list[int] = field(default_factory=list)
+    first: int = 0
+    kinds: list[str] = field(default_factory=list)
+    payloads: list[Encoded] = field(default_factory=list)
+    metadata: list[Encoded] = field(default_factory=list)
+    fences: list[int | None] = field(default_factory=list)
+    recorded: list[datetime] = field(default_factory=list)
+    answering: list[bool] = field(default_factory=list)
+
+    def index(self, sequence: int) -> int:
+        """The list index of ``sequence``, clamped to the entries held."""
+        return min(max(sequence - self.first, 0), len(self.kinds))
+
+    def event(self, execution_id: str, i: int) -> Event:
+        metadata = decode(self.metadata[i])
+        assert isinstance(metadata, dict)
+        fence = self.fences[i]
+        if fence is not None:
+            metadata["fence"] = fence
+        return _event(
+            execution_id,
+            self.first + i,
+            self.kinds[i],
+            decode(self.payloads[i]),
+            metadata,
+            self.recorded[i],
+        )
+
+    def extend(self, batch: CheckedEvents, fence: int | None, now: datetime) -> None:
+        _, kinds, payloads, metadata, answering = batch._state
+        count = len(kinds)
+        self.kinds += kinds
+        self.payloads += payloads
+        self.metadata += metadata
+        self.answering += answering
+        self.fences += [fence] * count
+        self.recorded += [now] * count
+        self.head += count
+
+    def prefix(self, end: int) -> _Log:
+        """A new log holding this one's first ``end`` entries."""
+        return _Log(
+            self.first + end,
+            self.first,
+            self.kinds[:end],
+            self.payloads[:end],
+            self.metadata[:end],
+            self.fences[:end],
+            self.recorded[:end],
+            self.answering[:end],
+        )
+
+    def drop(self, cut: int) -> None:
+        """Forget the first ``cut`` entries."""
+        for column in (
+            self.kinds, self.payloads, self.metadata, self.fences, self.recorded,
+            self.answering,
+        ):
+            del column[:cut]
+        self.first += cut
 
 
 class MemoryEventStore(RefusesUnoffered):
@@ -99,7 +155,7 @@ class MemoryEventStore(RefusesUnoffered):
             self._offered = frozenset(OPTIONAL_EVENT_STORE_METHODS)
         if clock is not None and not callable(clock):
             raise InvalidOptionError("clock must be a callable returning an aware datetime")
-        self._clock: Clock = clock or (lambda: datetime.now(UTC))
+        self._clock: Clock = clock or functools.partial(datetime.now, UTC)
         self._logs: dict[str, _Log] = {}
         self._fences: dict[str, int] = {}
         self._signals: dict[str, asyncio.Event] = {}
@@ -120,19 +176,11 @@ class MemoryEventStore(RefusesUnoffered):
 
     # -- internals ----------------------------------------------------------------------
 
-    def _event(self, execution_id: str, stored: _Stored) -> Event:
-        return Event(
-            execution_id=execution_id,
-            sequence=stored.sequence,
-            kind=stored.kind,
-            payload=json.loads(stored.payload),
-            metadata=json.loads(stored.metadata),
-            recorded_at=stored.recorded_at,
-        )
-
     def _check_append(
         self, execution_id: str, expected_sequence: int, fence: int | None
-    ) -> None:
+    ) -> _Log | None:
+        """The log an append at ``expected_sequence`` under ``fence`` extends (None: a
+        new one), or the refusal."""
         log = self._logs.get(execution_id)
         head = log.head if log else 0
         if expected_sequence != head:
@@ -145,49 +193,85 @@ class MemoryEventStore(RefusesUnoffered):
                 raise StaleFenceError(execution_id, fence, current)
             if fence > current:
                 raise FenceNotIssuedError(execution_id, fence, current)
+        return log
 
-    def _prepare(
-        self, execution_id: str, events: Sequence[NewEvent], fence: int | None, now: datetime
-    ) -> tuple[list[_Stored], tuple[Event, ...]]:
-        """Encode a checked append without touching the log, so a batch whose last
-        request cannot be encoded leaves every log as it was."""
-        log = self._logs.get(execution_id)
-        sequence = log.head if log else 0
-        stored: list[_Stored] = []
-        written: list[Event] = []
-        for event in events:
-            metadata: JsonObject = dict(event.metadata)
-            if fence is not None:
+    def _written(
+        self,
+        execution_id: str,
+        first: int,
+        batch: CheckedEvents,
+        copies: Copies | None,
+        fence: int | None,
+        now: datetime,
+    ) -> tuple[Event, ...]:
+        """The events an append of ``batch`` at ``first`` records. ``copies`` are fresh
+        copies made by this call's own check (no caller holds them); without them (a
+        batch checked above this store), each is decoded again."""
+        if copies is None:
+            copies = list(zip(batch.payloads(), batch.metadata(), strict=True))
+        if fence is not None:
+            for _, metadata in copies:
                 metadata["fence"] = fence
-            stored.append(
-                _Stored(
-                    sequence=sequence,
-                    kind=event.kind,
-                    payload=canonical_json(event.payload),
-                    metadata=canonical_json(metadata),
-                    recorded_at=now,
-                    answering=is_answering_kind(event.kind, metadata),
-                )
-            )
-            # ``events`` are validated copies the caller cannot reach, so the written
-            # events can carry them instead of decoding the JSON just encoded.
-            written.append(Event(execution_id, sequence, event.kind, event.payload, metadata, now))
-            sequence += 1
-        return stored, tuple(written)
+        kinds = batch._state[1]
+        if len(kinds) == 1:
+            payload, metadata = copies[0]
+            return (_event(execution_id, first, kinds[0], payload, metadata, now),)
+        return tuple(
+            _event(execution_id, first + i, kind, payload, metadata, now)
+            for i, (kind, (payload, metadata)) in enumerate(zip(kinds, copies, strict=True))
+        )
 
-    def _commit(self, execution_id: str, stored: list[_Stored]) -> None:
-        log = self._logs.setdefault(execution_id, _Log())
-        log.events.extend(stored)
-        log.sequences.extend(s.sequence for s in stored)
-        log.head = stored[-1].sequence + 1
-        self._wake(execution_id)
+    def _commit(
+        self,
+        execution_id: str,
+        log: _Log | None,
+        batch: CheckedEvents,
+        fence: int | None,
+        now: datetime,
+    ) -> None:
+        if log is None:
+            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
+        log.extend(batch, fence, now)
+        if self._signals:
+            self._wake(execution_id)
 
     def _write(
-        self, execution_id: str, events: Sequence[NewEvent], fence: int | None
+        self,
+        execution_id: str,
+        log: _Log | None,
+        batch: CheckedEvents,
+        copies: Copies | None,
+        fence: int | None,
     ) -> tuple[Event, ...]:
-        stored, written = self._prepare(execution_id, events, fence, self._clock())
-        self._commit(execution_id, stored)
+        """Append a checked batch that ``_check_append`` accepted onto ``log``."""
+        now = self._clock()
+        written = self._written(
+            execution_id, log.head if log else 0, batch, copies, fence, now
+        )
+        self._commit(execution_id, log, batch, fence, now)
         return written
+
+    def _write_one(
+        self, execution_id: str, log: _Log | None, event: CheckedEvent, fence: int | None
+    ) -> tuple[Event, ...]:
+        """``_write`` for a one-event append, with no batch built: most appends."""
+        now = self._clock()
+        kind, payload, metadata, answering, payload_copy, metadata_copy = event
+        if log is None:
+            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
+        sequence = log.head
+        log.kinds.append(kind)
+        log.payloads.append(payload)
+        log.metadata.append(metadata)
+        log.fences.append(fence)
+        log.recorded.append(now)
+        log.answering.append(answering)
+        log.head = sequence + 1
+        if self._signals:
+            self._wake(execution_id)
+        if fence is not None:
+            metadata_copy["fence"] = fence
+        return (_event(execution_id, sequence, kind, payload_copy, metadata_copy, now),)
 
     def _wake(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
@@ -197,9 +281,11 @@ class MemoryEventStore(RefusesUnoffered):
     async def _tick(self) -> None:
         # One yield per call: tasks interleave between store operations, never inside one.
         # Closed is checked after the yield too, so a call that raced close() is refused.
-        self._check_open()
+        if self._closed:
+            self._check_open()
         await asyncio.sleep(0)
-        self._check_open()
+        if self._closed:
+            self._check_open()
 
     # -- required -----------------------------------------------------------------------
 
@@ -211,14 +297,23 @@ class MemoryEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        single = _check_single(events)
+        if single is None:
+            batch, copies = _check_batch(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
-        await self._tick()
-        self._check_append(execution_id, expected_sequence, fence)
-        return self._write(execution_id, checked, fence)
+        # _tick(), inlined: this is the hottest call of the store.
+        if self._closed:
+            self._check_open()
+        await asyncio.sleep(0)
+        if self._closed:
+            self._check_open()
+        log = self._check_append(execution_id, expected_sequence, fence)
+        if single is not None:
+            return self._write_one(execution_id, log, single, fence)
+        return self._write(execution_id, log, batch, copies, fence)
 
     async def read(
         self,
@@ -235,15 +330,11 @@ class MemoryEventStore(RefusesUnoffered):
         log = self._logs.get(execution_id)
         if log is None:
             return ()
-        start = bisect.bisect_left(log.sequences, from_sequence)
-        end = (
-            len(log.sequences)
-            if to_sequence is None
-            else bisect.bisect_right(log.sequences, to_sequence)
-        )
+        start = log.index(from_sequence)
+        end = len(log.kinds) if to_sequence is None else log.index(to_sequence + 1)
         if limit is not None:
             end = min(end, start + limit)
-        return tuple(self._event(execution_id, s) for s in log.events[start:end])
+        return tuple(log.event(execution_id, i) for i in range(start, end))
 
     async def head(self, execution_id: str) -> int:
         execution_id = check_execution_id(execution_id)
@@ -296,8 +387,7 @@ class MemoryEventStore(RefusesUnoffered):
         current = self._fences.get(execution_id, 0)
         if current != fence:
             return FenceStale(current)
-        tail = bisect.bisect_right(log.sequences, park_seq)
-        if any(stored.answering for stored in log.events[tail:]):
+        if any(log.answering[log.index(park_seq + 1):]):
             return FenceStale(current)
         self._fences[execution_id] = current + 1
         return FenceAcquired(current + 1)
@@ -311,16 +401,16 @@ class MemoryEventStore(RefusesUnoffered):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         self._offers("append_if_unchanged")
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        batch, copies = _check_batch(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         observed_fence = check_fence(observed_fence, "observed_fence")
         await self._tick()
         current = self._fences.get(execution_id, 0)
         if current != observed_fence:
             raise StaleFenceError(execution_id, observed_fence, current)
-        self._check_append(execution_id, expected_sequence, None)
-        return self._write(execution_id, checked, None)
+        log = self._check_append(execution_id, expected_sequence, None)
+        return self._write(execution_id, log, batch, copies, None)
 
     async def append_many(
         self, requests: Sequence[AppendRequest]
@@ -328,13 +418,20 @@ class MemoryEventStore(RefusesUnoffered):
         self._offers("append_many")
         checked = check_append_requests(requests)
         await self._tick()
-        for request, _ in checked:
-            self._check_append(request.execution_id, request.expected_sequence, request.fence)
+        logs = [
+            self._check_append(r.execution_id, r.expected_sequence, r.fence) for r, _ in checked
+        ]
         now = self._clock()
-        prepared = [self._prepare(r.execution_id, events, r.fence, now) for r, events in checked]
-        for (request, _), (stored, _) in zip(checked, prepared, strict=True):
-            self._commit(request.execution_id, stored)
-        return tuple(written for _, written in prepared)
+        written = [
+            self._written(
+                r.execution_id, log.head if log else 0, _batch_of(r),
+                [(e.payload, dict(e.metadata)) for e in events], r.fence, now,
+            )
+            for (r, events), log in zip(checked, logs, strict=True)
+        ]
+        for (r, _), log in zip(checked, logs, strict=True):
+            self._commit(r.execution_id, log, _batch_of(r), r.fence, now)
+        return tuple(written)
 
     async def delete_execution(self, execution_id: str) -> bool:
         self._offers("delete_execution")
@@ -362,16 +459,10 @@ class MemoryEventStore(RefusesUnoffered):
         existing = self._logs.get(target)
         if existing is not None:
             raise ExecutionAlreadyExistsError(target, existing.head)
-        end = bisect.bisect_right(log.sequences, through_sequence)
-        copy = _Log(head=through_sequence + 1)
-        copy.events = [
-            _Stored(s.sequence, s.kind, s.payload, s.metadata, s.recorded_at, s.answering)
-            for s in log.events[:end]
-        ]
-        copy.sequences = log.sequences[:end]
+        copy = log.prefix(log.index(through_sequence + 1))
         self._logs[target] = copy
         self._wake(target)
-        return len(copy.events)
+        return len(copy.kinds)
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
         self._offers("truncate_prefix_keeping")
@@ -386,9 +477,8 @@ class MemoryEventStore(RefusesUnoffered):
                 f"keep_from_sequence {keep_from_sequence} is past the head of "
                 f"{execution_id!r} ({log.head})"
             )
-        cut = bisect.bisect_left(log.sequences, keep_from_sequence)
-        del log.events[:cut]
-        del log.sequences[:cut]
+        cut = log.index(keep_from_sequence)
+        log.drop(cut)
         return cut
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
@@ -400,16 +490,50 @@ class MemoryEventStore(RefusesUnoffered):
     async def _follow(self, execution_id: str, next_sequence: int) -> AsyncIterator[Event]:
         while not self._closed:
             log = self._logs.get(execution_id)
-            batch: list[_Stored] = []
-            if log is not None:
-                start = bisect.bisect_left(log.sequences, next_sequence)
-                batch = log.events[start:]
-            if batch:
-                for stored in batch:
-                    next_sequence = stored.sequence + 1
-                    yield self._event(execution_id, stored)
-                continue
+            if log is not None and next_sequence < log.head:
+                # One event per pass, the log looked up again after each yield: the
+                # consumer may have appended, truncated or deleted meanwhile.
+                start = log.index(next_sequence)
+                if start < len(log.kinds):
+                    event = log.event(execution_id, start)
+                    next_sequence = event.sequence + 1
+                    yield event
+                    continue
             signal = self._signals.get(execution_id)
             if signal is None:
                 signal = self._signals[execution_id] = asyncio.Event()
             await signal.wait()
+
+
+_new: Final = object.__new__
+_set_execution_id, _set_sequence, _set_kind, _set_payload, _set_metadata, _set_recorded_at = (
+    getattr(Event, name).__set__
+    for name in ("execution_id", "sequence", "kind", "payload", "metadata", "recorded_at")
+)
+
+
+def _event(
+    execution_id: str,
+    sequence: int,
+    kind: str,
+    payload: JsonValue,
+    metadata: JsonObject,
+    recorded_at: datetime,
+) -> Event:
+    """``Event(...)`` for values the store has checked, at half the cost of the frozen
+    dataclass's ``__init__`` (which goes through ``object.__setattr__`` by name): every
+    read and append makes one per event."""
+    event = _new(Event)
+    _set_execution_id(event, execution_id)
+    _set_sequence(event, sequence)
+    _set_kind(event, kind)
+    _set_payload(event, payload)
+    _set_metadata(event, metadata)
+    _set_recorded_at(event, recorded_at)
+    return event
+
+
+def _batch_of(request: AppendRequest) -> CheckedEvents:
+    # check_append_requests returns every request's events as a CheckedEvents.
+    assert isinstance(request.events, CheckedEvents)
+    return request.events

@@ -1,0 +1,90 @@
+"""The in-memory event store keeps what it was given as checked bytes: nothing a caller
+holds (its input, what an append returned, what a read returned, a checked batch) can
+change what the store holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_core import NewEvent
+from loom_core.memory import MemoryEventStore
+from loom_core.spi import AppendRequest, check_batch
+
+
+async def test_changing_the_input_after_an_append_changes_nothing_stored() -> None:
+    store = MemoryEventStore()
+    payload: dict[str, Any] = {"items": [1, 2], "deep": {"n": 1}}
+    metadata: dict[str, Any] = {"tags": ["a"]}
+    events = [NewEvent("k", payload, metadata)]
+    await store.append("e", events, expected_sequence=0)
+    payload["items"].append(3)
+    payload["deep"]["n"] = 2
+    metadata["tags"].append("b")
+    events.append(NewEvent("late"))
+    (read,) = await store.read("e")
+    assert read.payload == {"items": [1, 2], "deep": {"n": 1}}
+    assert read.metadata == {"tags": ["a"]}
+
+
+async def test_changing_what_an_append_or_a_read_returned_changes_nothing_stored() -> None:
+    store = MemoryEventStore()
+    await store.acquire_fence("e")
+    (written,) = await store.append(
+        "e", [NewEvent("k", {"items": [1]}, {"m": 1})], expected_sequence=0, fence=1
+    )
+    assert written.metadata == {"m": 1, "fence": 1}
+    returned: Any = written.payload
+    returned["items"].append("w")
+    written.metadata["m"] = "w"
+    written.metadata["fence"] = 99
+    (first,) = await store.read("e")
+    read: Any = first.payload
+    read["items"].append("r")
+    first.metadata.clear()
+    (again,) = await store.read("e")
+    assert again.payload == {"items": [1]}
+    assert again.metadata == {"m": 1, "fence": 1}
+    assert again.fence == 1
+    assert again is not first
+    assert again.payload is not first.payload
+
+
+async def test_one_checked_batch_appended_to_two_stores_keeps_them_apart() -> None:
+    batch = check_batch([NewEvent("k", {"items": [1]})])
+    one, two = MemoryEventStore(), MemoryEventStore()
+    (a,) = await one.append("e", batch, expected_sequence=0)
+    (b,) = await two.append("e", batch, expected_sequence=0, fence=0)
+    returned: Any = a.payload
+    returned["items"].append("one")
+    assert (await two.read("e"))[0].payload == {"items": [1]}
+    assert (await one.read("e"))[0].metadata == {}
+    assert b.metadata == {"fence": 0}
+
+
+async def test_append_many_results_are_copies_too() -> None:
+    store = MemoryEventStore()
+    payload: dict[str, Any] = {"n": [1]}
+    written = await store.append_many([
+        AppendRequest("a", [NewEvent("k", payload)], 0),
+        AppendRequest("b", check_batch([NewEvent("k", payload)]), 0, fence=0),
+    ])
+    payload["n"].append(2)
+    returned: Any = written[0][0].payload
+    returned["n"].append(3)
+    assert (await store.read("a"))[0].payload == {"n": [1]}
+    assert (await store.read("b"))[0].payload == {"n": [1]}
+    assert written[1][0].metadata == {"fence": 0}
+
+
+async def test_reads_across_truncation_and_copies_keep_sequences() -> None:
+    store = MemoryEventStore()
+    await store.append("e", [NewEvent(f"k{i}", i) for i in range(5)], expected_sequence=0)
+    assert await store.truncate_prefix_keeping("e", keep_from_sequence=2) == 2
+    assert [e.sequence for e in await store.read("e")] == [2, 3, 4]
+    assert [e.payload for e in await store.read("e", from_sequence=3, to_sequence=3)] == [3]
+    assert await store.copy_prefix("e", "f", through_sequence=3) == 2
+    assert [e.sequence for e in await store.read("f")] == [2, 3]
+    assert await store.head("f") == 4
+    await store.append("f", [NewEvent("k4", "new")], expected_sequence=4)
+    assert [e.payload for e in await store.read("f")] == [2, 3, "new"]
+    assert [e.payload for e in await store.read("e")] == [2, 3, 4]
