@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Final, Literal, cast
 
 import psycopg
@@ -87,6 +88,15 @@ BATCH: Final = (
     'SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_batch('
     '%s::"char"[], %b::text[], %b::bigint[], %b::bigint[], %b::integer[], %b::text[], '
     "%b::text[], %b::text[], %b::text[], %s::bigint, %s::text[], %s::text[], %s::float8)"
+)
+
+# A batch of one append (a lone writer, nothing to coalesce): loom_append, the same
+# protocol and statuses as loom_batch's append, with scalar parameters and the events as
+# one JSON array of [kind, payload, metadata].
+APPEND: Final = (
+    "SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_append("
+    '%s::"char", %s::text, %s::bigint, %s::bigint, %s::integer, %s::text, %s::text, '
+    "%s::bigint, %s::float8)"
 )
 
 # Which of a lost commit's appends landed: their first rows carry its writer id.
@@ -246,6 +256,21 @@ def _encode_metadata(metadata: JsonObject) -> str:
     return canonical_json(metadata)
 
 
+@lru_cache(maxsize=1024)
+def _kind_json(kind: str) -> str:
+    return canonical_json(kind)
+
+
+def _events_json(w: _Write) -> str:
+    """The events of ``w`` as loom_append takes them: a JSON array of [kind, payload,
+    metadata], built from the texts already encoded (so stored byte for byte as the batch
+    path stores them)."""
+    return "[" + ",".join(
+        f"[{_kind_json(event.kind)},{payload},{metadata}]"
+        for event, payload, metadata in zip(w.events, w.payloads, w.metadata, strict=True)
+    ) + "]"
+
+
 class PostgresEventStore(RefusesUnoffered):
     """Event logs in PostgreSQL; offers every optional method.
 
@@ -342,12 +367,26 @@ class PostgresEventStore(RefusesUnoffered):
             ANSWERING_LITERAL, KERNEL_LITERAL, self._db.options.notify_queue_limit,
         )
 
+    def _statement(
+        self, ordered: list[Pending[_Write, object]], writer: int
+    ) -> tuple[str, tuple[object, ...]]:
+        """The statement that runs ``ordered``: loom_append for one append alone, else
+        loom_batch."""
+        if len(ordered) == 1:
+            w = ordered[0].op
+            if w.op in ("a", "u"):
+                return APPEND, (
+                    w.op, w.execution_id, w.seq, w.fence, len(w.events), _events_json(w),
+                    w.channel, writer, self._db.options.notify_queue_limit,
+                )
+        return BATCH, self._batch_params(ordered, writer)
+
     async def _execute(self, ordered: list[Pending[_Write, object]], deadline: float) -> None:
         """Run ``ordered`` as one batch; settle every write, whatever happens."""
         attempt = 0
         while True:
             writer = secrets.randbits(63)
-            params = self._batch_params(ordered, writer)
+            query, params = self._statement(ordered, writer)
             try:
                 conn = await self._db.pool.getconn()
             except (psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
@@ -363,7 +402,7 @@ class PostgresEventStore(RefusesUnoffered):
                 continue
             pid = conn.info.backend_pid
             try:
-                cur = await conn.execute(BATCH, params, prepare=True)
+                cur = await conn.execute(query, params, prepare=True)
                 rows = await cur.fetchall()
             except psycopg.Error as exc:
                 await self._db.pool.putconn(conn)
@@ -410,8 +449,7 @@ class PostgresEventStore(RefusesUnoffered):
             try:
                 async with self._db.pool.connection() as conn:
                     pid = conn.info.backend_pid
-                    cur = await conn.execute(BATCH, self._batch_params([item], writer),
-                                             prepare=True)
+                    cur = await conn.execute(*self._statement([item], writer), prepare=True)
                     rows = await cur.fetchall()
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                 failure = classify(exc)
