@@ -90,11 +90,11 @@ BATCH: Final = (
     "%b::text[], %b::text[], %b::text[], %s::bigint, %s::text[], %s::text[], %s::float8)"
 )
 
-# A batch of one append (a lone writer, nothing to coalesce): loom_append, the same
-# protocol and statuses as loom_batch's append, with scalar parameters and the events as
-# one JSON array of [kind, payload, metadata].
-APPEND: Final = (
-    "SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_append("
+# A batch of one append, append_if_unchanged or acquire_fence (a lone writer, nothing to
+# coalesce): loom_write_one, the same protocol and statuses as loom_batch, with scalar
+# parameters and the events as one JSON array of [kind, payload, metadata].
+WRITE_ONE: Final = (
+    "SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_write_one("
     '%s::"char", %s::text, %s::bigint, %s::bigint, %s::integer, %s::text, %s::text, '
     "%s::bigint, %s::float8)"
 )
@@ -262,7 +262,7 @@ def _kind_json(kind: str) -> str:
 
 
 def _events_json(w: _Write) -> str:
-    """The events of ``w`` as loom_append takes them: a JSON array of [kind, payload,
+    """The events of ``w`` as loom_write_one takes them: a JSON array of [kind, payload,
     metadata], built from the texts already encoded (so stored byte for byte as the batch
     path stores them)."""
     return "[" + ",".join(
@@ -370,12 +370,12 @@ class PostgresEventStore(RefusesUnoffered):
     def _statement(
         self, ordered: list[Pending[_Write, object]], writer: int
     ) -> tuple[str, tuple[object, ...]]:
-        """The statement that runs ``ordered``: loom_append for one append alone, else
-        loom_batch."""
+        """The statement that runs ``ordered``: loom_write_one for one write alone (but
+        acquire_fence_if), else loom_batch."""
         if len(ordered) == 1:
             w = ordered[0].op
-            if w.op in ("a", "u"):
-                return APPEND, (
+            if w.op != "c":
+                return WRITE_ONE, (
                     w.op, w.execution_id, w.seq, w.fence, len(w.events), _events_json(w),
                     w.channel, writer, self._db.options.notify_queue_limit,
                 )

@@ -367,17 +367,18 @@ END
 $loom$
 """
 
-# One append (append, append_if_unchanged) alone: what loom_batch does for an 'a' or 'u'
-# write, statement for statement and status for status, with scalar parameters. A lone
-# writer has nothing to coalesce, and adapting loom_batch's array parameters and running
-# its loop cost more than its commit; so the store sends a batch of one append here. The
-# events come as one JSON array of [kind, payload, metadata] triples: ``->`` of a json
-# value is the exact text of the element, so payloads are stored byte for byte as given.
-# The protocol is loom_batch's (above): the head row is updated (or inserted) first, the
-# token is read after that lock in a statement of its own, and a refusal puts the head
-# back before it returns.
-_APPEND: Final = """
-CREATE OR REPLACE FUNCTION loom_append(
+# One write alone (append, append_if_unchanged, acquire_fence): what loom_batch does for
+# an 'a', 'u' or 'f' write, statement for statement and status for status, with scalar
+# parameters. A lone writer has nothing to coalesce, yet paid for adapting loom_batch's
+# array parameters and for its loop on every call; so the store sends a batch of one such
+# write here. The events come as one JSON array of [kind, payload, metadata] triples:
+# ``->`` of a json value is the exact text of the element, so payloads are stored byte
+# for byte as given. The protocol is loom_batch's (above): the head row is taken first,
+# the token is read after that lock in a statement of its own, and a refused append puts
+# the head back before it returns. (acquire_fence_if stays in loom_batch: its scan is the
+# same either way, and it is the rarer call.)
+_WRITE_ONE: Final = """
+CREATE OR REPLACE FUNCTION loom_write_one(
     p_op "char", p_id text, p_seq bigint, p_fence bigint, p_count integer, p_events text,
     p_channel text, p_writer bigint, p_notify_limit double precision,
     OUT o_status smallint, OUT o_head bigint, OUT o_token bigint, OUT o_at timestamptz,
@@ -392,12 +393,21 @@ BEGIN
         RAISE EXCEPTION USING
             ERRCODE = 'LM001',
             MESSAGE = format(
-                'loom_append (append, append_if_unchanged) runs only under READ COMMITTED, '
-                'not %s', current_setting('transaction_isolation')),
+                'loom_write_one (append, append_if_unchanged, acquire_fence) runs only '
+                'under READ COMMITTED, not %s', current_setting('transaction_isolation')),
             HINT = 'its fence guard needs a fresh snapshot after its head-row lock; call it '
                    'in a READ COMMITTED transaction (or autocommit)';
     END IF;
     o_notified := false;
+    IF p_op = 'f' THEN
+        -- The head row first (when there is a log): a token moves only under it.
+        PERFORM 1 FROM loom_executions e WHERE e.execution_id = p_id FOR UPDATE;
+        INSERT INTO loom_fences AS f (execution_id, token) VALUES (p_id, 1)
+        ON CONFLICT (execution_id) DO UPDATE SET token = f.token + 1
+        RETURNING f.token INTO o_token;
+        o_status := 0;
+        RETURN;
+    END IF;
     -- The sequence guard: the head row serialises every writer of this execution.
     IF p_seq = 0 THEN
         INSERT INTO loom_executions (execution_id, head) VALUES (p_id, p_count)
@@ -683,7 +693,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (1, "events, fences, timers (with redrive), leases; loom_batch", _STEP_1),
     (2, "loom_batch writes a batch's events in one INSERT", (_WRITE_EVENTS, _BATCH)),
     (3, "writers ordered by the head row: no fence-row locks, no park fence rows", _STEP_3),
-    (4, "loom_append: an append alone, with scalar parameters", (_APPEND,)),
+    (4, "loom_write_one: one write alone, with scalar parameters", (_WRITE_ONE,)),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 

@@ -282,7 +282,7 @@ async def test_a_version_2_schema_is_migrated_and_its_old_signatures_are_dropped
         (schema,),
     )
     assert [name for name, _ in arities] == sorted(
-        ["loom_acquire_fence_if", "loom_append", "loom_batch", "loom_copy_prefix",
+        ["loom_acquire_fence_if", "loom_write_one", "loom_batch", "loom_copy_prefix",
          "loom_delete_execution",
          "loom_fence_tokens", "loom_retry_unless", "loom_truncate_prefix",
          "loom_write_events"]
@@ -302,9 +302,9 @@ async def test_a_version_3_schema_gains_the_lone_append_function_on_first_connec
 ) -> None:
     async with open_storage(pg_url, options={"schema": schema}) as storage:
         await storage.events.append("old", OLD_PARK, expected_sequence=0)
-    # What a version 3 database lacks: step 4, loom_append (a lone append's statement).
+    # What a version 3 database lacks: step 4, loom_write_one (a lone append's statement).
     await admin.execute("DELETE FROM loom_schema_version WHERE version >= 4")
-    await admin.execute("DROP FUNCTION loom_append")
+    await admin.execute("DROP FUNCTION loom_write_one")
     with pytest.raises(SchemaMigrationError, match=r"at version 3,"):
         await open_storage(pg_url, options={"schema": schema, "migrate": False})
     # Several nodes booting at once: the advisory lock lets one migrate, the others find

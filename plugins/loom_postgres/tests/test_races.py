@@ -37,7 +37,7 @@ from typing import Any, Literal
 import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer
-from loom_postgres.events import APPEND, MANY
+from loom_postgres.events import MANY, WRITE_ONE
 from loom_postgres.schema import ANSWERING, KERNEL
 from psycopg import sql
 
@@ -358,7 +358,7 @@ MANY_SNAPSHOT_TOKENS = MANY.replace(
 Variant = Literal["protocol", "unordered-acquire", "early-token-append", "snapshot-tokens"]
 
 
-# The permutations also play the lone append's own function (loom_append), which the
+# The permutations also play the lone append's own function (loom_write_one), which the
 # store sends for a batch of one append.
 PermPath = Literal["append", "append-alone", "append_many"]
 
@@ -370,7 +370,7 @@ def _append_statement(
         return "SELECT perm_early_token_append(%s, 2, %s)", (eid, fence)
     if path == "append-alone":
         return (
-            APPEND,
+            WRITE_ONE,
             ("a", eid, 2, fence, 1, f'[["EXECUTION_RESUMED",null,{{"fence":{fence}}}]]',
              None, 1, 0.5),
         )
