@@ -307,21 +307,20 @@ class PostgresEventStore(RefusesUnoffered):
         *,
         stamp: bool,
     ) -> _Write:
-        stamped: list[NewEvent] = []
-        encoded: list[str] = []
-        stamping = stamp and fence is not None
-        for event in events:
-            metadata: JsonObject = dict(event.metadata)
-            if stamping:
-                metadata["fence"] = fence
-            stamped.append(NewEvent(event.kind, event.payload, metadata))
-            encoded.append(_encode_metadata(metadata))
+        if stamp and fence is not None:
+            stamped: tuple[NewEvent, ...] = tuple(
+                NewEvent(event.kind, event.payload, {**event.metadata, "fence": fence})
+                for event in events
+            )
+        else:
+            stamped = events  # check_append's own copies: nobody else holds them
+        encoded = [_encode_metadata(cast(JsonObject, event.metadata)) for event in stamped]
         return _Write(
             op=op,
             execution_id=execution_id,
             seq=expected_sequence,
             fence=fence,
-            events=tuple(stamped),
+            events=stamped,
             payloads=tuple(canonical_json(e.payload) for e in stamped),
             metadata=tuple(encoded),
             channel=self._listener.channel(execution_id),
