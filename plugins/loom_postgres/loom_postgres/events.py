@@ -3,10 +3,12 @@
 Writes. ``append``, ``append_if_unchanged``, ``acquire_fence`` and ``acquire_fence_if``
 go through group commit (:mod:`loom_postgres.batching`): concurrent calls share one
 ``loom_batch(...)`` statement, so one round-trip and one commit, yet each keeps its own
-all-or-nothing result and its own error. ``append_many`` is one statement of its own
-(the JOIN path). Both paths follow the same protocol (see docs/design.md, "How
-PostgreSQL orders the writers of an execution", and the comments of
-``loom_postgres.schema``): the head row every append locks orders the writers of one
+all-or-nothing result and its own error. A write that leaves alone, other than
+``acquire_fence_if``, runs ``loom_write_one(...)`` instead: the same logic with scalar
+parameters, so a lone writer does not pay for adapting arrays it does not need.
+``append_many`` is one statement of its own (the JOIN path). All paths follow the same
+protocol (see docs/design.md, "How PostgreSQL orders the writers of an execution", and
+the comments of ``loom_postgres.schema``): the head row every append locks orders the writers of one
 execution; a fenced append reads the token only after that lock is granted, and
 ``acquire_fence`` / ``acquire_fence_if`` take it before they move the token. No append
 locks the fence row, and no park needs one.
@@ -34,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Final, Literal, cast
 
 import psycopg
@@ -87,6 +90,15 @@ BATCH: Final = (
     'SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_batch('
     '%s::"char"[], %b::text[], %b::bigint[], %b::bigint[], %b::integer[], %b::text[], '
     "%b::text[], %b::text[], %b::text[], %s::bigint, %s::text[], %s::text[], %s::float8)"
+)
+
+# A batch of one append, append_if_unchanged or acquire_fence (a lone writer, nothing to
+# coalesce): loom_write_one, the same protocol and statuses as loom_batch, with scalar
+# parameters and the events as one JSON array of [kind, payload, metadata].
+WRITE_ONE: Final = (
+    "SELECT o_status, o_head, o_token, o_at, o_notified FROM loom_write_one("
+    '%s::"char", %s::text, %s::bigint, %s::bigint, %s::integer, %s::text, %s::text, '
+    "%s::bigint, %s::float8)"
 )
 
 # Which of a lost commit's appends landed: their first rows carry its writer id.
@@ -246,6 +258,21 @@ def _encode_metadata(metadata: JsonObject) -> str:
     return canonical_json(metadata)
 
 
+@lru_cache(maxsize=1024)
+def _kind_json(kind: str) -> str:
+    return canonical_json(kind)
+
+
+def _events_json(w: _Write) -> str:
+    """The events of ``w`` as loom_write_one takes them: a JSON array of [kind, payload,
+    metadata], built from the texts already encoded (so stored byte for byte as the batch
+    path stores them)."""
+    return "[" + ",".join(
+        f"[{_kind_json(event.kind)},{payload},{metadata}]"
+        for event, payload, metadata in zip(w.events, w.payloads, w.metadata, strict=True)
+    ) + "]"
+
+
 class PostgresEventStore(RefusesUnoffered):
     """Event logs in PostgreSQL; offers every optional method.
 
@@ -282,21 +309,20 @@ class PostgresEventStore(RefusesUnoffered):
         *,
         stamp: bool,
     ) -> _Write:
-        stamped: list[NewEvent] = []
-        encoded: list[str] = []
-        stamping = stamp and fence is not None
-        for event in events:
-            metadata: JsonObject = dict(event.metadata)
-            if stamping:
-                metadata["fence"] = fence
-            stamped.append(NewEvent(event.kind, event.payload, metadata))
-            encoded.append(_encode_metadata(metadata))
+        if stamp and fence is not None:
+            stamped: tuple[NewEvent, ...] = tuple(
+                NewEvent(event.kind, event.payload, {**event.metadata, "fence": fence})
+                for event in events
+            )
+        else:
+            stamped = events  # check_append's own copies: nobody else holds them
+        encoded = [_encode_metadata(cast(JsonObject, event.metadata)) for event in stamped]
         return _Write(
             op=op,
             execution_id=execution_id,
             seq=expected_sequence,
             fence=fence,
-            events=tuple(stamped),
+            events=stamped,
             payloads=tuple(canonical_json(e.payload) for e in stamped),
             metadata=tuple(encoded),
             channel=self._listener.channel(execution_id),
@@ -342,12 +368,26 @@ class PostgresEventStore(RefusesUnoffered):
             ANSWERING_LITERAL, KERNEL_LITERAL, self._db.options.notify_queue_limit,
         )
 
+    def _statement(
+        self, ordered: list[Pending[_Write, object]], writer: int
+    ) -> tuple[str, tuple[object, ...]]:
+        """The statement that runs ``ordered``: loom_write_one for one write alone (but
+        acquire_fence_if), else loom_batch."""
+        if len(ordered) == 1:
+            w = ordered[0].op
+            if w.op != "c":
+                return WRITE_ONE, (
+                    w.op, w.execution_id, w.seq, w.fence, len(w.events), _events_json(w),
+                    w.channel, writer, self._db.options.notify_queue_limit,
+                )
+        return BATCH, self._batch_params(ordered, writer)
+
     async def _execute(self, ordered: list[Pending[_Write, object]], deadline: float) -> None:
         """Run ``ordered`` as one batch; settle every write, whatever happens."""
         attempt = 0
         while True:
             writer = secrets.randbits(63)
-            params = self._batch_params(ordered, writer)
+            query, params = self._statement(ordered, writer)
             try:
                 conn = await self._db.pool.getconn()
             except (psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
@@ -363,7 +403,7 @@ class PostgresEventStore(RefusesUnoffered):
                 continue
             pid = conn.info.backend_pid
             try:
-                cur = await conn.execute(BATCH, params, prepare=True)
+                cur = await conn.execute(query, params, prepare=True)
                 rows = await cur.fetchall()
             except psycopg.Error as exc:
                 await self._db.pool.putconn(conn)
@@ -410,8 +450,7 @@ class PostgresEventStore(RefusesUnoffered):
             try:
                 async with self._db.pool.connection() as conn:
                     pid = conn.info.backend_pid
-                    cur = await conn.execute(BATCH, self._batch_params([item], writer),
-                                             prepare=True)
+                    cur = await conn.execute(*self._statement([item], writer), prepare=True)
                     rows = await cur.fetchall()
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                 failure = classify(exc)

@@ -36,7 +36,7 @@ __all__ = [
     "schema_state",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 # Key space of our advisory locks: the first int of the two-int form is fixed, so an
 # application's own advisory locks (usually the one-bigint form) cannot collide.
@@ -367,6 +367,103 @@ END
 $loom$
 """
 
+# One write alone (append, append_if_unchanged, acquire_fence): what loom_batch does for
+# an 'a', 'u' or 'f' write, statement for statement and status for status, with scalar
+# parameters. A lone writer has nothing to coalesce, yet paid for adapting loom_batch's
+# array parameters and for its loop on every call; so the store sends a batch of one such
+# write here. The events come as one JSON array of [kind, payload, metadata] triples:
+# ``->`` of a json value is the exact text of the element, so payloads are stored byte
+# for byte as given. The protocol is loom_batch's (above): the head row is taken first,
+# the token is read after that lock in a statement of its own, and a refused append puts
+# the head back before it returns. (acquire_fence_if stays in loom_batch: its scan is the
+# same either way, and it is the rarer call.)
+_WRITE_ONE: Final = """
+CREATE OR REPLACE FUNCTION loom_write_one(
+    p_op "char", p_id text, p_seq bigint, p_fence bigint, p_count integer, p_events text,
+    p_channel text, p_writer bigint, p_notify_limit double precision,
+    OUT o_status smallint, OUT o_head bigint, OUT o_token bigint, OUT o_at timestamptz,
+    OUT o_notified boolean
+)
+LANGUAGE plpgsql VOLATILE AS $loom$
+DECLARE
+    cur bigint;
+    hd bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LM001',
+            MESSAGE = format(
+                'loom_write_one (append, append_if_unchanged, acquire_fence) runs only '
+                'under READ COMMITTED, not %s', current_setting('transaction_isolation')),
+            HINT = 'its fence guard needs a fresh snapshot after its head-row lock; call it '
+                   'in a READ COMMITTED transaction (or autocommit)';
+    END IF;
+    o_notified := false;
+    IF p_op = 'f' THEN
+        -- The head row first (when there is a log): a token moves only under it.
+        PERFORM 1 FROM loom_executions e WHERE e.execution_id = p_id FOR UPDATE;
+        INSERT INTO loom_fences AS f (execution_id, token) VALUES (p_id, 1)
+        ON CONFLICT (execution_id) DO UPDATE SET token = f.token + 1
+        RETURNING f.token INTO o_token;
+        o_status := 0;
+        RETURN;
+    END IF;
+    -- The sequence guard: the head row serialises every writer of this execution.
+    IF p_seq = 0 THEN
+        INSERT INTO loom_executions (execution_id, head) VALUES (p_id, p_count)
+        ON CONFLICT DO NOTHING;
+    ELSE
+        UPDATE loom_executions e SET head = e.head + p_count
+        WHERE e.execution_id = p_id AND e.head = p_seq;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT e.head INTO hd FROM loom_executions e WHERE e.execution_id = p_id;
+        o_head := coalesce(hd, 0);
+        o_status := CASE WHEN p_seq = 0 THEN 2 ELSE 1 END;
+        IF p_op = 'u' THEN
+            -- append_if_unchanged judges the token before the sequence.
+            SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id;
+            o_token := coalesce(cur, 0);
+            IF o_token <> p_fence THEN
+                o_status := 3;
+            END IF;
+        END IF;
+        RETURN;
+    END IF;
+    -- The fence guard: a new statement after the head-row lock was granted, so it sees
+    -- every token change that committed while we waited, and a later one waits for our
+    -- commit.
+    IF p_fence IS NOT NULL THEN
+        SELECT f.token INTO cur FROM loom_fences f WHERE f.execution_id = p_id;
+        cur := coalesce(cur, 0);
+        o_token := cur;
+        IF cur <> p_fence THEN
+            -- Refused: put the head back, so the refused write changes nothing.
+            IF p_seq = 0 THEN
+                DELETE FROM loom_executions e WHERE e.execution_id = p_id;
+            ELSE
+                UPDATE loom_executions e SET head = p_seq WHERE e.execution_id = p_id;
+            END IF;
+            o_head := p_seq;
+            o_status := CASE WHEN p_fence < cur OR p_op = 'u' THEN 3 ELSE 6 END;
+            RETURN;
+        END IF;
+    END IF;
+    o_at := clock_timestamp();
+    INSERT INTO loom_events
+        (execution_id, sequence, kind, payload, metadata, recorded_at, writer)
+    SELECT p_id, p_seq + e.n - 1, e.v ->> 0, e.v -> 1, e.v -> 2, o_at, p_writer
+    FROM json_array_elements(p_events::json) WITH ORDINALITY AS e(v, n);
+    IF p_channel IS NOT NULL AND pg_notification_queue_usage() < p_notify_limit THEN
+        PERFORM pg_notify(p_channel, p_id);
+        o_notified := true;
+    END IF;
+    o_status := 0;
+    o_head := p_seq + p_count;
+END
+$loom$
+"""
+
 # append_many's fence guard: the current tokens of ``p_ids``, read by a query of its own.
 # append_many is one statement, whose own snapshot is taken before it waits for its head
 # rows; called after those locks are granted, this VOLATILE function's query takes a new
@@ -596,6 +693,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (1, "events, fences, timers (with redrive), leases; loom_batch", _STEP_1),
     (2, "loom_batch writes a batch's events in one INSERT", (_WRITE_EVENTS, _BATCH)),
     (3, "writers ordered by the head row: no fence-row locks, no park fence rows", _STEP_3),
+    (4, "loom_write_one: one write alone, with scalar parameters", (_WRITE_ONE,)),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 

@@ -51,12 +51,13 @@ async def test_terminated_backend_mid_append_is_retried_cleanly(
     await storage.events.append("t", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
     holder = await psycopg.AsyncConnection.connect(pg_url)
     await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
-    # Hold the head row so the append stops inside loom_batch, then kill its backend.
+    # Hold the head row so the append (alone: loom_write_one) stops inside the function,
+    # then kill its backend.
     await holder.execute("SELECT 1 FROM loom_executions WHERE execution_id = 't' FOR UPDATE")
     append = asyncio.create_task(
         storage.events.append("t", [NewEvent("STEP_COMPLETED", {"n": 1})], expected_sequence=1)
     )
-    pid = await _blocked_backend(admin, "loom_batch")
+    pid = await _blocked_backend(admin, "loom_write_one")
     await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     await asyncio.sleep(0.05)
     await holder.rollback()

@@ -282,7 +282,8 @@ async def test_a_version_2_schema_is_migrated_and_its_old_signatures_are_dropped
         (schema,),
     )
     assert [name for name, _ in arities] == sorted(
-        ["loom_acquire_fence_if", "loom_batch", "loom_copy_prefix", "loom_delete_execution",
+        ["loom_acquire_fence_if", "loom_write_one", "loom_batch", "loom_copy_prefix",
+         "loom_delete_execution",
          "loom_fence_tokens", "loom_retry_unless", "loom_truncate_prefix",
          "loom_write_events"]
     )
@@ -294,6 +295,37 @@ async def test_a_version_2_schema_is_migrated_and_its_old_signatures_are_dropped
             "old", [NewEvent("EXECUTION_RESUMED")], expected_sequence=2, fence=acquired.fence
         )
         assert await storage.events.copy_prefix("old", "branch", through_sequence=1) == 2
+
+
+async def test_a_version_3_schema_gains_the_lone_append_function_on_first_connect(
+    pg_url: str, schema: str, admin: Conn
+) -> None:
+    async with open_storage(pg_url, options={"schema": schema}) as storage:
+        await storage.events.append("old", OLD_PARK, expected_sequence=0)
+    # What a version 3 database lacks: step 4, loom_write_one (a lone append's statement).
+    await admin.execute("DELETE FROM loom_schema_version WHERE version >= 4")
+    await admin.execute("DROP FUNCTION loom_write_one")
+    with pytest.raises(SchemaMigrationError, match=r"at version 3,"):
+        await open_storage(pg_url, options={"schema": schema, "migrate": False})
+    # Several nodes booting at once: the advisory lock lets one migrate, the others find
+    # the work done.
+    nodes = await asyncio.gather(
+        *(open_storage(pg_url, options={"schema": schema}) for _ in range(3))
+    )
+    try:
+        assert await _fetch(
+            admin, "SELECT version FROM loom_schema_version WHERE version >= 4"
+        ) == [(4,)]
+        written = await nodes[1].events.append(
+            "old", [NewEvent("EXECUTION_RESUMED")], expected_sequence=2
+        )
+        assert written[0].sequence == 2
+        assert [e.kind for e in await nodes[2].events.read("old")] == [
+            "EXECUTION_STARTED", "EXECUTION_SUSPENDED", "EXECUTION_RESUMED"
+        ]
+    finally:
+        for node in nodes:
+            await node.close()
 
 
 async def test_a_park_written_with_no_fence_row_is_safe_without_any_backfill(

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer
-from loom_postgres.events import MANY
+from loom_postgres.events import MANY, WRITE_ONE
 from loom_postgres.schema import ANSWERING, KERNEL
 from psycopg import sql
 
@@ -358,9 +358,22 @@ MANY_SNAPSHOT_TOKENS = MANY.replace(
 Variant = Literal["protocol", "unordered-acquire", "early-token-append", "snapshot-tokens"]
 
 
-def _append_statement(path: Path, eid: str, fence: int, variant: Variant) -> tuple[str, Any]:
+# The permutations also play the lone append's own function (loom_write_one), which the
+# store sends for a batch of one append.
+PermPath = Literal["append", "append-alone", "append_many"]
+
+
+def _append_statement(
+    path: PermPath, eid: str, fence: int, variant: Variant
+) -> tuple[str, Any]:
     if variant == "early-token-append":
         return "SELECT perm_early_token_append(%s, 2, %s)", (eid, fence)
+    if path == "append-alone":
+        return (
+            WRITE_ONE,
+            ("a", eid, 2, fence, 1, f'[["EXECUTION_RESUMED",null,{{"fence":{fence}}}]]',
+             None, 1, 0.5),
+        )
     if path == "append":
         return (
             'SELECT o_status FROM loom_batch(%s::"char"[], %s::text[], %s::bigint[], '
@@ -490,7 +503,7 @@ class Outcome:
     refused: list[psycopg.Error]
 
 
-def _outcome(path: Path, variant: Variant, results: dict[str, Any]) -> Outcome:
+def _outcome(path: PermPath, variant: Variant, results: dict[str, Any]) -> Outcome:
     refused = [r.error for r in results.values() if isinstance(r, Refused)]
     append, acquire = results["a"], results["c"]
     appended = not isinstance(append, Refused) and int(
@@ -516,7 +529,7 @@ async def rr_server(loom_postgres_server: PostgresServer) -> str:
 
 
 async def _permutations(
-    url: str, schema: str, path: Path, row: FenceRow, variant: Variant,
+    url: str, schema: str, path: PermPath, row: FenceRow, variant: Variant,
     *, stop_at_first_break: bool = False,
 ) -> list[tuple[tuple[Step, ...], Outcome]]:
     """Play every ordering on a fresh parked execution each; (ordering, outcome) of the
@@ -555,9 +568,9 @@ async def _permutations(
 
 
 @pytest.mark.parametrize("row", ["none", "token-0", "acquired"])
-@pytest.mark.parametrize("path", ["append", "append_many"])
+@pytest.mark.parametrize("path", ["append", "append-alone", "append_many"])
 async def test_every_valid_permutation_keeps_append_and_acquire_exclusive(
-    pg_url: str, schema: str, path: Path, row: FenceRow
+    pg_url: str, schema: str, path: PermPath, row: FenceRow
 ) -> None:
     played = await _permutations(pg_url, schema, path, row, "protocol")
     assert len(played) >= 30
@@ -567,9 +580,9 @@ async def test_every_valid_permutation_keeps_append_and_acquire_exclusive(
 
 
 @pytest.mark.parametrize("row", ["none", "token-0", "acquired"])
-@pytest.mark.parametrize("path", ["append", "append_many"])
+@pytest.mark.parametrize("path", ["append", "append-alone", "append_many"])
 async def test_under_a_repeatable_read_default_every_permutation_refuses_and_none_breaks(
-    rr_server: str, schema: str, path: Path, row: FenceRow
+    rr_server: str, schema: str, path: PermPath, row: FenceRow
 ) -> None:
     # Sessions that take the server's REPEATABLE READ (the store itself sets READ
     # COMMITTED on its own sessions): the guards would see a frozen snapshot, so both
@@ -589,6 +602,7 @@ async def test_under_a_repeatable_read_default_every_permutation_refuses_and_non
     ("variant", "path"),
     [
         ("unordered-acquire", "append"),
+        ("unordered-acquire", "append-alone"),
         ("unordered-acquire", "append_many"),
         ("early-token-append", "append"),
         ("snapshot-tokens", "append_many"),
@@ -596,7 +610,7 @@ async def test_under_a_repeatable_read_default_every_permutation_refuses_and_non
 )
 @pytest.mark.parametrize("row", ["none", "token-0"])
 async def test_negative_control_without_one_element_of_the_protocol_a_permutation_breaks(
-    pg_url: str, schema: str, variant: Variant, path: Path, row: FenceRow
+    pg_url: str, schema: str, variant: Variant, path: PermPath, row: FenceRow
 ) -> None:
     played = await _permutations(pg_url, schema, path, row, variant, stop_at_first_break=True)
     broken = [order for order, outcome in played if outcome.appended and outcome.acquired]
