@@ -3,33 +3,43 @@ arithmetic, the parsing, and a clear refusal without valgrind."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 from loom_bench import instructions
 from loom_bench.instructions import Count, per_execution, run_executions
 
-from loom_core import open_storage
+from loom_core import Storage, open_storage
 
 
-async def test_a_counted_run_completes_every_execution(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'counted.db'}"
-    await run_executions("runtime", "workflow-one-step", 5, url)
-    async with open_storage(url) as storage:
-        ids = await storage.events.list_executions()
-        assert sorted(ids) == [f"runtime-{i}" for i in range(5)]
-        for execution_id in ids:
-            kinds = [e.kind for e in await storage.events.read(execution_id)]
-            assert kinds[-1] == "EXECUTION_COMPLETED"
+async def test_a_counted_run_completes_every_execution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opened: list[Storage] = []
+
+    @contextlib.asynccontextmanager
+    async def keep(url: str) -> AsyncIterator[Storage]:
+        async with open_storage(url) as storage:
+            opened.append(storage)
+            yield storage
+            ids = await storage.events.list_executions()
+            assert sorted(ids) == sorted(f"runtime-{i}" for i in range(5))
+            for execution_id in ids:
+                kinds = [e.kind for e in await storage.events.read(execution_id)]
+                assert kinds[-1] == "EXECUTION_COMPLETED"
+
+    monkeypatch.setattr("loom_bench.instructions.open_storage", keep)
+    await run_executions("runtime", "workflow-one-step", 5, "memory://")
+    assert len(opened) == 1
 
 
-def test_the_child_process_runs_the_twin_from_the_command_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'child.db'}"
+def test_the_child_process_runs_the_twin_from_the_command_line() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "loom_bench.instructions", "--child",
-         "twin", "workflow-sleep", "3", url],
+         "twin", "workflow-sleep", "3", "memory://"],
         capture_output=True, text=True, check=False,
     )
     assert done.returncode == 0, done.stderr
