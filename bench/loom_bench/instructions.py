@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from loom_bench.drive import drive_concurrently
 from loom_bench.workflows import WORKFLOWS, runtime_executor, twin_executor
 from loom_core import open_storage
 
@@ -45,13 +46,11 @@ async def run_executions(side: Side, scenario: str, executions: int, url: str) -
     workflow = WORKFLOWS[scenario]
     executor = runtime_executor if side == "runtime" else twin_executor
     async with open_storage(url) as storage, executor(storage, workflow) as execute:
-        slots = asyncio.Semaphore(CONCURRENCY)
 
         async def one(index: int) -> None:
-            async with slots:
-                await execute(f"{side}-{index}")
+            await execute(f"{side}-{index}")
 
-        await asyncio.gather(*(one(index) for index in range(executions)))
+        await drive_concurrently(executions, CONCURRENCY, one)
 
 
 def per_execution(small: int, large: int, at_small: int, at_large: int) -> int:
