@@ -9,11 +9,12 @@ one execution per ``await app.start(workflow, id=...)`` then ``await handle.resu
 - ``workflow-sleep``: ``await ctx.sleep(0)``, a park and a resume, then a result.
 
 Beside it, in the same repetition, its **twin**: the store-level execution that makes
-exactly the calls the runtime makes, call for call, with the same payloads (the same
-kinds, keys and fences, one event per append), and nothing else. For the steps rows:
-EXECUTION_STARTED at 0 with ``fence=0``, each STEP_COMPLETED as its own append under
-fence 0, EXECUTION_COMPLETED. For the sleep: EXECUTION_STARTED, the timer row's
-``schedule``, EXECUTION_SUSPENDED; then ``acquire_fence_if(fence=0, park_seq=1)``, the
+exactly the calls the runtime makes, call for call, with the same payloads (the same kinds,
+keys, fences and batches), and nothing else. For the steps rows: EXECUTION_STARTED at 0 with
+``fence=0``, each STEP_COMPLETED but the last as its own append under fence 0 (written
+before the next step runs), and the last one in one append with EXECUTION_COMPLETED (a
+result is written with the run's next write). For the sleep: EXECUTION_STARTED, the timer
+row's ``schedule``, EXECUTION_SUSPENDED; then ``acquire_fence_if(fence=0, park_seq=1)``, the
 tail read from sequence 2, EXECUTION_RESUMED under token 1, the timer row's ``complete``,
 EXECUTION_COMPLETED under token 1, and the ``cancel`` of the execution's timer rows the
 runtime makes when an execution that waited on a timer ends. The runtime over its twin is
@@ -296,11 +297,15 @@ async def run_twin(storage: Storage, execution_id: str, scenario: WorkflowScenar
         )
         sequence += 1
         await storage.timers.complete(execution_id, wake_at)
+    # Each step's result is written before the next step runs; the last one with the end.
+    last: tuple[NewEvent, ...] = ()
     for index in range(scenario.steps):
-        await events.append(
-            execution_id, (_step_completed(index),), expected_sequence=sequence, fence=token
-        )
-        sequence += 1
-    await events.append(execution_id, (_completed(),), expected_sequence=sequence, fence=token)
+        if last:
+            await events.append(execution_id, last, expected_sequence=sequence, fence=token)
+            sequence += 1
+        last = (_step_completed(index),)
+    await events.append(
+        execution_id, (*last, _completed()), expected_sequence=sequence, fence=token
+    )
     if scenario.sleeps:
         await storage.timers.cancel(execution_id)

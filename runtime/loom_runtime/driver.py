@@ -218,6 +218,8 @@ class Run:
                 await self._append([records.failed(_type_name(refused), str(refused))])
                 return self._outcome("failed")
             assert isinstance(args, list)
+            if self._pending:
+                await self._append(())  # the successor's input is made of durable results
             successor = await self.app.create_successor(self._view, args)
             await self._append([records.continued(successor.execution_id, args)])
             return self._outcome("continued", successor=successor)
@@ -303,6 +305,10 @@ class Run:
                 )
             return recorded.value
         self._go_live(position, "step", name, site)
+        if self._pending:
+            # What the body drew or recorded before this step (a uuid it passes in, an
+            # earlier step's result) is durable before the step's side effects happen.
+            await self._append(())
         policy = retry or NO_RETRY
         attempt = 0
         while True:
@@ -327,11 +333,18 @@ class Run:
                 ) from exc
             self._check_alive()
             result = json_value(value, f"the result of step {name!r}")
-            await self._append(
-                [records.step_completed(position, "step", name, result, attempt, site)]
+            # Recorded with the run's next write: before the next step runs, or with the
+            # park or the end, whichever comes first (see docs/runtime.md, "When a result
+            # is durable"). The body's code up to there is replayed, not re-done.
+            self._pending.append(
+                records.step_completed(position, "step", name, result, attempt, site)
             )
-            if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
-                self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
+            if self.app.crash_points:
+                # Armed crash points (a test's) see each result written as the step returns,
+                # so "after" has a moment to stop at: after the record is durable.
+                await self._append(())
+                if self.app.crash_point(self, position, name, "after"):
+                    self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return result
 
     async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
@@ -580,7 +593,10 @@ class Run:
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
             raise _Stop
-        batch = [*self._pending, *events] if self._pending else events
+        pending = len(self._pending)
+        if not pending and not events:
+            return ()  # a flush another branch's write already made
+        batch = [*self._pending, *events] if pending else events
         app = self.app
         hooks = app.hooks
         if hooks.on_event is not None:
@@ -602,7 +618,9 @@ class Run:
             except LoomError as exc:
                 hooks.storage_error(self.execution_id, exc)
                 self._halt(exc)
-        self._pending.clear()
+        if pending:
+            # Only what this batch carried: a gather branch may have added more meanwhile.
+            del self._pending[:pending]
         self._head = written[-1].sequence + 1
         self._seen.extend(written)
         if hooks.on_durable_event is not None:

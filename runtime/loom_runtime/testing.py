@@ -91,7 +91,9 @@ class CrashAt:
 
     Match by ``step`` name (the step's name, or its last dotted part), or ``position`` (the
     body's k-th call), or ``step="park"`` for the moment before a park is written;
-    ``when`` is ``"before"`` the call runs or ``"after"`` its record is durable.
+    ``when`` is ``"before"`` the call runs or ``"after"`` its record is durable (while a
+    crash point is armed, a step's result is written as the step returns, not with the
+    run's next write, so there is such a moment).
     """
 
     step: str | None = None

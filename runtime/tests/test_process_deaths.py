@@ -40,13 +40,14 @@ async def test_the_check_catches_a_worker_whose_effects_run_outside_their_steps(
     tmp_path: Path,
 ) -> None:
     # The broken worker does each step's effect in the body and records it afterwards, so
-    # a replay runs the effects again. Killed while it holds in step-3 (steps 1 and 2
-    # recorded), the restarted worker re-runs both: the check must say so, every time.
+    # a replay runs the effects again. Killed while it holds in step-4's effect (steps 1
+    # and 2 recorded; step 3's result waits for the run's next write, which is step 4's),
+    # the restarted worker re-runs both recorded ones: the check must say so, every time.
     trial = await run_trial(
         sqlite_url(tmp_path / "broken.db"),
         "broken",
         tmp_path / "effects",
-        hold_at="step-3",
+        hold_at="step-4",
         worker=broken_worker.COMMAND,
     )
     first, second = (w.pid for w in trial.workers)

@@ -53,7 +53,7 @@ async def test_the_check_catches_a_worker_whose_effects_run_outside_their_steps(
         await schema_url(loom_postgres_server.fresh_database("loom_kill")),
         "broken",
         tmp_path / "effects",
-        hold_at="step-3",
+        hold_at="step-4",
         worker=broken_worker.COMMAND,
     )
     first, second = (w.pid for w in trial.workers)
