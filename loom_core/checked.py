@@ -123,17 +123,13 @@ class CheckedEvents(Sequence[NewEvent]):
         """The same events with new payloads (one per event, in order), each checked as
         an append checks it; kinds and metadata are taken as they are, unchecked again.
         Refuses a bad payload with :class:`~loom_core.errors.InvalidEventError`."""
-        from loom_core.validation import rebuild_payloads
-
-        return rebuild_payloads(self, payloads)
+        return _validation.rebuild_payloads(self, payloads)
 
     def with_metadata(self, extra: Sequence[JsonObject]) -> CheckedEvents:
         """The same events with ``extra[i]`` merged into event ``i``'s metadata (its keys
         win), only the new keys and values checked. Refuses a bad value or a reserved key
         (``fence``) with :class:`~loom_core.errors.InvalidEventError`."""
-        from loom_core.validation import rebuild_metadata
-
-        return rebuild_metadata(self, extra)
+        return _validation.rebuild_metadata(self, extra)
 
 
 def _object(value: JsonValue) -> JsonObject:
@@ -164,3 +160,8 @@ def sealed(events: object) -> CheckedEvents | None:
         if state is not None and state[0] is _SEAL:
             return events
     return None
+
+
+# Last, as validation imports this module: a method call then costs one attribute lookup,
+# not an import statement.
+from loom_core import validation as _validation  # noqa: E402

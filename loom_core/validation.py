@@ -354,9 +354,10 @@ _EMPTY: Final = b"{}"
 
 
 def _encode_metadata(value: object, path: _Where) -> tuple[Encoded, JsonObject]:
-    if type(value) is dict and not value:
-        return _EMPTY, {}
-    if not isinstance(value, Mapping):
+    if type(value) is dict:
+        if not value:
+            return _EMPTY, {}
+    elif not isinstance(value, Mapping):
         raise InvalidEventError(
             f"{_where(path)} must be a JSON object, not {type(value).__name__}"
         )
@@ -545,30 +546,95 @@ def rebuild_payloads(batch: CheckedEvents, payloads: Sequence[object]) -> Checke
 
 def rebuild_metadata(batch: CheckedEvents, extra: Sequence[JsonObject]) -> CheckedEvents:
     """``batch`` with ``extra[i]`` merged into each event's metadata (see
-    :meth:`CheckedEvents.with_metadata`)."""
+    :meth:`CheckedEvents.with_metadata`).
+
+    Only ``extra`` is checked and encoded. Its encoded pairs are spliced into the event's
+    encoded metadata, which is neither decoded nor checked again: the result is the bytes
+    orjson writes for the merged object (the event's keys in their order, then the new
+    ones). Only where a key of ``extra`` may be there already (its encoded form followed
+    by ``:`` occurs in the bytes) is the metadata decoded, and only where it is there
+    (``extra``'s value wins, in the key's old place) merged and encoded again."""
     if sealed(batch) is None:
         batch = check_batch(batch, allow_empty=True)
     values = _check_replacements(batch, extra, "extra")
-    _, kinds, payloads, metadata, _ = batch._state
+    _, kinds, payloads, metadata, answering = batch._state
     encoded: list[Encoded] = []
-    answering: list[bool] = []
-    for i, (add, current) in enumerate(zip(values, metadata, strict=True)):
-        what: _Where = (("events", i), "metadata")
-        _, added = _encode_metadata(add, what)
-        _refuse_reserved(added, what)
-        merged = decode(current)
-        assert isinstance(merged, dict)
-        merged.update(added)
-        # Both halves are checked; only the merged nesting can be new.
-        merged_encoded, merged_copy = _encode_metadata(merged, what)
-        encoded.append(merged_encoded)
-        answering.append(is_answering_kind(kinds[i], merged_copy))
-    return _build(kinds, payloads, tuple(encoded), tuple(answering))
+    answers: list[bool] = []
+    last: object = _UNSET
+    added_encoded: Encoded = _EMPTY
+    added: JsonObject = {}
+    needles: list[bytes] = []
+    kernel = False
+    for i, add in enumerate(values):
+        if add is not last:
+            # The same object for every event (a stamp) is checked once.
+            fast = _fast_json(add) if type(add) is dict and add else None
+            if fast is not None:
+                added_encoded, added = fast  # type: ignore[assignment]
+            else:
+                what: _Where = (("events", i), "metadata")
+                added_encoded, added = _encode_metadata(add, what)
+            if not RESERVED_METADATA_KEYS.isdisjoint(added):
+                _refuse_reserved(added, (("events", i), "metadata"))
+            last = add
+            kernel = "kernel" in added
+            # How each new key reads in the encoded bytes (none for json text, which
+            # is never spliced).
+            needles = []
+            if type(added_encoded) is bytes:
+                for key in added:
+                    needles.append(_dumps(key) + b":")
+        current = metadata[i]
+        if not added:
+            encoded.append(current)
+        elif current == _EMPTY:
+            encoded.append(added_encoded)
+        elif (
+            needles
+            and type(current) is bytes
+            and not (
+                needles[0] in current if len(needles) == 1 else _any_in(needles, current)
+            )
+        ):
+            # The pairs of both objects, one after the other: what orjson writes for
+            # the merged object.
+            encoded.append(current[:-1] + b"," + added_encoded[1:])  # type: ignore[operator]
+        else:
+            encoded.append(_merge_decoded(current, added_encoded, added))
+        answers.append(is_answering_kind(kinds[i], added) if kernel else answering[i])
+    return _build(kinds, payloads, tuple(encoded), tuple(answers))
+
+
+def _any_in(needles: list[bytes], encoded: bytes) -> bool:
+    return any(needle in encoded for needle in needles)
+
+
+_UNSET: Final = object()
+
+
+def _merge_decoded(current: Encoded, added_encoded: Encoded, added: JsonObject) -> Encoded:
+    """The encoded metadata ``current`` with the checked object ``added`` merged in (its
+    keys win), where a key of ``added`` may already be in ``current``."""
+    merged = decode(current)
+    assert isinstance(merged, dict)
+    if (
+        type(current) is bytes
+        and type(added_encoded) is bytes
+        and merged.keys().isdisjoint(added)
+    ):
+        # The key was found nested deeper, or inside a string: the splice is right.
+        return current[:-1] + b"," + added_encoded[1:]
+    merged.update(added)
+    # Both halves are checked, and merging nests nothing deeper than either.
+    return _encode_metadata(merged, "metadata")[0]
 
 
 def _check_replacements(
     batch: CheckedEvents, values: Sequence[object], what: str
 ) -> tuple[object, ...]:
+    kind_of = type(values)
+    if (kind_of is list or kind_of is tuple) and len(values) == len(batch._state[1]):
+        return tuple(values)
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
         raise InvalidEventError(f"{what} must be a sequence, one per event")
     items = tuple(values)
