@@ -25,7 +25,7 @@ from loom_core.errors import (
     InvalidSequenceError,
 )
 from loom_core.events import JsonObject, JsonValue, NewEvent
-from loom_core.kinds import is_answering_kind
+from loom_core.kinds import ANSWERING_KINDS, is_answering_kind
 from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
@@ -497,9 +497,39 @@ def _check_single(events: object) -> CheckedEvent | None:
     """The one event of a one-event list or tuple, checked (what most appends carry, with
     no batch built); None for anything else, which :func:`_check_batch` takes."""
     kind_of = type(events)
-    if (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
-        return _check_event(events[0], 0)  # type: ignore[index]
-    return None
+    if (kind_of is not tuple and kind_of is not list) or len(events) != 1:  # type: ignore[arg-type]
+        return None
+    event = events[0]  # type: ignore[index]
+    # The common event, checked inline (as _check_event would, by the same fast checks):
+    # a NewEvent with a printable ASCII kind, no metadata and a payload the fast checks
+    # vouch for. Anything else, valid or not, is _check_event's to decide and word.
+    if type(event) is NewEvent:
+        kind = event.kind
+        payload = event.payload
+        metadata = event.metadata
+        if (
+            type(metadata) is dict
+            and not metadata
+            and type(kind) is str
+            and 0 < len(kind) <= MAX_KIND_LENGTH
+            and kind.isascii()
+            and kind.isprintable()
+        ):
+            try:
+                encoded = _dumps(payload, None, _ORJSON_OPTIONS)
+                _marshal(payload)
+            except (TypeError, ValueError):
+                pass
+            else:
+                copy: JsonValue = _loads(encoded)
+                if (
+                    copy == payload
+                    and _ESCAPED_NUL not in encoded
+                    and (len(encoded) <= 2 * _MAX_DEPTH or not _nests_deeper_than_limit(encoded))
+                ):
+                    # With no metadata, only a kernel kind can answer.
+                    return kind, encoded, _EMPTY, kind in ANSWERING_KINDS, copy, {}
+    return _check_event(event, 0)
 
 
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
