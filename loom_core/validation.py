@@ -16,7 +16,7 @@ from typing import Final, cast
 
 import orjson
 
-from loom_core.checked import CheckedEvents, Encoded, _build, decode, sealed
+from loom_core.checked import CheckedEvents, Encoded, _build, _new_event, decode, sealed
 from loom_core.errors import (
     InvalidEventError,
     InvalidExecutionIdError,
@@ -535,9 +535,13 @@ def _check_single(events: object) -> CheckedEvent | None:
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
     if copies is None:
         return tuple(batch)
+    kinds = batch._state[1]
+    if len(kinds) == 1:
+        payload, metadata = copies[0]
+        return (_new_event(kinds[0], payload, metadata),)
     return tuple(
-        NewEvent(kind, payload, metadata)
-        for kind, (payload, metadata) in zip(batch._state[1], copies, strict=True)
+        _new_event(kind, payload, metadata)
+        for kind, (payload, metadata) in zip(kinds, copies, strict=True)
     )
 
 
@@ -567,11 +571,14 @@ def rebuild_payloads(batch: CheckedEvents, payloads: Sequence[object]) -> Checke
     if sealed(batch) is None:
         batch = check_batch(batch, allow_empty=True)
     values = _check_replacements(batch, payloads, "payloads")
-    encoded = tuple(
-        _encode_json(v, (("events", i), "payload"))[0] for i, v in enumerate(values)
-    )
+    encoded: list[Encoded] = []
+    for i, value in enumerate(values):
+        fast = _fast_json(value)
+        encoded.append(
+            fast[0] if fast is not None else _walk_json(value, (("events", i), "payload"))[0]
+        )
     _, kinds, _, metadata, answering = batch._state
-    return _build(kinds, encoded, metadata, answering)
+    return _build(kinds, tuple(encoded), metadata, answering)
 
 
 def rebuild_metadata(batch: CheckedEvents, extra: Sequence[JsonObject]) -> CheckedEvents:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequen
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from loom_core.checked import CheckedEvents, Encoded, decode
+from loom_core.checked import CheckedEvents, Encoded, _object, decode
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -209,7 +209,11 @@ class MemoryEventStore(RefusesUnoffered):
         copies made by this call's own check (no caller holds them); without them (a
         batch checked above this store), each is decoded again."""
         if copies is None:
-            copies = list(zip(batch.payloads(), batch.metadata(), strict=True))
+            _, _, payloads, metadatas, _ = batch._state
+            copies = [
+                (decode(payload), _object(decode(metadata)))
+                for payload, metadata in zip(payloads, metadatas, strict=True)
+            ]
         if fence is not None:
             for _, metadata in copies:
                 metadata["fence"] = fence
