@@ -51,25 +51,16 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, TypeAlias
 
-from loom_core import Event, JsonObject, JsonValue, NewEvent
-from loom_core.decorating import (
-    FORWARD,
-    CheckedEvents,
-    Decisions,
-    EventStoreDecorator,
-    Implement,
-    Refuse,
-)
+from loom_core import Event, JsonObject, NewEvent
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import InvalidInputError, InvalidOptionError, PayloadShreddedError
 from loom_core.spi import (
     AppendRequest,
     EventStore,
+    check_append,
     check_append_requests,
-    check_batch,
-    check_execution_id,
     check_fence,
     check_key,
-    check_sequence,
 )
 from loom_crypto.errors import (
     IncarnationMismatchError,
@@ -246,11 +237,11 @@ class CryptoEventStore(EventStoreDecorator):
         subjects: Sequence[str | None],
         first_sequence: int,
         incarnation: str,
-    ) -> tuple[list[JsonValue], list[bytes]]:
-        """Each event's payload as the inner store gets it, and as canonical JSON bytes
-        (what a read gives back)."""
+    ) -> tuple[list[NewEvent], list[bytes]]:
+        """The events as the inner store gets them, and each one's payload as canonical
+        JSON bytes (what a read gives back)."""
         keys: _Keys = {}
-        sealed: list[JsonValue] = []
+        stored: list[NewEvent] = []
         plaintexts: list[bytes] = []
         for offset, (event, subject) in enumerate(zip(events, subjects, strict=True)):
             if subject is None:
@@ -264,38 +255,18 @@ class CryptoEventStore(EventStoreDecorator):
                 key, event.payload, execution_id=execution_id,
                 sequence=first_sequence + offset, kind=event.kind, incarnation=incarnation,
             )
-            sealed.append(payload)
+            metadata: JsonObject = dict(event.metadata)
+            metadata[INCARNATION_FIELD] = incarnation
+            stored.append(NewEvent(event.kind, payload, metadata))
             plaintexts.append(plaintext)
-        return sealed, plaintexts
-
-    async def _stored(
-        self,
-        execution_id: str,
-        batch: CheckedEvents,
-        events: Sequence[NewEvent],
-        subjects: Sequence[str | None],
-        first_sequence: int,
-        incarnation: str,
-    ) -> tuple[CheckedEvents, list[bytes]]:
-        """``batch`` (whose fresh copies are ``events``) as the inner store gets it: sealed
-        and stamped, checked only for what is new, so the store below checks nothing
-        again; and each payload's plaintext bytes."""
-        sealed, plaintexts = await self._seal(
-            execution_id, events, subjects, first_sequence, incarnation
-        )
-        stamp: JsonObject = {INCARNATION_FIELD: incarnation}
-        stored = batch.with_payloads(sealed).with_metadata([stamp] * len(batch))
         return stored, plaintexts
 
     async def _prepare(
-        self, execution_id: str, batch: CheckedEvents, first_sequence: int
-    ) -> tuple[CheckedEvents, list[bytes]]:
-        events = tuple(batch)
+        self, execution_id: str, events: Sequence[NewEvent], first_sequence: int
+    ) -> tuple[list[NewEvent], list[bytes]]:
         subjects = self._subjects(execution_id, events)
         incarnation = await self._incarnation_for_append(execution_id, first_sequence)
-        return await self._stored(
-            execution_id, batch, events, subjects, first_sequence, incarnation
-        )
+        return await self._seal(execution_id, events, subjects, first_sequence, incarnation)
 
     async def _append_clear(
         self, execution_id: str, events: Sequence[NewEvent], *, expected_sequence: int
@@ -308,10 +279,8 @@ class CryptoEventStore(EventStoreDecorator):
             return await self.inner.append(
                 execution_id, events, expected_sequence=expected_sequence
             )
-        batch = check_batch(events)
-        stored, plaintexts = await self._stored(
-            execution_id, batch, tuple(batch), [None] * len(batch), expected_sequence,
-            incarnation,
+        stored, plaintexts = await self._seal(
+            execution_id, events, [None] * len(events), expected_sequence, incarnation
         )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence
@@ -408,12 +377,12 @@ class CryptoEventStore(EventStoreDecorator):
         """Seal each payload for the sequence it will take (``expected_sequence + i``) and
         the log's incarnation, and append. A subject whose key was destroyed is refused
         (:class:`~loom_crypto.KeyDestroyedError`) before anything is written."""
-        execution_id = check_execution_id(execution_id)
-        batch = check_batch(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
-        stored, plaintexts = await self._prepare(execution_id, batch, expected_sequence)
+        stored, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence, fence=fence
         )
@@ -457,11 +426,11 @@ class CryptoEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        batch = check_batch(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, expected_sequence = check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
-        stored, plaintexts = await self._prepare(execution_id, batch, expected_sequence)
+        stored, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
         written = await self.inner.append_if_unchanged(
             execution_id, stored, expected_sequence=expected_sequence,
             observed_fence=observed_fence,
@@ -479,12 +448,11 @@ class CryptoEventStore(EventStoreDecorator):
             incarnation = await self._incarnation_for_append(
                 request.execution_id, request.expected_sequence
             )
-            # check_append_requests put the checked batch in the request: taken back in O(1).
-            stored, plaintexts = await self._stored(
-                request.execution_id, check_batch(request.events), events, batch_subjects,
-                request.expected_sequence, incarnation,
+            stored, plaintexts = await self._seal(
+                request.execution_id, events, batch_subjects, request.expected_sequence,
+                incarnation,
             )
-            sealed_requests.append(dataclasses.replace(request, events=stored))
+            sealed_requests.append(dataclasses.replace(request, events=tuple(stored)))
             all_plaintexts.append(plaintexts)
         written = await self.inner.append_many(sealed_requests)
         return tuple(

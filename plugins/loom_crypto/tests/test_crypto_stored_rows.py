@@ -1,4 +1,4 @@
-"""What the crypto decorator hands the store below: pinned rows, and a batch checked once.
+"""What the crypto decorator hands the store below: the rows of a fixed input, pinned.
 
 The rows a fixed input leaves in the inner store are pinned by digest, with the key store's
 and the sealer's randomness made deterministic, so a change in how the decorator builds
@@ -18,7 +18,6 @@ from conftest import subject_prefix
 from loom_crypto import CryptoEventStore, MemoryKeyStore
 
 from loom_core import AppendRequest, Event, InvalidEventError, NewEvent
-from loom_core.decorating import FORWARD, CheckedEvents, Decisions, EventStoreDecorator, Implement
 from loom_core.memory import MemoryEventStore
 
 PINNED_DIGEST = "4eec8f43e74da44b2d6ccee43b6783eec964085432a48dc1a3b9bed43d0cc014"
@@ -85,65 +84,6 @@ async def test_the_rows_of_a_fixed_input_are_pinned(monkeypatch: pytest.MonkeyPa
     assert [e.payload for e in await store.read("alice/o-1")] == [
         e.payload for e in FIXED[:4]
     ]
-
-
-class Recording(EventStoreDecorator):
-    """Records the type of every batch the decorator above hands down."""
-
-    def __init__(self, inner: MemoryEventStore) -> None:
-        super().__init__(inner)
-        self.batches: list[type] = []
-
-    async def append(
-        self,
-        execution_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_sequence: int,
-        fence: int | None = None,
-    ) -> tuple[Event, ...]:
-        self.batches.append(type(events))
-        return await self.inner.append(
-            execution_id, events, expected_sequence=expected_sequence, fence=fence
-        )
-
-    async def append_if_unchanged(
-        self,
-        execution_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_sequence: int,
-        observed_fence: int,
-    ) -> tuple[Event, ...]:
-        self.batches.append(type(events))
-        return await self.inner.append_if_unchanged(
-            execution_id, events, expected_sequence=expected_sequence,
-            observed_fence=observed_fence,
-        )
-
-    async def append_many(
-        self, requests: Sequence[AppendRequest]
-    ) -> tuple[tuple[Event, ...], ...]:
-        self.batches.extend(type(r.events) for r in requests)
-        return await self.inner.append_many(requests)
-
-    decisions = Decisions(
-        acquire_fence=FORWARD,
-        acquire_fence_if=FORWARD,
-        append_if_unchanged=Implement(append_if_unchanged),
-        append_many=Implement(append_many),
-        delete_execution=FORWARD,
-        copy_prefix=FORWARD,
-        truncate_prefix_keeping=FORWARD,
-        subscribe=FORWARD,
-    )
-
-
-async def test_the_store_below_gets_a_checked_batch_so_it_checks_nothing_again() -> None:
-    recording = Recording(MemoryEventStore())
-    store = CryptoEventStore(recording, key_store=MemoryKeyStore(), subject_of=subject_prefix)
-    await write_fixed_input(store)
-    assert recording.batches == [CheckedEvents] * 5
 
 
 async def test_a_bad_event_is_refused_before_any_key_or_row_is_made() -> None:
