@@ -15,6 +15,7 @@ import types
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Final
 
 from loom_core.checked import CheckedEvents, Encoded, _object, decode
 from loom_core.errors import (
@@ -323,9 +324,16 @@ class MemoryEventStore(RefusesUnoffered):
             self._wake(execution_id)
         if fence is not None:
             metadata_copy["fence"] = fence
-        return (
-            _event(execution_id, expected_sequence, kind, payload_copy, metadata_copy, now),
-        )
+        # _event(), inlined.
+        event = _new(_Unfrozen)
+        event.execution_id = execution_id
+        event.sequence = expected_sequence
+        event.kind = kind
+        event.payload = payload_copy
+        event.metadata = metadata_copy
+        event.recorded_at = now
+        event.__class__ = Event  # type: ignore[assignment]
+        return (event,)  # type: ignore[return-value]
 
     async def read(
         self,
@@ -537,6 +545,9 @@ class _Unfrozen:
     payload: JsonValue
     metadata: JsonObject
     recorded_at: datetime
+
+
+_new: Final = object.__new__
 
 
 def _event(
