@@ -12,11 +12,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Final, cast
 
 import orjson
 
-from loom_core.checked import CheckedEvents, Encoded, _build, decode, sealed
+from loom_core.checked import CheckedEvents, Encoded, _build, _new_event, decode, sealed
 from loom_core.errors import (
     InvalidEventError,
     InvalidExecutionIdError,
@@ -25,7 +26,7 @@ from loom_core.errors import (
     InvalidSequenceError,
 )
 from loom_core.events import JsonObject, JsonValue, NewEvent
-from loom_core.kinds import is_answering_kind
+from loom_core.kinds import ANSWERING_KINDS, is_answering_kind
 from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
@@ -354,9 +355,10 @@ _EMPTY: Final = b"{}"
 
 
 def _encode_metadata(value: object, path: _Where) -> tuple[Encoded, JsonObject]:
-    if type(value) is dict and not value:
-        return _EMPTY, {}
-    if not isinstance(value, Mapping):
+    if type(value) is dict:
+        if not value:
+            return _EMPTY, {}
+    elif not isinstance(value, Mapping):
         raise InvalidEventError(
             f"{_where(path)} must be a JSON object, not {type(value).__name__}"
         )
@@ -496,17 +498,51 @@ def _check_single(events: object) -> CheckedEvent | None:
     """The one event of a one-event list or tuple, checked (what most appends carry, with
     no batch built); None for anything else, which :func:`_check_batch` takes."""
     kind_of = type(events)
-    if (kind_of is tuple or kind_of is list) and len(events) == 1:  # type: ignore[arg-type]
-        return _check_event(events[0], 0)  # type: ignore[index]
-    return None
+    if (kind_of is not tuple and kind_of is not list) or len(events) != 1:  # type: ignore[arg-type]
+        return None
+    event = events[0]  # type: ignore[index]
+    # The common event, checked inline (as _check_event would, by the same fast checks):
+    # a NewEvent with a printable ASCII kind, no metadata and a payload the fast checks
+    # vouch for. Anything else, valid or not, is _check_event's to decide and word.
+    if type(event) is NewEvent:
+        kind = event.kind
+        payload = event.payload
+        metadata = event.metadata
+        if (
+            type(metadata) is dict
+            and not metadata
+            and type(kind) is str
+            and 0 < len(kind) <= MAX_KIND_LENGTH
+            and kind.isascii()
+            and kind.isprintable()
+        ):
+            try:
+                encoded = _dumps(payload, None, _ORJSON_OPTIONS)
+                _marshal(payload)
+            except (TypeError, ValueError):
+                pass
+            else:
+                copy: JsonValue = _loads(encoded)
+                if (
+                    copy == payload
+                    and _ESCAPED_NUL not in encoded
+                    and (len(encoded) <= 2 * _MAX_DEPTH or not _nests_deeper_than_limit(encoded))
+                ):
+                    # With no metadata, only a kernel kind can answer.
+                    return kind, encoded, _EMPTY, kind in ANSWERING_KINDS, copy, {}
+    return _check_event(event, 0)
 
 
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
     if copies is None:
         return tuple(batch)
+    kinds = batch._state[1]
+    if len(kinds) == 1:
+        payload, metadata = copies[0]
+        return (_new_event(kinds[0], payload, metadata),)
     return tuple(
-        NewEvent(kind, payload, metadata)
-        for kind, (payload, metadata) in zip(batch._state[1], copies, strict=True)
+        _new_event(kind, payload, metadata)
+        for kind, (payload, metadata) in zip(kinds, copies, strict=True)
     )
 
 
@@ -536,39 +572,107 @@ def rebuild_payloads(batch: CheckedEvents, payloads: Sequence[object]) -> Checke
     if sealed(batch) is None:
         batch = check_batch(batch, allow_empty=True)
     values = _check_replacements(batch, payloads, "payloads")
-    encoded = tuple(
-        _encode_json(v, (("events", i), "payload"))[0] for i, v in enumerate(values)
-    )
+    encoded: list[Encoded] = []
+    for i, value in enumerate(values):
+        fast = _fast_json(value)
+        encoded.append(
+            fast[0] if fast is not None else _walk_json(value, (("events", i), "payload"))[0]
+        )
     _, kinds, _, metadata, answering = batch._state
-    return _build(kinds, encoded, metadata, answering)
+    return _build(kinds, tuple(encoded), metadata, answering)
 
 
 def rebuild_metadata(batch: CheckedEvents, extra: Sequence[JsonObject]) -> CheckedEvents:
     """``batch`` with ``extra[i]`` merged into each event's metadata (see
-    :meth:`CheckedEvents.with_metadata`)."""
+    :meth:`CheckedEvents.with_metadata`).
+
+    Only ``extra`` is checked and encoded. Its encoded pairs are spliced into the event's
+    encoded metadata, which is neither decoded nor checked again: the result is the bytes
+    orjson writes for the merged object (the event's keys in their order, then the new
+    ones). Only where a key of ``extra`` may be there already (its encoded form followed
+    by ``:`` occurs in the bytes) is the metadata decoded, and only where it is there
+    (``extra``'s value wins, in the key's old place) merged and encoded again."""
     if sealed(batch) is None:
         batch = check_batch(batch, allow_empty=True)
     values = _check_replacements(batch, extra, "extra")
-    _, kinds, payloads, metadata, _ = batch._state
+    _, kinds, payloads, metadata, answering = batch._state
     encoded: list[Encoded] = []
-    answering: list[bool] = []
-    for i, (add, current) in enumerate(zip(values, metadata, strict=True)):
-        what: _Where = (("events", i), "metadata")
-        _, added = _encode_metadata(add, what)
-        _refuse_reserved(added, what)
-        merged = decode(current)
-        assert isinstance(merged, dict)
-        merged.update(added)
-        # Both halves are checked; only the merged nesting can be new.
-        merged_encoded, merged_copy = _encode_metadata(merged, what)
-        encoded.append(merged_encoded)
-        answering.append(is_answering_kind(kinds[i], merged_copy))
-    return _build(kinds, payloads, tuple(encoded), tuple(answering))
+    answers: list[bool] = []
+    last: object = _UNSET
+    added_encoded: Encoded = _EMPTY
+    added: JsonObject = {}
+    needles: list[bytes] = []
+    kernel = False
+    for i, add in enumerate(values):
+        if add is not last:
+            # The same object for every event (a stamp) is checked once.
+            fast = _fast_json(add) if type(add) is dict and add else None
+            if fast is not None:
+                added_encoded, added = fast  # type: ignore[assignment]
+            else:
+                what: _Where = (("events", i), "metadata")
+                added_encoded, added = _encode_metadata(add, what)
+            if not RESERVED_METADATA_KEYS.isdisjoint(added):
+                _refuse_reserved(added, (("events", i), "metadata"))
+            last = add
+            kernel = "kernel" in added
+            # How each new key reads in the encoded bytes (none for json text, which
+            # is never spliced).
+            needles = []
+            if type(added_encoded) is bytes:
+                for key in added:
+                    needles.append(_dumps(key) + b":")
+        current = metadata[i]
+        if not added:
+            encoded.append(current)
+        elif current == _EMPTY:
+            encoded.append(added_encoded)
+        elif (
+            needles
+            and type(current) is bytes
+            and not (
+                needles[0] in current if len(needles) == 1 else _any_in(needles, current)
+            )
+        ):
+            # The pairs of both objects, one after the other: what orjson writes for
+            # the merged object.
+            encoded.append(current[:-1] + b"," + added_encoded[1:])  # type: ignore[operator]
+        else:
+            encoded.append(_merge_decoded(current, added_encoded, added))
+        answers.append(is_answering_kind(kinds[i], added) if kernel else answering[i])
+    return _build(kinds, payloads, tuple(encoded), tuple(answers))
+
+
+def _any_in(needles: list[bytes], encoded: bytes) -> bool:
+    return any(needle in encoded for needle in needles)
+
+
+_UNSET: Final = object()
+
+
+def _merge_decoded(current: Encoded, added_encoded: Encoded, added: JsonObject) -> Encoded:
+    """The encoded metadata ``current`` with the checked object ``added`` merged in (its
+    keys win), where a key of ``added`` may already be in ``current``."""
+    merged = decode(current)
+    assert isinstance(merged, dict)
+    if (
+        type(current) is bytes
+        and type(added_encoded) is bytes
+        and merged.keys().isdisjoint(added)
+    ):
+        # The key was found nested deeper, or inside a string: the splice is right.
+        return current[:-1] + b"," + added_encoded[1:]
+    merged.update(added)
+    # Both halves are checked, and merging nests nothing deeper than either.
+    return _encode_metadata(merged, "metadata")[0]
 
 
 def _check_replacements(
     batch: CheckedEvents, values: Sequence[object], what: str
 ) -> tuple[object, ...]:
+    kind_of = type(values)
+    if (kind_of is list or kind_of is tuple) and len(values) == len(batch._state[1]):
+        return tuple(values)
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
         raise InvalidEventError(f"{what} must be a sequence, one per event")
     items = tuple(values)
@@ -585,9 +689,23 @@ _CANONICAL: Final = json.JSONEncoder(
 )
 
 
+# And one C encoder under it: JSONEncoder.encode builds a new one, and the Python frames
+# around it, on every call, which cost more than the encoding of a small value. Without
+# the circular-reference markers: a checked value has no cycle (nor more than 200 levels).
+_CANONICAL_CHUNKS: Final = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(
+        None, _CANONICAL.default, encode_basestring, None, ":", ",", True, False, False
+    )
+)
+
+
 def canonical_json(value: JsonValue) -> str:
     """Compact JSON text with sorted keys (what SQL stores persist)."""
-    return _CANONICAL.encode(value)
+    if _CANONICAL_CHUNKS is None:
+        return _CANONICAL.encode(value)
+    return "".join(_CANONICAL_CHUNKS(value, 0))
 
 
 def check_append_requests(

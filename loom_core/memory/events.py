@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import types
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from loom_core.checked import CheckedEvents, Encoded, decode
+from loom_core.checked import CheckedEvents, Encoded, _object, decode
 from loom_core.errors import (
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
@@ -40,7 +41,8 @@ from loom_core.protocols import (
 )
 from loom_core.refusal import RefusesUnoffered
 from loom_core.validation import (
-    CheckedEvent,
+    MAX_ID_BYTES,
+    MAX_POSITION,
     Copies,
     _check_batch,
     _check_single,
@@ -208,7 +210,11 @@ class MemoryEventStore(RefusesUnoffered):
         copies made by this call's own check (no caller holds them); without them (a
         batch checked above this store), each is decoded again."""
         if copies is None:
-            copies = list(zip(batch.payloads(), batch.metadata(), strict=True))
+            _, _, payloads, metadatas, _ = batch._state
+            copies = [
+                (decode(payload), _object(decode(metadata)))
+                for payload, metadata in zip(payloads, metadatas, strict=True)
+            ]
         if fence is not None:
             for _, metadata in copies:
                 metadata["fence"] = fence
@@ -251,28 +257,6 @@ class MemoryEventStore(RefusesUnoffered):
         self._commit(execution_id, log, batch, fence, now)
         return written
 
-    def _write_one(
-        self, execution_id: str, log: _Log | None, event: CheckedEvent, fence: int | None
-    ) -> tuple[Event, ...]:
-        """``_write`` for a one-event append, with no batch built: most appends."""
-        now = self._clock()
-        kind, payload, metadata, answering, payload_copy, metadata_copy = event
-        if log is None:
-            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
-        sequence = log.head
-        log.kinds.append(kind)
-        log.payloads.append(payload)
-        log.metadata.append(metadata)
-        log.fences.append(fence)
-        log.recorded.append(now)
-        log.answering.append(answering)
-        log.head = sequence + 1
-        if self._signals:
-            self._wake(execution_id)
-        if fence is not None:
-            metadata_copy["fence"] = fence
-        return (_event(execution_id, sequence, kind, payload_copy, metadata_copy, now),)
-
     def _wake(self, execution_id: str) -> None:
         signal = self._signals.pop(execution_id, None)
         if signal is not None:
@@ -283,7 +267,7 @@ class MemoryEventStore(RefusesUnoffered):
         # Closed is checked after the yield too, so a call that raced close() is refused.
         if self._closed:
             self._check_open()
-        await asyncio.sleep(0)
+        await _one_turn()
         if self._closed:
             self._check_open()
 
@@ -297,23 +281,59 @@ class MemoryEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
+        # This is the hottest call of the store: the common case of check_execution_id
+        # and check_sequence is inlined (anything else goes to them, which decide and
+        # word the refusal), and so are _tick(), _check_append's head check and, for one
+        # event, _write.
+        if not (
+            type(execution_id) is str
+            and 0 < len(execution_id) <= MAX_ID_BYTES
+            and execution_id.isascii()
+            and execution_id.isprintable()
+        ):
+            execution_id = check_execution_id(execution_id)
         single = _check_single(events)
         if single is None:
             batch, copies = _check_batch(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        if type(expected_sequence) is not int or not 0 <= expected_sequence <= MAX_POSITION:
+            expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
-        # _tick(), inlined: this is the hottest call of the store.
         if self._closed:
             self._check_open()
-        await asyncio.sleep(0)
+        await _one_turn()
         if self._closed:
             self._check_open()
-        log = self._check_append(execution_id, expected_sequence, fence)
-        if single is not None:
-            return self._write_one(execution_id, log, single, fence)
-        return self._write(execution_id, log, batch, copies, fence)
+        log = self._logs.get(execution_id)
+        if fence is not None or (log.head if log else 0) != expected_sequence:
+            log = self._check_append(execution_id, expected_sequence, fence)
+        if single is None:
+            return self._write(execution_id, log, batch, copies, fence)
+        now = self._clock()
+        kind, payload, metadata, answering, payload_copy, metadata_copy = single
+        if log is None:
+            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
+        log.kinds.append(kind)
+        log.payloads.append(payload)
+        log.metadata.append(metadata)
+        log.fences.append(fence)
+        log.recorded.append(now)
+        log.answering.append(answering)
+        log.head = expected_sequence + 1
+        if self._signals:
+            self._wake(execution_id)
+        if fence is not None:
+            metadata_copy["fence"] = fence
+        # _event(), inlined.
+        event = _new(_Unfrozen)
+        event.execution_id = execution_id
+        event.sequence = expected_sequence
+        event.kind = kind
+        event.payload = payload_copy
+        event.metadata = metadata_copy
+        event.recorded_at = now
+        event.__class__ = Event  # type: ignore[assignment]
+        return (event,)  # type: ignore[return-value]
 
     async def read(
         self,
@@ -505,11 +525,29 @@ class MemoryEventStore(RefusesUnoffered):
             await signal.wait()
 
 
+@types.coroutine
+def _one_turn() -> Generator[None, None, None]:
+    """``await asyncio.sleep(0)`` without the coroutine around it: the loop runs every
+    other ready task once, then resumes the caller."""
+    yield
+
+
+@dataclass(slots=True)
+class _Unfrozen:
+    """:class:`Event`'s fields in its order, without the frozen ``__setattr__``: an
+    instance is built by plain slot stores, then made an ``Event`` (same slots, same
+    layout), at half the cost of the frozen dataclass's ``__init__``, which goes through
+    ``object.__setattr__`` by name. Every read and append makes one per event."""
+
+    execution_id: str
+    sequence: int
+    kind: str
+    payload: JsonValue
+    metadata: JsonObject
+    recorded_at: datetime
+
+
 _new: Final = object.__new__
-_set_execution_id, _set_sequence, _set_kind, _set_payload, _set_metadata, _set_recorded_at = (
-    getattr(Event, name).__set__
-    for name in ("execution_id", "sequence", "kind", "payload", "metadata", "recorded_at")
-)
 
 
 def _event(
@@ -520,17 +558,10 @@ def _event(
     metadata: JsonObject,
     recorded_at: datetime,
 ) -> Event:
-    """``Event(...)`` for values the store has checked, at half the cost of the frozen
-    dataclass's ``__init__`` (which goes through ``object.__setattr__`` by name): every
-    read and append makes one per event."""
-    event = _new(Event)
-    _set_execution_id(event, execution_id)
-    _set_sequence(event, sequence)
-    _set_kind(event, kind)
-    _set_payload(event, payload)
-    _set_metadata(event, metadata)
-    _set_recorded_at(event, recorded_at)
-    return event
+    """``Event(...)`` for values the store has checked (see :class:`_Unfrozen`)."""
+    event = _Unfrozen(execution_id, sequence, kind, payload, metadata, recorded_at)
+    event.__class__ = Event  # type: ignore[assignment]
+    return event  # type: ignore[return-value]
 
 
 def _batch_of(request: AppendRequest) -> CheckedEvents:

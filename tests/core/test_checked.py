@@ -199,3 +199,95 @@ async def test_a_bad_batch_is_still_refused_at_the_top_of_a_stack() -> None:
         await stack.append("e", [NewEvent("k"), NewEvent("k", float("inf"))],
                            expected_sequence=0)
     assert await inner.head("e") == 0
+
+
+# (event metadata, extra): every case with_metadata must merge exactly as a dict update
+# would, the event's keys first in their order, then the new ones, extra's value winning.
+MERGES: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({}, {}),
+    ({}, {"chain": "h0"}),
+    ({"trace": "t1"}, {}),
+    ({"trace": "t1"}, {"chain": "h0", "n": 2}),
+    ({"a": 1, "b": 2}, {"a": 3}),  # a collision keeps the key's place
+    ({"a": 1, "b": 2, "c": 3}, {"c": None, "d": 4, "a": [5]}),
+    ({"x": {"a": 1}}, {"a": 2}),  # the same key nested deeper is no collision
+    ({"l": ["x", ":y"]}, {",": 1}),  # nor is the key's encoding found across strings
+    ({"s": '"a":'}, {"a": 1}),
+    ({'a"b': 1, "c\\d": 2, "\n": 3}, {'a"b': 4, "c\\d": 5, "\n": 6}),  # escaped keys
+    ({"ключ": "é", "日本": 1}, {"日本": "語", "ключ": "новый", "🙂": "\u2028"}),
+    ({"trace": "t1"}, {"n": {"deep": [1, {"x": None, "y": [True, 1.5]}]}}),
+    ({"big": 2**70}, {"a": 1}),  # json text (past 64 bits) is merged, never spliced
+    ({"a": 1}, {"big": -(2**70)}),
+    ({"big": 2**70}, {"big": 1}),
+]
+
+
+@pytest.mark.parametrize(("current", "extra"), MERGES)
+def test_with_metadata_is_what_checking_the_merged_event_gives(
+    current: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    batch = check_batch([NewEvent("k", {"p": 1}, current), NewEvent("k", None, current)])
+    merged = {**current, **extra}
+    linked = batch.with_metadata([extra, dict(extra)])
+    expected = check_batch([NewEvent("k", {"p": 1}, merged), NewEvent("k", None, merged)])
+    # The same bytes, the same order of keys, the same answers, as a fresh check.
+    assert linked._state[1:] == expected._state[1:]
+    assert [list(m.items()) for m in linked.metadata()] == [
+        list(m.items()) for m in expected.metadata()
+    ]
+    assert linked.metadata() == (merged, merged)
+    if all(abs(v) < 2**63 for v in merged.values() if type(v) is int):
+        # orjson's bytes keep the keys in order; json text (past 64 bits) sorts them.
+        assert list(linked.metadata()[0].items()) == list(merged.items())
+    assert list(batch) == [NewEvent("k", {"p": 1}, current), NewEvent("k", None, current)]
+
+
+def test_one_extra_object_for_every_event_merges_into_each_its_own_way() -> None:
+    batch = check_batch(
+        [NewEvent("k", 1, {"stamp": "old"}), NewEvent("k", 2), NewEvent("k", 3, {"z": 0})]
+    )
+    stamp: dict[str, Any] = {"stamp": "new"}
+    linked = batch.with_metadata([stamp] * 3)
+    assert [list(m.items()) for m in linked.metadata()] == [
+        [("stamp", "new")],
+        [("stamp", "new")],
+        [("z", 0), ("stamp", "new")],
+    ]
+    stamp["stamp"] = "changed"  # the batch holds what was checked, not the object
+    assert linked.metadata()[1] == {"stamp": "new"}
+
+
+def test_with_metadata_answers_as_the_merged_metadata_says() -> None:
+    batch = check_batch(
+        [NewEvent("app", None, {"kernel": True}), NewEvent("app"), NewEvent("EXECUTION_RESUMED")]
+    )
+    assert batch._state[4] == (True, False, True)
+    assert batch.with_metadata([{"x": 1}, {}, {}])._state[4] == (True, False, True)
+    assert batch.with_metadata([{"kernel": False}, {"kernel": True}, {"kernel": False}])._state[
+        4
+    ] == (False, True, True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([{"ok": 1}, {"fence": 1}], r"events\[1\]\.metadata uses the reserved key"),
+        ([{"fence": 1}] * 2, r"events\[0\]\.metadata uses the reserved key"),
+        ([{}, {"x": float("nan")}], r"events\[1\]\.metadata\.x is nan"),
+        ([{"x": {"y": {1, 2}}}, {}], r"events\[0\]\.metadata\.x\.y is a set"),
+        ([{"a": "\x00"}, {}], r"events\[0\]\.metadata\.a contains U\+0000"),
+        ([{"\ud800": 1}, {}], "lone surrogate"),
+        ([{}, ["x"]], r"events\[1\]\.metadata must be a JSON object, not list"),
+        ([{}], "one per event"),
+        ({"a": 1}, "must be a sequence"),
+    ],
+)
+def test_a_refused_with_metadata_leaves_the_batch_as_it_was(
+    extra: Any, message: str
+) -> None:
+    batch = check_batch(EVENTS)
+    state = batch._state
+    with pytest.raises(InvalidEventError, match=message):
+        batch.with_metadata(extra)
+    assert batch._state is state
+    assert list(batch) == EVENTS

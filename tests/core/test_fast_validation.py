@@ -235,6 +235,21 @@ async def test_a_bad_payload_is_refused_with_the_walks_error_and_nothing_is_writ
 
 
 @pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
+async def test_a_bad_payload_appended_alone_is_refused_with_the_walks_error(
+    value: object,
+) -> None:
+    """A one-event append takes the store's shortest path: it refuses the same way."""
+    expected = _walk_refusal(value, "events[0].payload")
+    store = MemoryEventStore()
+    for events in ([NewEvent("k", value)], (NewEvent("k", value),)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError) as caught:
+            await store.append("e", events, expected_sequence=0)
+        assert str(caught.value) == str(expected)
+    assert await store.head("e") == 0
+    assert await store.read("e") == ()
+
+
+@pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
 async def test_a_bad_metadata_value_is_refused_with_the_walks_error(value: object) -> None:
     expected = _walk_refusal({"m": value}, "events[0].metadata")
     store = MemoryEventStore()

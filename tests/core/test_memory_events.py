@@ -4,11 +4,23 @@ change what the store holds."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
-from loom_core import NewEvent
+import pytest
+
+from loom_core import (
+    Event,
+    InvalidEventError,
+    InvalidExecutionIdError,
+    InvalidSequenceError,
+    NewEvent,
+    SequenceConflictError,
+    StaleFenceError,
+)
 from loom_core.memory import MemoryEventStore
-from loom_core.spi import AppendRequest, check_batch
+from loom_core.spi import AppendRequest, check_batch, check_events
 
 
 async def test_changing_the_input_after_an_append_changes_nothing_stored() -> None:
@@ -88,3 +100,71 @@ async def test_reads_across_truncation_and_copies_keep_sequences() -> None:
     await store.append("f", [NewEvent("k4", "new")], expected_sequence=4)
     assert [e.payload for e in await store.read("f")] == [2, 3, "new"]
     assert [e.payload for e in await store.read("e")] == [2, 3, 4]
+
+
+class Kind(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        NewEvent(""),
+        NewEvent("bad\nkind"),
+        NewEvent("k" * 201),
+        NewEvent(Kind("k")),
+        NewEvent(7),  # type: ignore[arg-type]
+        NewEvent("k", None, {"fence": 1}),
+        NewEvent("k", None, {"m": float("nan")}),
+        NewEvent("k", None, ["x"]),  # type: ignore[arg-type]
+        NewEvent("k", float("inf")),
+        ("k", None),
+    ],
+    ids=["empty-kind", "control-kind", "long-kind", "kind-subclass", "int-kind", "fence-key",
+         "nan-metadata", "list-metadata", "inf-payload", "not-a-new-event"],
+)
+async def test_a_one_event_append_refuses_or_accepts_as_the_batch_check_does(
+    event: object,
+) -> None:
+    store = MemoryEventStore()
+    try:
+        (expected,) = check_events([event])
+    except InvalidEventError as refused:
+        with pytest.raises(InvalidEventError, match=re.escape(str(refused))):
+            await store.append("e", [event], expected_sequence=0)  # type: ignore[list-item]
+        assert await store.head("e") == 0
+        return
+    (written,) = await store.append("e", [event], expected_sequence=0)  # type: ignore[list-item]
+    assert (written.kind, written.payload, written.metadata) == (
+        expected.kind, expected.payload, dict(expected.metadata)
+    )
+
+
+async def test_the_first_bad_argument_of_an_append_is_the_one_refused() -> None:
+    store = MemoryEventStore()
+    bad_event = [NewEvent("k", float("nan"))]
+    with pytest.raises(InvalidExecutionIdError):
+        await store.append("", bad_event, expected_sequence=-1)
+    with pytest.raises(InvalidEventError):
+        await store.append("e", bad_event, expected_sequence=-1)
+    with pytest.raises(InvalidSequenceError, match="expected_sequence"):
+        await store.append("e", [NewEvent("k")], expected_sequence=True, fence=-1)
+    with pytest.raises(InvalidSequenceError, match="fence"):
+        await store.append("e", [NewEvent("k")], expected_sequence=0, fence=-1)
+    await store.append("e", [NewEvent("k")], expected_sequence=0)
+    with pytest.raises(SequenceConflictError):
+        await store.append("e", [NewEvent("k")], expected_sequence=2)
+    await store.acquire_fence("e")
+    with pytest.raises(StaleFenceError):
+        await store.append("e", [NewEvent("k")], expected_sequence=1, fence=0)
+    assert [e.sequence for e in await store.read("e")] == [0]
+
+
+async def test_an_event_a_store_returns_is_a_frozen_event() -> None:
+    store = MemoryEventStore()
+    (written,) = await store.append("e", [NewEvent("k", {"a": 1})], expected_sequence=0)
+    assert type(written) is Event
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        written.sequence = 5  # type: ignore[misc]
+    assert written == Event("e", 0, "k", {"a": 1}, {}, written.recorded_at)
+    assert hash(written.kind) == hash("k")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 
@@ -161,3 +162,27 @@ async def test_append_many_refuses_a_repeated_execution_and_writes_nothing() -> 
             [AppendRequest("a", [NewEvent("k")], 0), AppendRequest("a", [NewEvent("k")], 1)]
         )
     assert await store.list_executions() == ()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None, True, 0, -(2**63), 2**70, 1.5, -0.0, 5e-324, "", "é\u2028\x1f\"\\/🙂", [], {},
+        {"b": 1, "a": {"d": [1, 2, {"z": None, "y": "x"}], "c": ""}, "É": [[[]]]},
+    ],
+)
+def test_canonical_json_is_compact_sorted_json_text(value: object) -> None:
+    from loom_core.spi import canonical_json
+
+    assert canonical_json(value) == json.dumps(  # type: ignore[arg-type]
+        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    )
+
+
+def test_canonical_json_refuses_what_json_refuses() -> None:
+    from loom_core.spi import canonical_json
+
+    with pytest.raises(ValueError, match="Out of range float"):
+        canonical_json({"a": [math.inf]})
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        canonical_json({"a": {1}})  # type: ignore[dict-item]

@@ -105,13 +105,28 @@ class _Row:
 
 
 def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
-    stamp: JsonObject = {} if fence is None else {"fence": fence}
-    # Most events carry no metadata of their own: their text is the stamp's, encoded once.
-    stamp_text = canonical_json(stamp)
+    if fence is None:
+        stamp: JsonObject = {}
+        stamp_text = "{}"
+    else:
+        stamp = {"fence": fence}
+        stamp_text = canonical_json(stamp)
+    if len(events) == 1:
+        # Most appends carry one event, most events no metadata of their own: their
+        # text is the stamp's, encoded once.
+        (event,) = events
+        if event.metadata:
+            metadata: JsonObject = {**event.metadata, **stamp}
+            metadata_text = canonical_json(metadata)
+        else:
+            metadata, metadata_text = dict(stamp), stamp_text
+        return (
+            _Row(event.kind, event.payload, metadata, canonical_json(event.payload), metadata_text),
+        )
     rows = []
     for event in events:
         if event.metadata:
-            metadata: JsonObject = {**event.metadata, **stamp}
+            metadata = {**event.metadata, **stamp}
             metadata_text = canonical_json(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
@@ -135,14 +150,21 @@ def _insert(
     raw: sqlite3.Connection, execution_id: str, head: int, rows: Sequence[_Row], now: int
 ) -> tuple[Event, ...]:
     recorded_at = from_micros(now)
-    values = [
-        (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now)
-        for i, r in enumerate(rows)
-    ]
-    if len(values) == 1:
-        raw.execute(INSERT_EVENT, values[0])  # cheaper than executemany for the usual case
-    else:
-        raw.executemany(INSERT_EVENT, values)
+    if len(rows) == 1:
+        # The usual append: one statement, no list (cheaper than executemany).
+        (r,) = rows
+        raw.execute(
+            INSERT_EVENT, (execution_id, head, r.kind, r.payload_text, r.metadata_text, now)
+        )
+        raw.execute(UPSERT_HEAD, (execution_id, head + 1))
+        return (Event(execution_id, head, r.kind, r.payload, r.metadata, recorded_at),)
+    raw.executemany(
+        INSERT_EVENT,
+        [
+            (execution_id, head + i, r.kind, r.payload_text, r.metadata_text, now)
+            for i, r in enumerate(rows)
+        ],
+    )
     raw.execute(UPSERT_HEAD, (execution_id, head + len(rows)))
     return tuple(
         Event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)
