@@ -162,7 +162,13 @@ class EventStore(Protocol):
         ...
 
     async def delete_execution(self, execution_id: str) -> bool:
-        """Remove the log; keep a fence row with a real token (> 0). True if a log existed."""
+        """Remove the log and move its token one past its current value; True if a log
+        existed (a delete that finds none changes nothing).
+
+        Every holder of the token, the runner of the deleted log included, is stale
+        afterwards, so it cannot write into a re-created log of the same id even when that
+        log has reached the head it expects (docs/design.md, "Deleting a log fences out
+        its writers")."""
         ...
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:

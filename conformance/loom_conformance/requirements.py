@@ -82,7 +82,7 @@ class Requirements:
 
     @property
     def delete_execution(self) -> pytest.MarkDecorator:
-        """``delete_execution``: drops a log, keeping a real fence token."""
+        """``delete_execution``: drops a log and moves its fence token one on."""
         return _requires("delete_execution")
 
     @property

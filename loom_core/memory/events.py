@@ -457,9 +457,13 @@ class MemoryEventStore(RefusesUnoffered):
         self._offers("delete_execution")
         execution_id = check_execution_id(execution_id)
         await self._tick()
-        # The token stays: a zombie writer of a re-created id stays fenced out. (This store
-        # never holds a token-0 entry, so there is nothing inert to drop.)
-        return self._logs.pop(execution_id, None) is not None
+        if self._logs.pop(execution_id, None) is None:
+            return False
+        # The token moves one past its current value: whoever held it, the runner of the
+        # deleted log included, is stale on a re-created one (docs/design.md, "Deleting a
+        # log fences out its writers").
+        self._fences[execution_id] = self._fences.get(execution_id, 0) + 1
+        return True
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         self._offers("copy_prefix")

@@ -16,6 +16,7 @@ from loom_conformance.suites._support import (
     guard,
     kernel,
     snapshot,
+    token_of,
 )
 from loom_core import (
     AppendRequest,
@@ -170,7 +171,7 @@ class EventStoreOptionalContract:
 
     @requires.delete_execution
     @requires.fencing
-    async def test_delete_keeps_a_real_token_so_a_zombie_of_a_recreated_id_stays_fenced_out(
+    async def test_delete_moves_the_token_so_a_zombie_of_a_recreated_id_stays_fenced_out(
         self, loom_events: EventStore
     ) -> None:
         # The zombie wrote under token 0, then a new owner fenced it out.
@@ -182,9 +183,61 @@ class EventStoreOptionalContract:
 
         with pytest.raises(StaleFenceError) as caught:
             await loom_events.append("exec-z", [app("zombie")], expected_sequence=1, fence=0)
-        assert caught.value.current_fence == token
+        assert caught.value.current_fence == token + 1, "the delete moved the token on"
         assert await snapshot(loom_events) == before
-        assert await bump_token(loom_events, "exec-z") == token + 1, "the token went on"
+        assert await bump_token(loom_events, "exec-z") == token + 2, "the token went on"
+
+    @requires.delete_execution
+    @requires.fencing
+    @pytest.mark.parametrize("acquired", [False, True], ids=["token-0", "acquired"])
+    async def test_delete_fences_out_the_holder_of_the_current_token(
+        self, loom_events: EventStore, acquired: bool
+    ) -> None:
+        # The runner holds the current token (0 for an execution never fenced) and has
+        # written two events; the log is deleted and re-created to the same head, so only
+        # the token can tell the runner it no longer writes the log it knew.
+        held = await bump_token(loom_events, "exec-h") if acquired else 0
+        await loom_events.append("exec-h", [app(), app()], expected_sequence=0, fence=held)
+        assert await loom_events.delete_execution("exec-h") is True
+        await loom_events.append("exec-h", [app("new"), app("new")], expected_sequence=0)
+        before = await snapshot(loom_events)
+
+        with pytest.raises(StaleFenceError) as caught:
+            await loom_events.append(
+                "exec-h", [app("runner")], expected_sequence=2, fence=held
+            )
+        assert (caught.value.presented_fence, caught.value.current_fence) == (held, held + 1)
+        assert await snapshot(loom_events) == before
+
+    @requires.delete_execution
+    @requires.append_if_unchanged
+    @pytest.mark.parametrize("acquired", [False, True], ids=["token-0", "acquired"])
+    async def test_delete_refuses_append_if_unchanged_under_the_token_seen_before_it(
+        self, loom_events: EventStore, acquired: bool
+    ) -> None:
+        held = await bump_token(loom_events, "exec-u") if acquired else 0
+        await loom_events.append_if_unchanged(
+            "exec-u", [app()], expected_sequence=0, observed_fence=held
+        )
+        assert await loom_events.delete_execution("exec-u") is True
+        await loom_events.append("exec-u", [app("new")], expected_sequence=0)
+        before = await snapshot(loom_events)
+
+        with pytest.raises(StaleFenceError) as caught:
+            await loom_events.append_if_unchanged(
+                "exec-u", [app("runner")], expected_sequence=1, observed_fence=held
+            )
+        assert caught.value.current_fence == held + 1
+        assert await snapshot(loom_events) == before
+
+    @requires.delete_execution
+    @requires.fencing
+    async def test_delete_that_finds_no_log_moves_no_token(
+        self, loom_events: EventStore
+    ) -> None:
+        assert await loom_events.delete_execution("exec-none") is False
+        assert await token_of(loom_events, "exec-none") == 0
+        assert await loom_events.list_executions() == ()
 
     # -- copy_prefix --------------------------------------------------------------------
 

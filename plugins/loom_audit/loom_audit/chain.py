@@ -15,16 +15,25 @@ clock and is not covered.
 
 Canonical JSON here is compact, key-sorted and UTF-8, with every integral float written as
 an integer: a store may hand ``1.0`` or ``1e20`` back as ``1`` or ``100000000000000000000``
-(PostgreSQL ``jsonb`` does), and JSON itself does not distinguish them.
+(PostgreSQL ``jsonb`` does), and JSON itself does not distinguish them. Its reference
+encoder is :func:`json.dumps` (``separators=(",", ":"), sort_keys=True,
+ensure_ascii=False``). A value with no float and no integer beyond 64 bits is encoded by
+orjson instead, whose output for such values is byte for byte the same (strings escaped
+alike, keys sorted by code point); anything orjson refuses, or whose output has the shape
+of a float anywhere (a digit followed by ``.``, ``e`` or ``E``, or a ``null``, which is
+how orjson writes a NaN; inside a string too), goes to the reference encoder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+import orjson
 
 from loom_core import JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidEventError
@@ -66,11 +75,41 @@ def _normalized(value: JsonValue) -> JsonValue:
     return value
 
 
-def _canonical(value: JsonValue) -> bytes:
+_FLOAT_SHAPE: Final = re.compile(rb"[0-9][.eE]|null")
+"""What every float orjson writes contains (``1.5``, ``1e-7``, ``1e+16``; NaN and the
+infinities, which the reference encoder refuses, come out as ``null``)."""
+
+
+def _reference(value: JsonValue) -> bytes:
     return json.dumps(
         _normalized(value), separators=(",", ":"), sort_keys=True, ensure_ascii=False,
         allow_nan=False,
     ).encode("utf-8")
+
+
+def _plain(value: str | int | None) -> bytes:
+    """A string, an integer or null, which orjson writes exactly as the reference encoder
+    does (it refuses an integer beyond 64 bits and a lone surrogate: those go there)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return _reference(value)
+
+
+def _canonical(value: JsonValue) -> bytes:
+    try:
+        encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return _reference(value)
+    if _FLOAT_SHAPE.search(encoded) is not None:
+        # A float (to write integral ones as integers, others as json.dumps does, and
+        # refuse a NaN), or only a null or a string that looks like one: the reference
+        # encoder decides either way.
+        return _reference(value)
+    return encoded
+
+
+_PREFIX: Final = _reference(["loom-audit", FORMAT_VERSION])[:-1] + b","
 
 
 def link_hash(
@@ -83,9 +122,12 @@ def link_hash(
 ) -> str:
     """The link hash of one event; ``metadata`` must not hold the chain field."""
     covered: JsonObject = {k: v for k, v in metadata.items() if k != CHAIN_FIELD}
-    encoded = _canonical(
-        ["loom-audit", FORMAT_VERSION, execution_id, sequence, kind, payload, covered, prev]
-    )
+    # The canonical JSON of the list, element by element (compact: joined by commas), so
+    # only the payload and the metadata are searched for floats, not the hex of ``prev``.
+    encoded = b"".join((
+        _PREFIX, _plain(execution_id), b",", _plain(sequence), b",", _plain(kind), b",",
+        _canonical(payload), b",", _canonical(covered), b",", _plain(prev), b"]",
+    ))
     return hashlib.sha256(encoded).hexdigest()
 
 

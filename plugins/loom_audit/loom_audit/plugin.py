@@ -1,7 +1,9 @@
 """Registers the ``audit`` decorator with Loom (entry point ``loom`` → ``audit``).
 
-Option for ``open_storage(url, decorators=[("audit", {...})])``: ``head_key`` (bytes of at
-least 16, optional), the secret that signs exported heads. Stack it *below* crypto
+Options for ``open_storage(url, decorators=[("audit", {...})])``: ``head_key`` (bytes of at
+least 16, optional), the secret that signs exported heads; ``tip_cache_size`` (an int >= 0,
+default 4,096), how many executions' chain tips are remembered so a fenced append reads no
+predecessor. Stack it *below* crypto
 (``decorators=["audit", ("crypto", {...})]``, innermost first) so the chain covers
 ciphertext.
 """
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from typing import final
 
 from loom_audit.store import AuditEventStore
+from loom_audit.tips import DEFAULT_TIP_CACHE_SIZE
 from loom_core import Storage
 from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
@@ -33,11 +36,17 @@ class AuditDecorator:
     async def decorate(self, storage: Storage, options: Mapping[str, object]) -> Storage:
         if not isinstance(options, Mapping):
             raise InvalidOptionError("audit options must be a mapping")
-        unknown = set(options) - {"head_key"}
+        unknown = set(options) - {"head_key", "tip_cache_size"}
         if unknown:
-            raise InvalidOptionError(f"unknown audit options {sorted(unknown)}; known: head_key")
-        # The store checks head_key; mypy cannot see that it does.
-        events = AuditEventStore(storage.events, head_key=options.get("head_key"))  # type: ignore[arg-type]
+            raise InvalidOptionError(
+                f"unknown audit options {sorted(unknown)}; known: head_key, tip_cache_size"
+            )
+        # The store checks both; mypy cannot see that it does.
+        events = AuditEventStore(
+            storage.events,
+            head_key=options.get("head_key"),  # type: ignore[arg-type]
+            tip_cache_size=options.get("tip_cache_size", DEFAULT_TIP_CACHE_SIZE),  # type: ignore[arg-type]
+        )
         return Storage(
             events, storage.timers, storage.leases, url=storage.url, on_close=storage.close
         )

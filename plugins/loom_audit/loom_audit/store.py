@@ -1,12 +1,25 @@
 """The audit-chain decorator: every append is linked to its actual predecessor.
 
-An append at ``expected_sequence`` reads the event at ``expected_sequence - 1``, links the
-new events after its hash, and hands the inner store the same ``expected_sequence``. The
+An append at ``expected_sequence`` links the new events after the hash of the event at
+``expected_sequence - 1`` and hands the inner store the same ``expected_sequence``. The
 inner append is atomic and refuses a moved head, so an append that lands was linked to
 the event that really precedes it; one that raced another writer fails with
-``SequenceConflictError`` like any append, and the caller retries from the new head
-(which re-reads the new predecessor). No lock, no cache: a second process writing the
-same store is linked correctly too.
+``SequenceConflictError`` like any append, and the caller retries from the new head. A
+second process writing the same store is linked correctly too.
+
+Where the predecessor's hash comes from:
+
+- **A remembered tip, with no read**, for a fenced append (and ``append_if_unchanged``)
+  at the sequence and under the token of this decorator's own last successful append to
+  that execution (:mod:`loom_audit.tips` says why that is safe: the inner store accepts
+  such an append only if nobody appended, deleted or re-created the log since, because a
+  delete moves the token). The tips are bounded (``tip_cache_size``, 4,096 executions by
+  default, the least recently written dropped first).
+- **A read of the predecessor** (one round-trip) for everything else: an unfenced append
+  (no token check, so nothing would refuse it after a delete and re-create), any mismatch
+  of sequence or token, and an execution whose tip was dropped. An append that fails or is
+  interrupted drops the tip it saw, and so do ``delete_execution`` and
+  ``truncate_prefix_keeping`` through this decorator.
 
 Reads through the decorator (``read``, ``subscribe``, the events ``append`` returns) show
 each event as the caller wrote it, without the ``chain`` field, exactly as an undecorated
@@ -19,13 +32,16 @@ The optional methods, decided:
   acquire moves only the token, which the next fenced append's stamp records).
 - ``subscribe``: forwarded, each event shown without its link (like ``read``).
 - ``append_if_unchanged``, ``append_many``: linked like ``append``, then forwarded.
-- ``delete_execution``: forwarded. The chain goes with the log; a re-created id starts a
-  new chain from GENESIS, and a head exported for the old log no longer verifies.
-- ``truncate_prefix_keeping``: forwarded. The first kept event's ``prev`` becomes the
-  anchor (the only trace of what was dropped); :func:`verify` reports such a log as not
-  anchored at genesis, and refuses it unless told it was compacted. If every event is
-  dropped, the next append cannot read its predecessor and links from ``prev: null``.
-  Export a head before compacting if you need to prove what was there.
+- ``delete_execution``: forwarded, and the execution's tip dropped. The chain goes with the
+  log; a re-created id starts a new chain from GENESIS, and a head exported for the old
+  log no longer verifies.
+- ``truncate_prefix_keeping``: forwarded, and the execution's tip dropped. The first kept
+  event's ``prev`` becomes the anchor (the only trace of what was dropped);
+  :func:`verify` reports such a log as not anchored at genesis, and refuses it unless
+  told it was compacted. If every event is dropped, the next append cannot read its
+  predecessor and links from ``prev: null`` (or, in a process that still remembers the
+  tip because another one compacted, from the dropped last event's hash; both verify as
+  a compacted log). Export a head before compacting if you need to prove what was there.
 - ``copy_prefix``: refused. Every link hashes its execution id, so a copied event would
   not verify in the target; branch by reading the prefix and appending it to the target
   through this decorator, which starts the target's own chain.
@@ -33,13 +49,13 @@ The optional methods, decided:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refuse_chain_field
 from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
+from loom_audit.tips import DEFAULT_TIP_CACHE_SIZE, ChainTips, Tip
 from loom_audit.verification import ChainBroken, ChainWalk, Verification
 from loom_core import Event, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
@@ -67,20 +83,37 @@ MIN_HEAD_KEY_BYTES: Final = 16
 class AuditEventStore(EventStoreDecorator):
     """Hash-chains each execution's events; :meth:`verify` walks them, :meth:`export_head`
     anchors the tail. ``head_key`` (bytes, optional) signs exported heads with HMAC-SHA256
-    and makes :meth:`verify` require that signature."""
+    and makes :meth:`verify` require that signature. ``tip_cache_size`` (an int >= 0) is
+    how many executions' chain tips are remembered to spare fenced appends a read; 0
+    reads the predecessor for every append."""
 
-    def __init__(self, inner: EventStore, *, head_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        inner: EventStore,
+        *,
+        head_key: bytes | None = None,
+        tip_cache_size: int = DEFAULT_TIP_CACHE_SIZE,
+    ) -> None:
         if head_key is not None and (
             not isinstance(head_key, bytes) or len(head_key) < MIN_HEAD_KEY_BYTES
         ):
             raise InvalidOptionError(
                 f"head_key must be bytes of at least {MIN_HEAD_KEY_BYTES} (a random secret)"
             )
+        if (
+            not isinstance(tip_cache_size, int) or isinstance(tip_cache_size, bool)
+            or tip_cache_size < 0
+        ):
+            raise InvalidOptionError(
+                f"tip_cache_size must be an int >= 0 (executions remembered), "
+                f"not {tip_cache_size!r}"
+            )
         super().__init__(inner)
         self._head_key = head_key
+        self._tips = ChainTips(tip_cache_size)
 
     async def _prev(self, execution_id: str, expected_sequence: int) -> str | None:
-        """The hash an append at ``expected_sequence`` links to."""
+        """The hash an append at ``expected_sequence`` links to, read from the store."""
         if expected_sequence == 0:
             return GENESIS
         before = await self.inner.read(
@@ -103,11 +136,41 @@ class AuditEventStore(EventStoreDecorator):
         execution_id: str,
         events: Sequence[NewEvent],
         expected_sequence: int,
-        fence: int | None,
+        *,
+        stamped: int | None,
+        guarded_by: int | None,
+        seen: Tip | None,
     ) -> list[NewEvent]:
-        refuse_chain_field(events)
-        prev = await self._prev(execution_id, expected_sequence)
-        return chain_events(execution_id, expected_sequence, events, prev, fence)
+        """``events`` linked for an append that stamps ``stamped`` and that the store
+        accepts only under the token ``guarded_by`` (None: no token check); ``seen`` is
+        the tip remembered when the append began."""
+        if (
+            seen is not None and guarded_by is not None and seen.fence == guarded_by
+            and seen.next_sequence == expected_sequence
+        ):
+            prev: str | None = seen.hash
+        else:
+            prev = await self._prev(execution_id, expected_sequence)
+        return chain_events(execution_id, expected_sequence, events, prev, stamped)
+
+    def _landed(
+        self,
+        execution_id: str,
+        chained: Sequence[NewEvent],
+        expected_sequence: int,
+        guarded_by: int | None,
+        seen: Tip | None,
+    ) -> None:
+        """After a successful append: remember where it left the chain, when the token
+        it was accepted under is known; otherwise the tip it saw is behind the head."""
+        if guarded_by is None:
+            self._tips.forget_if_still(execution_id, seen)
+            return
+        field = chained[-1].metadata[CHAIN_FIELD]  # as chain_events wrote it
+        assert isinstance(field, dict)
+        last = field["hash"]
+        assert isinstance(last, str)
+        self._tips.record(execution_id, Tip(expected_sequence + len(chained), last, guarded_by))
 
     # -- required ------------------------------------------------------------------------
 
@@ -126,10 +189,20 @@ class AuditEventStore(EventStoreDecorator):
         )
         if fence is not None:
             fence = check_fence(fence)
-        chained = await self._chained(execution_id, checked, expected_sequence, fence)
-        written = await self.inner.append(
-            execution_id, chained, expected_sequence=expected_sequence, fence=fence
-        )
+        refuse_chain_field(checked)
+        seen = self._tips.get(execution_id)
+        try:
+            chained = await self._chained(
+                execution_id, checked, expected_sequence, stamped=fence, guarded_by=fence,
+                seen=seen,
+            )
+            written = await self.inner.append(
+                execution_id, chained, expected_sequence=expected_sequence, fence=fence
+            )
+        except BaseException:
+            self._tips.forget_if_still(execution_id, seen)
+            raise
+        self._landed(execution_id, chained, expected_sequence, fence, seen)
         return _unlinked(written)
 
     async def read(
@@ -175,11 +248,21 @@ class AuditEventStore(EventStoreDecorator):
             execution_id, events, expected_sequence
         )
         observed_fence = check_fence(observed_fence, "observed_fence")
-        chained = await self._chained(execution_id, checked, expected_sequence, None)
-        written = await self.inner.append_if_unchanged(
-            execution_id, chained, expected_sequence=expected_sequence,
-            observed_fence=observed_fence,
-        )
+        refuse_chain_field(checked)
+        seen = self._tips.get(execution_id)
+        try:
+            chained = await self._chained(
+                execution_id, checked, expected_sequence, stamped=None,
+                guarded_by=observed_fence, seen=seen,
+            )
+            written = await self.inner.append_if_unchanged(
+                execution_id, chained, expected_sequence=expected_sequence,
+                observed_fence=observed_fence,
+            )
+        except BaseException:
+            self._tips.forget_if_still(execution_id, seen)
+            raise
+        self._landed(execution_id, chained, expected_sequence, observed_fence, seen)
         return _unlinked(written)
 
     async def append_many(
@@ -188,18 +271,50 @@ class AuditEventStore(EventStoreDecorator):
         checked = check_append_requests(requests)
         for i, (_, events) in enumerate(checked):
             refuse_chain_field(events, f"requests[{i}].events")
-        chained = [
-            AppendRequest(
-                request.execution_id,
-                await self._chained(
-                    request.execution_id, events, request.expected_sequence, request.fence
-                ),
-                request.expected_sequence,
-                request.fence,
+        # Ids are distinct (check_append_requests refuses a repeated one).
+        seen = {request.execution_id: self._tips.get(request.execution_id)
+                for request, _ in checked}
+        try:
+            chained = [
+                AppendRequest(
+                    request.execution_id,
+                    await self._chained(
+                        request.execution_id, events, request.expected_sequence,
+                        stamped=request.fence, guarded_by=request.fence,
+                        seen=seen[request.execution_id],
+                    ),
+                    request.expected_sequence,
+                    request.fence,
+                )
+                for request, events in checked
+            ]
+            written = await self.inner.append_many(chained)
+        except BaseException:
+            for execution_id, tip in seen.items():
+                self._tips.forget_if_still(execution_id, tip)
+            raise
+        for request in chained:
+            self._landed(
+                request.execution_id, request.events, request.expected_sequence,
+                request.fence, seen[request.execution_id],
             )
-            for request, events in checked
-        ]
-        return tuple(_unlinked(batch) for batch in await self.inner.append_many(chained))
+        return tuple(_unlinked(batch) for batch in written)
+
+    async def delete_execution(self, execution_id: str) -> bool:
+        execution_id = check_execution_id(execution_id)
+        try:
+            return await self.inner.delete_execution(execution_id)
+        finally:
+            self._tips.forget(execution_id)
+
+    async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
+        execution_id = check_execution_id(execution_id)
+        try:
+            return await self.inner.truncate_prefix_keeping(
+                execution_id, keep_from_sequence=keep_from_sequence
+            )
+        finally:
+            self._tips.forget(execution_id)
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
         return self._unlinking(self.inner.subscribe(execution_id, from_sequence=from_sequence))
@@ -313,21 +428,24 @@ class AuditEventStore(EventStoreDecorator):
         acquire_fence_if=FORWARD,
         append_if_unchanged=Implement(append_if_unchanged),
         append_many=Implement(append_many),
-        delete_execution=FORWARD,
+        delete_execution=Implement(delete_execution),
         copy_prefix=Refuse(
             "every chain link hashes its execution id, so copied events would not verify in "
             "the target; branch by reading the prefix and appending it to the target through "
             "the audit decorator, which starts the target's own chain"
         ),
-        truncate_prefix_keeping=FORWARD,
+        truncate_prefix_keeping=Implement(truncate_prefix_keeping),
         subscribe=Implement(subscribe),
     )
 
 
 def _unlinked(events: Sequence[Event]) -> tuple[Event, ...]:
+    # Built directly rather than with dataclasses.replace, which costs several times more
+    # on the path every append and read takes.
     return tuple(
-        dataclasses.replace(
-            e, metadata={k: v for k, v in e.metadata.items() if k != CHAIN_FIELD}
+        Event(
+            e.execution_id, e.sequence, e.kind, e.payload,
+            {k: v for k, v in e.metadata.items() if k != CHAIN_FIELD}, e.recorded_at,
         ) if CHAIN_FIELD in e.metadata else e
         for e in events
     )

@@ -4,7 +4,9 @@ truncation, deletion and copying mean for a chain."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
 import random
 
 import pytest
@@ -16,6 +18,7 @@ from loom_audit import (
     ChainHead,
     ChainIntact,
     NoHeadError,
+    link_hash,
     read_link,
 )
 
@@ -328,3 +331,54 @@ async def test_reads_and_subscriptions_show_the_callers_metadata_only(
     assert [read_link(e.metadata) is not None for e in await audit.read_chained("e")] == [
         True, True, True
     ]
+
+
+def _documented_hash(
+    execution_id: str, sequence: int, kind: str, payload: object,
+    metadata: dict[str, object], prev: str | None,
+) -> str:
+    """The link hash exactly as the format documents it, with the reference encoder."""
+
+    def normalized(value: object) -> object:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, list):
+            return [normalized(v) for v in value]
+        if isinstance(value, dict):
+            return {k: normalized(v) for k, v in value.items()}
+        return value
+
+    text = json.dumps(
+        normalized(["loom-audit", 1, execution_id, sequence, kind, payload, metadata, prev]),
+        separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False,
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_AWKWARD_TEXT = "".join(chr(c) for c in range(0x20)) + '"\\/\x7f\u2028\u2029é€😀\ufeff'
+_CANONICAL_CASES: list[object] = [
+    None, True, False, 0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 10**40,
+    1.0, -0.0, 1e20, 1.5, 0.1, 1e-7, 1e16, 123456.789, "", "null", "1.5", "v1e5", "plain",
+    _AWKWARD_TEXT, [_AWKWARD_TEXT, [1, [2, [3]]]],
+    {"b": 1, "a": 2, "é": 3, "z": 4, "😀": 5, "\uffff": 6, "A": 7, "": 8},
+    {"nested": {"y": [1, 2.0, {"x": None}], "x": "t"}, "list": [{"b": 0, "a": 1}]},
+    {_AWKWARD_TEXT: _AWKWARD_TEXT},
+]
+
+
+@pytest.mark.parametrize("payload", _CANONICAL_CASES, ids=range(len(_CANONICAL_CASES)))
+def test_link_hashes_follow_the_documented_canonical_json(payload: object) -> None:
+    metadata: dict[str, object] = {"fence": 3, "trace": payload, "chain": "left out"}
+    covered = {k: v for k, v in metadata.items() if k != "chain"}
+    for eid, kind, prev in [("e", "X", GENESIS), ("order-1.5", "K\u00e9", None)]:
+        assert link_hash(eid, 7, kind, payload, metadata, prev) == _documented_hash(  # type: ignore[arg-type]
+            eid, 7, kind, payload, covered, prev
+        )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), [1, {"x": -float("inf")}]])
+def test_a_nan_or_an_infinity_has_no_link_hash(bad: object) -> None:
+    # Never hashed as the null orjson would write for it: a NaN read back from a tampered
+    # row must not match the hash of a null.
+    with pytest.raises(ValueError, match="Out of range float"):
+        link_hash("e", 0, "X", bad, {}, GENESIS)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ __all__ = [
     "schema_state",
 ]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 # Key space of our advisory locks: the first int of the two-int form is fixed, so an
 # application's own advisory locks (usually the one-bigint form) cannot collide.
@@ -523,9 +523,13 @@ BEGIN
     DELETE FROM loom_executions e WHERE e.execution_id = p_id;
     existed := FOUND;
     DELETE FROM loom_events e WHERE e.execution_id = p_id;
-    -- A real token (> 0) stays, so a zombie writer of a re-created id stays fenced out;
-    -- a token-0 row (older versions wrote one for every park) is inert and goes too.
-    DELETE FROM loom_fences f WHERE f.execution_id = p_id AND f.token = 0;
+    -- Then the fence row: the token moves one past its current value (0 -> 1 with no
+    -- row), so every holder, the runner of the deleted log included, is stale on a
+    -- re-created log of the same id. A delete that found no log changes no token.
+    IF existed THEN
+        INSERT INTO loom_fences AS f (execution_id, token) VALUES (p_id, 1)
+        ON CONFLICT (execution_id) DO UPDATE SET token = f.token + 1;
+    END IF;
     RETURN existed;
 END
 $loom$
@@ -613,9 +617,10 @@ $loom$
 
 _FENCES_COMMENT: Final = """
     COMMENT ON TABLE loom_fences IS
-    'Fence tokens. A row exists once someone acquires (schema 1 and 2 also wrote a '
-    'token-0 row for every park; since schema 3 nothing needs one). Nothing locks a row '
-    'to read it: writers are ordered by the head row in loom_executions.'
+    'Fence tokens. A row exists once someone acquires or a log is deleted (schema 1 and '
+    '2 also wrote a token-0 row for every park; since schema 3 nothing needs one). A '
+    'delete moves the token one past its current value. Nothing locks a row to read it: '
+    'writers are ordered by the head row in loom_executions.'
     """
 
 _STEP_1: Final = (
@@ -694,6 +699,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (2, "loom_batch writes a batch's events in one INSERT", (_WRITE_EVENTS, _BATCH)),
     (3, "writers ordered by the head row: no fence-row locks, no park fence rows", _STEP_3),
     (4, "loom_write_one: one write alone, with scalar parameters", (_WRITE_ONE,)),
+    (5, "loom_delete_execution moves the token one past its current value",
+     (_DELETE, _FENCES_COMMENT)),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 

@@ -1,5 +1,6 @@
 """Schema creation and migration: concurrent boots, the version table, ``migrate`` as a
-deploy step, the timers-table migration, step 3 (and the retired park-fence backfill)."""
+deploy step, the timers-table migration, step 3 (and the retired park-fence backfill), and
+steps 4 and 5."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from loom_postgres import (
     migrate,
 )
 
-from loom_core import NewEvent, Redrive, Storage, TimerRecord, open_storage
+from loom_core import NewEvent, Redrive, StaleFenceError, Storage, TimerRecord, open_storage
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
@@ -314,8 +315,8 @@ async def test_a_version_3_schema_gains_the_lone_append_function_on_first_connec
     )
     try:
         assert await _fetch(
-            admin, "SELECT version FROM loom_schema_version WHERE version >= 4"
-        ) == [(4,)]
+            admin, "SELECT version FROM loom_schema_version WHERE version >= 4 ORDER BY 1"
+        ) == [(version,) for version in range(4, SCHEMA_VERSION + 1)]
         written = await nodes[1].events.append(
             "old", [NewEvent("EXECUTION_RESUMED")], expected_sequence=2
         )
@@ -323,6 +324,62 @@ async def test_a_version_3_schema_gains_the_lone_append_function_on_first_connec
         assert [e.kind for e in await nodes[2].events.read("old")] == [
             "EXECUTION_STARTED", "EXECUTION_SUSPENDED", "EXECUTION_RESUMED"
         ]
+    finally:
+        for node in nodes:
+            await node.close()
+
+
+# loom_delete_execution as schemas 1 to 4 defined it: the token stays as it was.
+DELETE_BEFORE_5 = """
+CREATE OR REPLACE FUNCTION loom_delete_execution(p_id text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $old$
+DECLARE
+    existed boolean;
+BEGIN
+    DELETE FROM loom_executions e WHERE e.execution_id = p_id;
+    existed := FOUND;
+    DELETE FROM loom_events e WHERE e.execution_id = p_id;
+    DELETE FROM loom_fences f WHERE f.execution_id = p_id AND f.token = 0;
+    RETURN existed;
+END
+$old$
+"""
+
+
+async def test_a_version_4_schema_gains_the_delete_that_moves_the_token_on_first_connect(
+    pg_url: str, schema: str, admin: Conn
+) -> None:
+    async with open_storage(pg_url, options={"schema": schema}) as storage:
+        await storage.events.append("held", OLD_PARK, expected_sequence=0, fence=0)
+        await storage.events.append("unfenced", OLD_PARK, expected_sequence=0)
+    await _write_old_logs(admin, {"old-token-0": OLD_LOGS["parked"]})
+    await admin.execute(
+        "INSERT INTO loom_fences (execution_id, token) VALUES ('old-token-0', 0)"
+    )
+    # What a version 4 database has: the delete that keeps the token.
+    await admin.execute("DELETE FROM loom_schema_version WHERE version >= 5")
+    await admin.execute(DELETE_BEFORE_5)
+    with pytest.raises(SchemaMigrationError, match=r"at version 4,"):
+        await open_storage(pg_url, options={"schema": schema, "migrate": False})
+    nodes = await asyncio.gather(
+        *(open_storage(pg_url, options={"schema": schema}) for _ in range(2))
+    )
+    try:
+        assert await _fetch(
+            admin, "SELECT version FROM loom_schema_version WHERE version >= 5"
+        ) == [(5,)]
+        for execution_id in ("held", "unfenced", "old-token-0"):
+            assert await nodes[0].events.delete_execution(execution_id) is True
+            await nodes[1].events.append(execution_id, OLD_PARK, expected_sequence=0)
+            with pytest.raises(StaleFenceError) as caught:
+                await nodes[1].events.append(
+                    execution_id, [NewEvent("EXECUTION_RESUMED")], expected_sequence=2, fence=0
+                )
+            assert caught.value.current_fence == 1
+        assert await nodes[0].events.delete_execution("never") is False
+        assert await _fetch(
+            admin, "SELECT execution_id, token FROM loom_fences ORDER BY 1"
+        ) == [("held", 1), ("old-token-0", 1), ("unfenced", 1)]
     finally:
         for node in nodes:
             await node.close()

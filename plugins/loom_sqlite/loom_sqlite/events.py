@@ -276,7 +276,8 @@ def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
 def _delete(raw: sqlite3.Connection, execution_id: str) -> bool:
     existed = raw.execute(DELETE_EXECUTION, (execution_id,)).rowcount > 0
     raw.execute(DELETE_EVENTS, (execution_id,))
-    fencing.drop_unacquired(raw, execution_id)
+    if existed:
+        fencing.fence_out_on_delete(raw, execution_id)
     return existed
 
 

@@ -10,12 +10,14 @@ writer — task, thread or process — can run: the check and the bump of
 docs/design.md, "The conditional acquire"), and a fenced append's
 token check cannot be overtaken by an acquire.
 
-A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1;
-nothing else creates one, so a refusal never leaves a fence row behind. A row outlives
-``delete_execution`` once its token is above 0, so a zombie writer of a deleted and
-re-created id stays fenced out. A token presented to a fenced append above the current one
-was never issued (:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let
-a caller with a wrong number outrank every later acquire.
+A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1,
+and so does ``delete_execution`` of a log that existed: a delete moves the token one past
+its current value, so every holder, the runner of the deleted log included, is stale on a
+re-created id (docs/design.md, "Deleting a log fences out its writers"). Nothing else
+creates a row, so a refusal never leaves a fence row behind. A token presented to a
+fenced append above the current one was never issued
+(:class:`~loom_core.errors.FenceNotIssuedError`): accepting it would let a caller with a
+wrong number outrank every later acquire.
 
 The answered-park scan (the "no answering event past the park" condition) classifies
 each event past the park from its ``kind`` and ``metadata`` when it runs, exactly as
@@ -58,7 +60,7 @@ __all__ = [
     "check_presented",
     "check_unchanged",
     "current_token",
-    "drop_unacquired",
+    "fence_out_on_delete",
     "state",
 ]
 
@@ -80,7 +82,6 @@ WHERE execution_id = ?1 AND sequence > ?2 AND sequence < ?3
            AND json_type(metadata, '$.kernel') = 'true'))
 LIMIT 1
 """
-DROP_UNACQUIRED: Final = "DELETE FROM loom_fences WHERE execution_id = ? AND token = 0"
 
 
 def _json_list(kinds: frozenset[str]) -> str:
@@ -155,6 +156,7 @@ def check_unchanged(raw: sqlite3.Connection, execution_id: str, observed: int) -
         raise StaleFenceError(execution_id, observed, current)
 
 
-def drop_unacquired(raw: sqlite3.Connection, execution_id: str) -> None:
-    """On delete: a token-0 row guards nothing, so it goes with the log."""
-    raw.execute(DROP_UNACQUIRED, (execution_id,))
+def fence_out_on_delete(raw: sqlite3.Connection, execution_id: str) -> None:
+    """On delete of a log that existed: bump the token (0 → 1 with no row), so whoever
+    held it cannot write into a re-created log of the same id."""
+    raw.execute(BUMP_TOKEN, (execution_id,)).fetchall()

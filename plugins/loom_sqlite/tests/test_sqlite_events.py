@@ -272,17 +272,20 @@ async def test_append_many_is_all_or_nothing(storage: Storage) -> None:
     assert await storage.events.head("a") == 2
 
 
-async def test_delete_keeps_a_real_token_so_a_zombie_stays_fenced_out(storage: Storage) -> None:
+async def test_delete_moves_the_token_so_every_holder_stays_fenced_out(storage: Storage) -> None:
     zombie = await storage.events.acquire_fence("e")
     await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=zombie)
-    newer = await storage.events.acquire_fence("e")
+    holder = await storage.events.acquire_fence("e")
     assert await storage.events.delete_execution("e") is True
     assert await storage.events.head("e") == 0
     assert await storage.events.list_executions() == ()
-    with pytest.raises(StaleFenceError):
-        await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=zombie)
-    await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=newer)
+    for stale in (zombie, holder):
+        with pytest.raises(StaleFenceError) as caught:
+            await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=stale)
+        assert caught.value.current_fence == holder + 1
+    await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=holder + 1)
     assert await storage.events.delete_execution("never") is False
+    assert await storage.events.acquire_fence("never") == 1, "a delete of nothing moved nothing"
 
 
 async def test_copy_prefix_branches_and_refuses_an_existing_target(storage: Storage) -> None:
