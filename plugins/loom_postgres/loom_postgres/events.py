@@ -3,9 +3,10 @@
 Writes. ``append``, ``append_if_unchanged``, ``acquire_fence`` and ``acquire_fence_if``
 go through group commit (:mod:`loom_postgres.batching`): concurrent calls share one
 ``loom_batch(...)`` statement, so one round-trip and one commit, yet each keeps its own
-all-or-nothing result and its own error. A write that leaves alone, other than
-``acquire_fence_if``, runs ``loom_write_one(...)`` instead: the same logic with scalar
-parameters, so a lone writer does not pay for adapting arrays it does not need.
+all-or-nothing result and its own error. A write that leaves alone runs in its caller's
+task, on its connection's one write cursor, and (other than ``acquire_fence_if``) runs
+``loom_write_one(...)`` instead: the same logic with scalar parameters, so a lone writer
+does not pay for adapting arrays it does not need.
 ``append_many`` is one statement of its own (the JOIN path). All paths follow the same
 protocol (see docs/design.md, "How PostgreSQL orders the writers of an execution", and
 the comments of ``loom_postgres.schema``): the head row every append locks orders the writers of one
