@@ -1,9 +1,11 @@
 """Group commit: concurrent writes share one round-trip and one commit.
 
-A write is queued with a future. While fewer than ``max_inflight`` batches are running,
-the queue is flushed at once, so a lone writer waits for nobody; under load the writes
-that arrive while batches are in flight accumulate and leave together in the next one
-(up to ``max_batch``). The batch runner settles every future on its own: one write's
+While fewer than ``max_inflight`` batches are running, a write leaves at once, so a lone
+writer waits for nobody: it runs as a batch of one in the caller's own task (no queue, no
+task to hand it to, no wake-up on the way back), and counts as a batch in flight while it
+does. Under load the writes that arrive while batches are in flight are queued with a
+future each, accumulate, and leave together in the next batch (up to ``max_batch``), run
+by a task of its own. The batch runner settles every write on its own: one write's
 conflict or error never becomes another's.
 """
 
@@ -67,14 +69,32 @@ class GroupCommitter(Generic[T, R]):
         self.writes = 0
 
     async def submit(self, op: T) -> R:
-        """Queue ``op`` and wait for its own result (or its own error)."""
+        """Run ``op`` (at once when a batch may leave, else queued) and return its own
+        result, or raise its own error.
+
+        A write that may leave at once has nothing queued to share its batch (the queue
+        fills only while ``max_inflight`` batches run), so it runs alone in this task.
+        Cancelling the caller then cancels its statement: PostgreSQL has either committed
+        it whole or rolled it back whole, and the caller, cancelled, learns neither."""
         if self._closed:
             raise StoreClosedError("this PostgreSQL store")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append(Pending(op, future))
-        if self._inflight < self._max_inflight:
-            self._launch()
-        return await future
+        item = Pending(op, future)
+        if self._queue or self._inflight >= self._max_inflight:
+            self._queue.append(item)
+            if self._inflight < self._max_inflight:
+                self._launch()
+            return await future
+        self._inflight += 1
+        self.batches += 1
+        self.writes += 1
+        try:
+            await self._run([item])
+        except Exception as exc:  # the runner must settle; this is the backstop
+            item.reject(exc)
+        finally:
+            self._finished()
+        return future.result()
 
     def _launch(self) -> None:
         batch: list[Pending[T, R]] = []
@@ -100,11 +120,15 @@ class GroupCommitter(Generic[T, R]):
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._inflight -= 1
-            if self._queue and self._inflight < self._max_inflight:
-                self._launch()
-            elif not self._queue and self._inflight == 0 and self._idle is not None:
-                self._idle.set()
+            self._finished()
+
+    def _finished(self) -> None:
+        """A batch is done: launch what queued meanwhile, or tell ``close`` all is."""
+        self._inflight -= 1
+        if self._queue and self._inflight < self._max_inflight:
+            self._launch()
+        elif not self._queue and self._inflight == 0 and self._idle is not None:
+            self._idle.set()
 
     async def close(self) -> None:
         """Refuse new writes and wait until every queued one has been settled."""

@@ -31,6 +31,7 @@ __all__ = [
     "Database",
     "LostWriteError",
     "Params",
+    "PooledConnection",
     "Query",
     "RateLimitedWarner",
     "configure_session",
@@ -55,6 +56,25 @@ END_SESSION: Final = "SELECT pg_terminate_backend(a.pid, %s::bigint)" + _OURS
 # pg_terminate_backend is false both when the wait timed out and when the session exited
 # between the scan and the signal; a new statement (a new snapshot) tells them apart.
 SESSION_ALIVE: Final = "SELECT 1" + _OURS
+
+
+class PooledConnection(psycopg.AsyncConnection[TupleRow]):
+    """A connection of the store's pool: it keeps one cursor for the store's writes.
+
+    ``conn.execute`` builds a cursor per statement, and with it the adapters that turn
+    parameters into wire values and rows into Python values; a write that runs on this
+    connection's own cursor finds them already built. The cursor is created on first use
+    and lives and dies with its connection. Only the holder of the connection (the pool
+    hands each to one caller at a time) uses it.
+    """
+
+    _write_cursor: psycopg.AsyncCursor[TupleRow] | None = None
+
+    def write_cursor(self) -> psycopg.AsyncCursor[TupleRow]:
+        cursor = self._write_cursor
+        if cursor is None:
+            cursor = self._write_cursor = self.cursor()
+        return cursor
 
 
 class LostWriteError(WriteOutcomeUnknownError):
@@ -125,7 +145,9 @@ class Database:
 
     __slots__ = ("_checking", "options", "pool", "warn")
 
-    def __init__(self, pool: AsyncConnectionPool[Connection], options: PostgresOptions) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions
+    ) -> None:
         self.pool = pool
         self.options = options
         self.warn = RateLimitedWarner(options.on_warn)

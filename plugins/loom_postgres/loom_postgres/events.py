@@ -3,9 +3,10 @@
 Writes. ``append``, ``append_if_unchanged``, ``acquire_fence`` and ``acquire_fence_if``
 go through group commit (:mod:`loom_postgres.batching`): concurrent calls share one
 ``loom_batch(...)`` statement, so one round-trip and one commit, yet each keeps its own
-all-or-nothing result and its own error. A write that leaves alone, other than
-``acquire_fence_if``, runs ``loom_write_one(...)`` instead: the same logic with scalar
-parameters, so a lone writer does not pay for adapting arrays it does not need.
+all-or-nothing result and its own error. A write that leaves alone runs in its caller's
+task, on its connection's one write cursor, and (other than ``acquire_fence_if``) runs
+``loom_write_one(...)`` instead: the same logic with scalar parameters, so a lone writer
+does not pay for adapting arrays it does not need.
 ``append_many`` is one statement of its own (the JOIN path). All paths follow the same
 protocol (see docs/design.md, "How PostgreSQL orders the writers of an execution", and
 the comments of ``loom_postgres.schema``): the head row every append locks orders the writers of one
@@ -273,6 +274,10 @@ def _events_json(w: _Write) -> str:
     ) + "]"
 
 
+def _execution_id(item: Pending[_Write, object]) -> str:
+    return item.op.execution_id
+
+
 class PostgresEventStore(RefusesUnoffered):
     """Event logs in PostgreSQL; offers every optional method.
 
@@ -336,7 +341,7 @@ class PostgresEventStore(RefusesUnoffered):
 
     async def _run_batch(self, batch: list[Pending[_Write, object]]) -> None:
         # Id order is the lock order that keeps concurrent batches deadlock-free.
-        ordered = sorted(batch, key=lambda item: item.op.execution_id)
+        ordered = batch if len(batch) == 1 else sorted(batch, key=_execution_id)
         await self._execute(ordered, time.monotonic() + self._db.options.reconnect_timeout)
 
     def _batch_params(
@@ -401,9 +406,10 @@ class PostgresEventStore(RefusesUnoffered):
                 await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
                 attempt += 1
                 continue
-            pid = conn.info.backend_pid
+            pid = conn.pgconn.backend_pid
             try:
-                cur = await conn.execute(query, params, prepare=True)
+                cur = conn.write_cursor()
+                await cur.execute(query, params, prepare=True)
                 rows = await cur.fetchall()
             except psycopg.Error as exc:
                 await self._db.pool.putconn(conn)
@@ -589,17 +595,13 @@ class PostgresEventStore(RefusesUnoffered):
 
     def _succeeded(self, item: Pending[_Write, object], at: datetime, *, notified: bool) -> None:
         w = item.op
+        eid, seq = w.execution_id, w.seq
+        # Each event's metadata is this write's own dict (check_append's fresh copy, or
+        # the stamped one built for it), so the returned event can keep it.
         item.resolve(
             tuple(
-                Event(
-                    execution_id=w.execution_id,
-                    sequence=w.seq + i,
-                    kind=event.kind,
-                    payload=event.payload,
-                    metadata=dict(event.metadata),
-                    recorded_at=at,
-                )
-                for i, event in enumerate(w.events)
+                Event(eid, seq + i, e.kind, e.payload, cast(JsonObject, e.metadata), at)
+                for i, e in enumerate(w.events)
             )
         )
         self._listener.wake(w.execution_id)

@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from loom_core import Storage
 from loom_core.errors import InvalidURLError, StorageUnavailableError
-from loom_postgres.database import Connection, Database, configure_session
+from loom_postgres.database import Connection, Database, PooledConnection, configure_session
 from loom_postgres.errors import SchemaMigrationError
 from loom_postgres.events import PostgresEventStore
 from loom_postgres.failures import describe
@@ -56,7 +56,9 @@ def check_url(url: object) -> str:
     return url
 
 
-async def _ensure_schema(pool: AsyncConnectionPool[Connection], options: PostgresOptions) -> str:
+async def _ensure_schema(
+    pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions
+) -> str:
     """Check the schema version (one query); migrate when it is behind. Returns the name
     of the schema the stores use."""
     async with pool.connection() as conn:
@@ -88,11 +90,12 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     url = check_url(url)
     opts = parse_options(options)
 
-    async def configure(conn: Connection) -> None:
+    async def configure(conn: PooledConnection) -> None:
         await configure_session(conn, opts)
 
-    pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+    pool: AsyncConnectionPool[PooledConnection] = AsyncConnectionPool(
         url,
+        connection_class=PooledConnection,
         min_size=opts.pool_min_size,
         max_size=opts.pool_max_size,
         kwargs={"autocommit": True, "connect_timeout": max(1, round(opts.connect_timeout))},

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer, find_postgres_bindir, in_ci
 from loom_postgres import PostgresEventStore
+from loom_postgres.database import PooledConnection
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 
@@ -33,6 +34,7 @@ from loom_core.errors import (
 from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, PluginHost, canonical_json
 
 Opener = Callable[..., Awaitable[Storage]]
+Conn = psycopg.AsyncConnection[tuple[object, ...]]
 
 
 # -- schemes and options -----------------------------------------------------------------
@@ -152,6 +154,71 @@ async def test_a_failing_write_does_not_take_its_batch_mates_down(
     assert isinstance(results[0], StorageError)
     assert all(not isinstance(r, BaseException) for r in results[1:])
     assert await events.head("blocked") == 1
+
+
+async def test_every_write_on_a_pooled_connection_runs_on_its_one_write_cursor(
+    open_pg: Opener,
+) -> None:
+    storage = await open_pg(pool_min_size=2, pool_max_size=2, max_inflight_batches=1)
+    events = storage.events
+    assert isinstance(events, PostgresEventStore)
+    pool = events._db.pool
+    held = await pool.getconn()  # so that every write below gets the other connection
+    try:
+        conn = await pool.getconn()
+        assert isinstance(conn, PooledConnection)
+        cursor = conn.write_cursor()
+        await pool.putconn(conn)
+        for sequence in range(3):
+            await events.append("one", [NewEvent("STEP_COMPLETED")], expected_sequence=sequence)
+            assert conn.write_cursor() is cursor
+            assert cursor.rowcount == 1  # it ran that append: one answer row
+        assert held.write_cursor() is not cursor
+    finally:
+        await pool.putconn(held)
+    assert [e.sequence for e in await events.read("one")] == [0, 1, 2]
+
+
+async def test_cancelling_a_lone_append_cancels_its_statement_and_writes_nothing(
+    open_pg: Opener, pg_url: str, schema: str, admin: Conn
+) -> None:
+    # A lone write runs in its caller's task, so cancelling the caller reaches the
+    # statement: here it is blocked on a head row the test holds, and is cancelled there.
+    storage = await open_pg(schema=schema)
+    events = storage.events
+    assert isinstance(events, PostgresEventStore)
+    await events.append("held", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+    holder = await psycopg.AsyncConnection.connect(pg_url)
+    try:
+        await holder.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await holder.execute(
+            "SELECT 1 FROM loom_executions WHERE execution_id = 'held' FOR UPDATE"
+        )
+        append = asyncio.create_task(
+            events.append("held", [NewEvent("STEP_COMPLETED")], expected_sequence=1)
+        )
+        async with asyncio.timeout(60):  # a hang guard, not a measurement
+            while True:
+                cur = await admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%loom_write_one%%'"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] == 1:
+                    break
+                assert not append.done()
+                await asyncio.sleep(0.002)
+        append.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await append
+    finally:
+        await holder.rollback()
+        await holder.close()
+    assert [e.kind for e in await events.read("held")] == ["EXECUTION_STARTED"]
+    # Nothing is left in flight and the connection went back whole: the next write runs.
+    written = await events.append("held", [NewEvent("STEP_COMPLETED")], expected_sequence=1)
+    assert [e.sequence for e in written] == [1]
+    assert [e.kind for e in await events.read("held")] == ["EXECUTION_STARTED", "STEP_COMPLETED"]
 
 
 # -- the READ COMMITTED guard -----------------------------------------------------------
