@@ -218,8 +218,7 @@ class Run:
                 await self._append([records.failed(_type_name(refused), str(refused))])
                 return self._outcome("failed")
             assert isinstance(args, list)
-            if self._pending:
-                await self._append(())  # the successor's input is made of durable results
+            await self._flush()  # the successor's input is made of durable results
             successor = await self.app.create_successor(self._view, args)
             await self._append([records.continued(successor.execution_id, args)])
             return self._outcome("continued", successor=successor)
@@ -305,10 +304,9 @@ class Run:
                 )
             return recorded.value
         self._go_live(position, "step", name, site)
-        if self._pending:
-            # What the body drew or recorded before this step (a uuid it passes in, an
-            # earlier step's result) is durable before the step's side effects happen.
-            await self._append(())
+        # What the body drew or recorded before this step (a uuid it passes in, an
+        # earlier step's result) is durable before the step's side effects happen.
+        await self._flush()
         policy = retry or NO_RETRY
         attempt = 0
         while True:
@@ -342,7 +340,7 @@ class Run:
             if self.app.crash_points:
                 # Armed crash points (a test's) see each result written as the step returns,
                 # so "after" has a moment to stop at: after the record is durable.
-                await self._append(())
+                await self._flush()
                 if self.app.crash_point(self, position, name, "after"):
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return result
@@ -589,6 +587,12 @@ class Run:
             self._lock = asyncio.Lock()
         async with self._lock:
             return await self._append_now(events)
+
+    async def _flush(self) -> None:
+        """Write what the run recorded and has not written yet (see docs/runtime.md, "When
+        a result is durable")."""
+        if self._pending:
+            await self._append(())
 
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
