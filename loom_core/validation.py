@@ -26,7 +26,7 @@ from loom_core.errors import (
     InvalidSequenceError,
 )
 from loom_core.events import JsonObject, JsonValue, NewEvent
-from loom_core.kinds import ANSWERING_KINDS, is_answering_kind
+from loom_core.kinds import ANSWERING_KINDS, EventKind, is_answering_kind
 from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
 __all__ = [
@@ -388,6 +388,8 @@ def _check_kind(kind: object, i: int) -> str:
         and kind.isprintable()
     ):
         return kind
+    if type(kind) is EventKind:
+        return kind._value_  # a kernel kind: valid, and stored as its plain str
     if not isinstance(kind, str) or not kind:
         raise InvalidEventError(f"events[{i}].kind must be a non-empty str, got {kind!r}")
     if len(kind) > MAX_KIND_LENGTH or _CONTROL.search(kind):
@@ -506,6 +508,8 @@ def _check_single(events: object) -> CheckedEvent | None:
     # vouch for. Anything else, valid or not, is _check_event's to decide and word.
     if type(event) is NewEvent:
         kind = event.kind
+        if type(kind) is EventKind:
+            kind = kind._value_
         payload = event.payload
         metadata = event.metadata
         if (

@@ -81,3 +81,23 @@ def test_adding_an_unclassified_kernel_kind_fails_at_import(tmp_path: Path) -> N
     assert result.returncode == 1
     assert "UnclassifiedKindError" in result.stderr
     assert "EXECUTION_REWOUND" in result.stderr
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["one event", "a batch"])
+async def test_a_kernel_kind_given_as_its_enum_member_is_stored_as_its_plain_string(
+    alone: bool,
+) -> None:
+    from loom_core.memory import MemoryEventStore
+    from loom_core.spi import check_events
+
+    kinds = [EventKind.STEP_COMPLETED] if alone else [
+        EventKind.STEP_COMPLETED, EventKind.EXECUTION_COMPLETED
+    ]
+    events = [NewEvent(kind, {"n": 1}) for kind in kinds]
+    checked = check_events(events)
+    store = MemoryEventStore()
+    written = await store.append("x", events, expected_sequence=0)
+    for made in (checked, written, await store.read("x")):
+        assert [type(e.kind) for e in made] == [str] * len(events)
+        assert [e.kind for e in made] == [kind.value for kind in kinds]
+    assert [is_answering(e) for e in written] == [False, True][: len(events)]
