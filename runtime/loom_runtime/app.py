@@ -16,10 +16,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
+from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
 
 from loom_core import (
     Event,
+    EventKind,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     InvalidInputError,
@@ -59,6 +60,7 @@ from loom_runtime.timers import Fired, TimerService
 __all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
 
 _log = logging.getLogger("loom_runtime")
+_COMPLETED: Final = EventKind.EXECUTION_COMPLETED.value
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -123,6 +125,10 @@ class Handle(Generic[R]):
             last = await self._app._local_end(execution_id, _remaining(loop, deadline))
             changed = None
             if last is not None:
+                if last.kind == _COMPLETED and type(payload := last.payload) is dict:
+                    # What fold makes of a completion, read directly: every result's path.
+                    done: R = payload.get("result")  # type: ignore[assignment]
+                    return done
                 view = fold([last])  # a terminal event says all a result needs
             else:
                 changed = self._app.watch(execution_id)
@@ -130,7 +136,8 @@ class Handle(Generic[R]):
             if view.status is None:
                 raise ExecutionNotFoundError(execution_id)
             if view.status == "completed":
-                return cast("R", view.result)
+                result: R = view.result  # type: ignore[assignment]
+                return result
             if view.status == "failed":
                 assert view.error is not None
                 raise WorkflowFailedError(execution_id, *view.error)
@@ -243,6 +250,10 @@ class Loom:
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._resumers: dict[str, _Resumers] = {}
+        # Executions whose next run this process is about to drive: written (a start, a
+        # successor's start, a takeover, an answer to its own park) but not yet spawned.
+        # Recovery leaves them alone (see _owned).
+        self._claims: dict[str, int] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
         self._owns_storage = False
@@ -349,6 +360,7 @@ class Loom:
                 if not end.done():
                     end.set_result(None)
         self._ends.clear()
+        self._claims.clear()
         if self._owns_storage and self._storage is not None:
             storage, self._storage = self._storage, None
             self._owns_storage = False
@@ -389,12 +401,16 @@ class Loom:
         self._running("app.start")
         name, fn = self._resolve(workflow)
         execution_id = uuid.uuid4().hex if id is None else _check_id(id)
-        inputs = json_value(list(args), f"the input of workflow {name!r}")
+        inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
             name, inputs, fingerprint=self._fingerprints[name], node=self.node, root=execution_id
         )
-        token, written = await self._create(execution_id, event)
+        self._claim(execution_id)
+        try:
+            token, written = await self._create(execution_id, event)
+        finally:
+            self._unclaim(execution_id)
         # What fold makes of that one event, made directly: this is every start's path.
         view = View(
             execution_id,
@@ -536,11 +552,16 @@ class Loom:
                 return handles
             after = ids[-1]
             for execution_id in ids:
-                if execution_id.startswith("$") or execution_id in self._runs:
+                if execution_id.startswith("$") or self._owned(execution_id):
                     continue
                 view = await self.inspect(execution_id)
+                # Checked again after the read: a run of this process may have written it
+                # meanwhile (its first write is in the log before its writer hears back).
                 if view.status != "running" or view.node != self.node:
                     continue
+                if self._owned(execution_id):
+                    continue
+                self._claim(execution_id)
                 try:
                     fn = self._body_of(view)
                     taken = await self._take_over(view)
@@ -549,6 +570,8 @@ class Loom:
                     continue
                 except StaleFenceError:
                     continue  # someone took it after us; theirs now
+                finally:
+                    self._unclaim(execution_id)
                 if taken is not None:
                     token, view = taken
                     self._spawn(Run(self, view, token, fn))
@@ -637,6 +660,8 @@ class Loom:
             continued_from=view.execution_id,
             parent=view.parent,
         )
+        # Claimed until the run that continued hands it on (see release_successor).
+        self._claim(successor)
         try:
             token, written = await self._create(successor, event)
             return Successor(successor, token, fold(written))
@@ -648,6 +673,14 @@ class Loom:
             taken = await self._take_over(existing)
             token, existing = taken if taken is not None else (existing.fence, existing)
             return Successor(successor, token, existing)
+        except BaseException:
+            self._unclaim(successor)
+            raise
+
+    def release_successor(self, execution_id: str) -> None:
+        """The run that created ``execution_id`` stopped before handing it on: recovery
+        may take it (it is in the log, and no run here will drive it)."""
+        self._unclaim(execution_id)
 
     async def wake(self, row: TimerRecord) -> Fired:
         """What the timer service does with a due row (see loom_runtime.timers)."""
@@ -684,7 +717,9 @@ class Loom:
     async def _create(self, execution_id: str, event: NewEvent) -> tuple[int, tuple[Event, ...]]:
         """Append EXECUTION_STARTED at 0 under token 0 (a new log's token)."""
         events = self.storage.events
-        self.hooks.event(execution_id, event)
+        hooks = self.hooks
+        if hooks.on_event is not None:
+            hooks.event(execution_id, event)
         try:
             written = await events.append(execution_id, [event], expected_sequence=0, fence=0)
             token = 0
@@ -693,12 +728,33 @@ class Loom:
             # one so no writer of the old log can write to this one.
             token = await events.acquire_fence(execution_id)
             written = await events.append(execution_id, [event], expected_sequence=0, fence=token)
-        for durable in written:
-            self.hooks.durable_event(durable)
+        if hooks.on_durable_event is not None:
+            for durable in written:
+                hooks.durable_event(durable)
         return token, written
 
+    def _claim(self, execution_id: str) -> None:
+        self._claims[execution_id] = self._claims.get(execution_id, 0) + 1
+
+    def _unclaim(self, execution_id: str) -> None:
+        left = self._claims.get(execution_id, 0) - 1
+        if left > 0:
+            self._claims[execution_id] = left
+        else:
+            self._claims.pop(execution_id, None)
+
+    def _owned(self, execution_id: str) -> bool:
+        """Whether a run of this process drives ``execution_id``, or is about to: its
+        first write (a start, an answer, a takeover) can be in the log before its writer
+        hears back and spawns the run, and recovery must not take it over then."""
+        return (
+            execution_id in self._runs
+            or execution_id in self._claims
+            or execution_id in self._resumers
+        )
+
     def _spawn(self, run: Run, context: contextvars.Context | None = None) -> None:
-        task = asyncio.create_task(
+        task = asyncio.get_running_loop().create_task(
             self._drive(run), name=f"loom:{run.execution_id}", context=context
         )
         self._runs[run.execution_id] = task
@@ -766,10 +822,13 @@ class Loom:
         if outcome.kind == "continued":
             assert outcome.successor is not None
             successor = outcome.successor
-            if successor.execution_id not in self._runs:
-                self._spawn(
-                    Run(self, successor.view, successor.token, self._body_of(successor.view))
-                )
+            try:
+                if successor.execution_id not in self._runs:
+                    self._spawn(
+                        Run(self, successor.view, successor.token, self._body_of(successor.view))
+                    )
+            finally:
+                self._unclaim(successor.execution_id)
         elif run.waited:
             await self.storage.timers.cancel(execution_id)
         return run.last_written, None
@@ -783,15 +842,19 @@ class Loom:
         due = any(w.wake_at is not None and w.wake_at <= now for w in pending)
         if not due and not await self._message_waiting(view):
             return None
+        execution_id = view.execution_id
+        self._claim(execution_id)  # until _drive takes the run on, with no await between
         try:
             answered, run = await self._answer(view, park_seq)
+            if answered.wake_at is not None and answered.wake_at <= now:
+                await self.storage.timers.complete(execution_id, answered.wake_at)
         except ResumeRefusedError:
             return None  # answered by someone else, or nothing to answer after all
         except LoomError as exc:
-            _log.debug("self-resume of %s left to the timer rows: %s", view.execution_id, exc)
+            _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
             return None
-        if answered.wake_at is not None and answered.wake_at <= now:
-            await self.storage.timers.complete(view.execution_id, answered.wake_at)
+        finally:
+            self._unclaim(execution_id)
         return run
 
     async def _message_waiting(self, view: View) -> bool:

@@ -14,7 +14,7 @@ import math
 import sys
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, final, overload
 
@@ -41,15 +41,15 @@ class Branch:
 
     prefix: Position = ()
     counter: int = 0
-    tasks: list[Any] = field(default_factory=list)
 
     def peek(self) -> Position:
         return (*self.prefix, self.counter)
 
     def take(self) -> Position:
-        position = self.peek()
-        self.counter += 1
-        return position
+        counter = self.counter
+        self.counter = counter + 1
+        prefix = self.prefix
+        return (*prefix, counter) if prefix else (counter,)
 
 
 BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar("loom_branch")

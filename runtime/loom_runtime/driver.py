@@ -98,6 +98,30 @@ class Successor:
 class Run:
     """Drives one execution's body once; see the module docstring."""
 
+    __slots__ = (
+        "_active",
+        "_blocked",
+        "_consumed",
+        "_cut_by_cancel",
+        "_fn",
+        "_head",
+        "_lock",
+        "_pending",
+        "_quiet",
+        "_replay_only",
+        "_seen",
+        "_stop_reason",
+        "_stopped",
+        "_tasks",
+        "_view",
+        "_visited",
+        "_waits",
+        "app",
+        "execution_id",
+        "token",
+        "workflow",
+    )
+
     def __init__(
         self,
         app: Loom,
@@ -161,7 +185,8 @@ class Run:
         """Act on how the body left: the run's flags first (a body that swallowed the
         unwinding of a park or a stop still parks or stops), then what it returned or
         raised."""
-        await self._teardown()
+        if self._tasks:
+            await self._teardown()
         if self._stopped:
             return self._outcome("stopped", reason=self._stop_reason)
         if self._quiet:
@@ -220,7 +245,11 @@ class Run:
             assert isinstance(args, list)
             await self._flush()  # the successor's input is made of durable results
             successor = await self.app.create_successor(self._view, args)
-            await self._append([records.continued(successor.execution_id, args)])
+            try:
+                await self._append([records.continued(successor.execution_id, args)])
+            except BaseException:
+                self.app.release_successor(successor.execution_id)
+                raise
             return self._outcome("continued", successor=successor)
         if exc is not None:
             if not isinstance(exc, Exception):
@@ -231,7 +260,8 @@ class Run:
                 return self._outcome("failed")
             await self._append([records.failed(_type_name(exc), str(exc))])
             return self._outcome("failed")
-        self._check_all_visited("the body returned")
+        if len(self._visited) != len(self._view.records):
+            self._check_all_visited("the body returned")
         try:
             result = json_value(ending, f"the result of workflow {self.workflow!r}")
         except InvalidInputError as refused:
@@ -296,17 +326,22 @@ class Run:
         retry: Retry | None,
         site: str,
     ) -> Any:
-        recorded = self._recorded(position, "step", name, site)
-        if recorded is not None:
-            if recorded.error is not None:
-                raise StepFailedError(
-                    name, position_text(position), recorded.attempt, *recorded.error
-                )
-            return recorded.value
-        self._go_live(position, "step", name, site)
+        view = self._view
+        if view.records or view.waits or self._replay_only:
+            recorded = self._recorded(position, "step", name, site)
+            if recorded is not None:
+                if recorded.error is not None:
+                    raise StepFailedError(
+                        name, position_text(position), recorded.attempt, *recorded.error
+                    )
+                return recorded.value
+            self._go_live(position, "step", name, site)
+        elif self._stopped or self._quiet:
+            raise _Stop  # a new run's call: nothing to match, only the run to be alive
         # What the body drew or recorded before this step (a uuid it passes in, an
         # earlier step's result) is durable before the step's side effects happen.
-        await self._flush()
+        if self._pending:
+            await self._append(())
         policy = retry or NO_RETRY
         attempt = 0
         while True:

@@ -67,12 +67,15 @@ class StoreCall:
 class ProbedEventStore(EventStoreDecorator):
     """Forwards everything; records every acquire and append with its outcome, and awaits
     ``before_acquire(execution_id)`` (when set) before each acquire reaches the store, to
-    put a rival or an audit write in the window before the acquire."""
+    put a rival or an audit write in the window before the acquire, and
+    ``after_append(execution_id, kinds)`` (when set) after an append is written and before
+    its caller hears of it, to act in the window a slow reply leaves."""
 
     def __init__(self, inner: EventStore) -> None:
         super().__init__(inner)
         self.calls: list[StoreCall] = []
         self.before_acquire: Callable[[str], Awaitable[None]] | None = None
+        self.after_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
 
     def of(self, *methods: str) -> list[StoreCall]:
         return [c for c in self.calls if c.method in methods]
@@ -97,6 +100,8 @@ class ProbedEventStore(EventStoreDecorator):
             self.calls.append(replace(call, error=exc))
             raise
         self.calls.append(replace(call, result=written))
+        if self.after_append is not None:
+            await self.after_append(execution_id, call.kinds)
         return written
 
     async def acquire_fence(self, execution_id: str) -> int:

@@ -1,0 +1,130 @@
+"""Recovery beside the runs of its own process: ``recover()`` takes over only what no run in
+this process drives or is about to drive.
+
+An execution's first write (a start, a successor's start, an answer to a park) is durable
+before its writer hears back, so a recovery scanning the log at that moment finds it
+running under this node with no run registered for it yet. Taking it over would drive the
+body twice in one process (a step run by both runs). Each test holds the writer in that
+window, runs a recovery there, then lets the writer go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from loom_runtime import Context
+from loom_runtime.records import started
+from store_probes import Wired, kinds, wired
+
+from loom_core import EventKind, NewEvent
+
+
+def hold_after(
+    w: Wired, execution_id: str, kind: str
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the append of ``kind`` to ``execution_id`` once it is written: ``held`` is set
+    then, and the writer goes on when the test sets ``release``."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def after(written_to: str, written: tuple[str, ...]) -> None:
+        if written_to == execution_id and kind in written and not held.is_set():
+            held.set()
+            await release.wait()
+
+    w.probe.after_append = after
+    return held, release
+
+
+def counting(w: Wired) -> tuple[list[str], Callable[..., Awaitable[object]]]:
+    """A workflow ``work`` (continuing as new once when given 0) whose one step records
+    each time it runs."""
+    ran: list[str] = []
+
+    async def bump(execution_id: str) -> str:
+        ran.append(execution_id)
+        return execution_id
+
+    async def work(ctx: Context, generation: int = 1) -> str:
+        if generation == 0:
+            ctx.continue_as_new(1)
+        return await ctx.step(bump, ctx.execution_id)
+
+    return ran, w.app.workflow(name="work")(work)
+
+
+async def test_a_recovery_while_a_start_is_written_leaves_the_execution_to_its_starter() -> None:
+    async with wired() as w:
+        ran, work = counting(w)
+        held, release = hold_after(w, "x", EventKind.EXECUTION_STARTED)
+        start = asyncio.create_task(w.app.start(work, id="x"))
+        await held.wait()
+        assert await w.app.recover() == []
+        release.set()
+        handle = await start
+        assert await handle.result(timeout=5) == "x"
+        assert ran == ["x"]
+        assert EventKind.EXECUTION_RECOVERED not in await kinds(w.base.events, "x")
+        assert w.errors == []
+
+
+async def test_a_recovery_while_a_successor_is_created_leaves_it_to_the_run_that_made_it(
+) -> None:
+    async with wired() as w:
+        ran, work = counting(w)
+        held, release = hold_after(w, "x#1", EventKind.EXECUTION_STARTED)
+        handle = await w.app.start(work, 0, id="x")
+        await held.wait()
+        assert await w.app.recover() == []
+        release.set()
+        assert await handle.result(timeout=5) == "x#1"
+        assert ran == ["x#1"]
+        assert EventKind.EXECUTION_RECOVERED not in await kinds(w.base.events, "x#1")
+        assert w.errors == []
+
+
+async def test_a_recovery_while_a_park_is_answered_leaves_the_execution_to_its_resumer(
+) -> None:
+    async with wired() as w:
+        handle = await w.app.start("nap", id="x")
+        await w.app.drain()
+        park = (await handle.view()).park
+        assert park is not None
+        held, release = hold_after(w, "x", EventKind.EXECUTION_RESUMED)
+        resume = asyncio.create_task(w.app.resume("x", fence_if_parked_at=park.sequence))
+        await held.wait()
+        assert await w.app.recover() == []
+        release.set()
+        await resume
+        assert await handle.result(timeout=5) == "awake"
+        assert EventKind.EXECUTION_RECOVERED not in await kinds(w.base.events, "x")
+        assert w.errors == []
+
+
+async def test_two_recoveries_at_once_take_an_execution_over_once() -> None:
+    async with wired() as w:
+        w.app.workflow(name="left")(_left_behind)
+        # What a process of this node left when it died: started, never driven further.
+        await w.base.events.append(
+            "y", [_started_by(w.app.node)], expected_sequence=0, fence=0
+        )
+        held, release = hold_after(w, "y", EventKind.EXECUTION_RECOVERED)
+        first = asyncio.create_task(w.app.recover())
+        await held.wait()
+        assert await w.app.recover() == []
+        release.set()
+        assert [h.execution_id for h in await first] == ["y"]
+        await w.app.drain()
+        log = await kinds(w.base.events, "y")
+        assert log.count(EventKind.EXECUTION_RECOVERED) == 1
+        assert log[-1] == EventKind.EXECUTION_COMPLETED
+        assert w.errors == []
+
+
+async def _left_behind(ctx: Context) -> str:
+    return "recovered"
+
+
+def _started_by(node: str) -> NewEvent:
+    """What a start by ``node`` writes first (as a process that then died left it)."""
+    return started("left", [], fingerprint="", node=node, root="y")
