@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
+from typing import NoReturn
 
 from loom_core import Event, NewEvent
 from loom_core.decorating import Decisions, EventStoreDecorator, Implement
-from loom_core.errors import InvalidInputError, StorageReadError, StoreClosedError
+from loom_core.errors import InvalidInputError, LoomError, StorageReadError, StoreClosedError
 from loom_core.spi import (
     DEFAULT_LIST_LIMIT,
     AppendRequest,
@@ -19,7 +20,7 @@ from loom_core.spi import (
     check_sequence,
 )
 from loom_tenant.codec import TenantCodec
-from loom_tenant.scrubbing import tenant_errors
+from loom_tenant.scrubbing import scrub, tenant_errors
 
 __all__ = ["TenantEventStore"]
 
@@ -52,6 +53,19 @@ class TenantEventStore(EventStoreDecorator):
 
     def _restore(self, events: Sequence[Event], execution_id: str) -> tuple[Event, ...]:
         expected = self.codec.prefix + execution_id
+        if len(events) == 1:  # what most appends write
+            (event,) = events
+            if event.execution_id == expected:
+                return (
+                    Event(
+                        execution_id,
+                        event.sequence,
+                        event.kind,
+                        event.payload,
+                        event.metadata,
+                        event.recorded_at,
+                    ),
+                )
         out = []
         for event in events:
             # Defence in depth: an inner store that answered for another id must not hand
@@ -61,7 +75,16 @@ class TenantEventStore(EventStoreDecorator):
                     f"the inner store returned an event of another execution while reading "
                     f"{execution_id!r} for tenant {self.tenant!r}; refusing to pass it on"
                 )
-            out.append(dataclasses.replace(event, execution_id=execution_id))
+            out.append(
+                Event(
+                    execution_id,
+                    event.sequence,
+                    event.kind,
+                    event.payload,
+                    event.metadata,
+                    event.recorded_at,
+                )
+            )
         return tuple(out)
 
     # -- required -----------------------------------------------------------------------
@@ -75,10 +98,16 @@ class TenantEventStore(EventStoreDecorator):
         fence: int | None = None,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
-        with self._errors(execution_id):
+        if self._closed:
+            self._refuse_closed()
+        # What _errors does, without a context manager: this is every append's path.
+        try:
             written = await self.inner.append(
                 stored, events, expected_sequence=expected_sequence, fence=fence
             )
+        except LoomError as error:
+            scrub(error, self.codec, (execution_id,))
+            raise
         return self._restore(written, execution_id)
 
     async def read(
@@ -90,10 +119,15 @@ class TenantEventStore(EventStoreDecorator):
         limit: int | None = None,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
-        with self._errors(execution_id):
+        if self._closed:
+            self._refuse_closed()
+        try:
             events = await self.inner.read(
                 stored, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
             )
+        except LoomError as error:
+            scrub(error, self.codec, (execution_id,))
+            raise
         return self._restore(events, execution_id)
 
     async def head(self, execution_id: str) -> int:
@@ -134,8 +168,11 @@ class TenantEventStore(EventStoreDecorator):
         """The scrubbing scope of one call to the inner store, once it is known to be open:
         a closed view refuses even while the store it shares stays open for others."""
         if self._closed:
-            raise StoreClosedError(f"tenant {self.tenant!r}'s view of the event store")
+            self._refuse_closed()
         return tenant_errors(self.codec, *raw_ids)
+
+    def _refuse_closed(self) -> NoReturn:
+        raise StoreClosedError(f"tenant {self.tenant!r}'s view of the event store")
 
     # -- optional: each rewrites ids, so each is our own, offered when the inner offers it
 
