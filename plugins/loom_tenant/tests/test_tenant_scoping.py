@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,6 +13,8 @@ from loom_tenant.codec import TenantCodec
 
 from loom_core import (
     AppendRequest,
+    Event,
+    EventStore,
     ExecutionAlreadyExistsError,
     InvalidOptionError,
     LeaseHeldError,
@@ -21,11 +23,13 @@ from loom_core import (
     SequenceConflictError,
     StaleFenceError,
     Storage,
+    StorageReadError,
     StoreClosedError,
     TimerRecord,
     Unsupported,
     open_storage,
 )
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator
 from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -310,3 +314,61 @@ async def test_a_closed_view_refuses_every_call_while_the_shared_storage_serves_
     assert not shared.closed
     await _start(other, "e", "other")  # the shared storage still serves the other tenant
     assert await shared.events.head(TenantCodec("acme").encode("e")) == 1
+
+
+class _Misaddressing(EventStoreDecorator):
+    """Broken on purpose: answers every append and read with the events of ``other``."""
+
+    def __init__(self, inner: EventStore, other: str) -> None:
+        super().__init__(inner)
+        self.other = other
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        await self.inner.append(
+            execution_id, events, expected_sequence=expected_sequence, fence=fence
+        )
+        return await self.inner.read(self.other)
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        return await self.inner.read(self.other)
+
+    decisions = Decisions(
+        acquire_fence=FORWARD,
+        acquire_fence_if=FORWARD,
+        append_if_unchanged=FORWARD,
+        append_many=FORWARD,
+        delete_execution=FORWARD,
+        copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD,
+        subscribe=FORWARD,
+    )
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["one event", "two events"])
+async def test_an_inner_store_answering_with_another_executions_events_is_refused(
+    shared: Storage, count: int
+) -> None:
+    other = TenantCodec("b").encode("x")
+    await shared.events.append(
+        other, [NewEvent("note", {"n": n}) for n in range(count)], expected_sequence=0
+    )
+    view = TenantEventStore(_Misaddressing(shared.events, other), "a", owns_inner=False)
+    batch = [NewEvent("note", {"n": n}) for n in range(count)]
+    with pytest.raises(StorageReadError, match="another execution"):
+        await view.append("x", batch, expected_sequence=0)
+    with pytest.raises(StorageReadError, match="another execution"):
+        await view.read("x")
