@@ -16,7 +16,8 @@ import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, final, overload
+from types import CodeType
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final, overload
 
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.errors import InvalidDurationError
@@ -58,11 +59,26 @@ BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar("loom_branch")
 def call_site(depth: int = 2) -> str:
     """``file:line`` of the body code that made the call."""
     frame = sys._getframe(depth)
+    # The body's own frame, nearly always: its code and instruction fix the line, so the
+    # text is made once per call site (finding a line number walks the code's line table).
+    key = (frame.f_code, frame.f_lasti)
+    site = _SITES.get(key)
+    if site is not None:
+        return site
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
         "loom_runtime."
     ):
         frame = frame.f_back
-    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    site = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    if frame.f_code is key[0]:  # a frame of the runtime's own has callers that vary
+        if len(_SITES) >= _MAX_SITES:
+            _SITES.clear()  # code made at run time (exec) could make sites without end
+        _SITES[key] = site
+    return site
+
+
+_SITES: dict[tuple[CodeType, int], str] = {}
+_MAX_SITES: Final = 4096
 
 
 @final
