@@ -254,6 +254,7 @@ class Loom:
         # successor's start, a takeover, an answer to its own park) but not yet spawned.
         # Recovery leaves them alone (see _owned).
         self._claims: dict[str, int] = {}
+        self._unclaimed_waiters: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
         self._owns_storage = False
@@ -361,6 +362,9 @@ class Loom:
                     end.set_result(None)
         self._ends.clear()
         self._claims.clear()
+        for waiter in self._unclaimed_waiters.values():
+            waiter.set()
+        self._unclaimed_waiters.clear()
         if self._owns_storage and self._storage is not None:
             storage, self._storage = self._storage, None
             self._owns_storage = False
@@ -552,30 +556,33 @@ class Loom:
                 return handles
             after = ids[-1]
             for execution_id in ids:
-                if execution_id.startswith("$") or self._owned(execution_id):
-                    continue
-                view = await self.inspect(execution_id)
-                # Checked again after the read: a run of this process may have written it
-                # meanwhile (its first write is in the log before its writer hears back).
-                if view.status != "running" or view.node != self.node:
-                    continue
-                if self._owned(execution_id):
-                    continue
-                self._claim(execution_id)
-                try:
-                    fn = self._body_of(view)
-                    taken = await self._take_over(view)
-                except WorkflowNotFoundError as exc:
-                    self.hooks.error(exc)
-                    continue
-                except StaleFenceError:
-                    continue  # someone took it after us; theirs now
-                finally:
-                    self._unclaim(execution_id)
-                if taken is not None:
-                    token, view = taken
-                    self._spawn(Run(self, view, token, fn))
-                    handles.append(Handle(self, execution_id))
+                if not execution_id.startswith("$"):
+                    handle = await self._recover_one(execution_id)
+                    if handle is not None:
+                        handles.append(handle)
+
+    async def _recover_one(self, execution_id: str) -> Handle[JsonValue] | None:
+        """Take ``execution_id`` over when its log says it runs under this node and no run
+        of this process drives it or is about to (see :meth:`_owned`)."""
+        view = await self._unowned_view(execution_id)
+        if view is None:
+            return None
+        self._claim(execution_id)
+        try:
+            fn = self._body_of(view)
+            taken = await self._take_over(view)
+        except WorkflowNotFoundError as exc:
+            self.hooks.error(exc)
+            return None
+        except StaleFenceError:
+            return None  # someone took it after us; theirs now
+        finally:
+            self._unclaim(execution_id)
+        if taken is None:
+            return None
+        token, view = taken
+        self._spawn(Run(self, view, token, fn))
+        return Handle(self, execution_id)
 
     @property
     def driving(self) -> frozenset[str]:
@@ -733,6 +740,24 @@ class Loom:
                 hooks.durable_event(durable)
         return token, written
 
+    async def _unowned_view(self, execution_id: str) -> View | None:
+        """The execution's view when it runs under this node and no run of this process
+        drives it or is about to; None otherwise."""
+        while True:
+            # A claim is a write in flight (a start, an answer, another takeover) whose
+            # outcome decides: wait for it. A start refused because the id exists leaves
+            # the execution to recovery; one that succeeds has registered its run by then.
+            await self._unclaimed(execution_id)
+            if self._owned(execution_id):
+                return None
+            view = await self.inspect(execution_id)
+            if view.status != "running" or view.node != self.node:
+                return None
+            # Checked again after the read: a run of this process may have written it
+            # meanwhile (its first write is in the log before its writer hears back).
+            if execution_id not in self._claims:
+                return None if self._owned(execution_id) else view
+
     def _claim(self, execution_id: str) -> None:
         self._claims[execution_id] = self._claims.get(execution_id, 0) + 1
 
@@ -740,8 +765,20 @@ class Loom:
         left = self._claims.get(execution_id, 0) - 1
         if left > 0:
             self._claims[execution_id] = left
-        else:
-            self._claims.pop(execution_id, None)
+            return
+        self._claims.pop(execution_id, None)
+        if self._unclaimed_waiters:
+            waiter = self._unclaimed_waiters.pop(execution_id, None)
+            if waiter is not None:
+                waiter.set()
+
+    async def _unclaimed(self, execution_id: str) -> None:
+        """Wait until no write of this process claims ``execution_id``."""
+        while execution_id in self._claims:
+            waiter = self._unclaimed_waiters.get(execution_id)
+            if waiter is None:
+                waiter = self._unclaimed_waiters[execution_id] = asyncio.Event()
+            await waiter.wait()
 
     def _owned(self, execution_id: str) -> bool:
         """Whether a run of this process drives ``execution_id``, or is about to: its

@@ -15,7 +15,7 @@ from loom_runtime.testing import VirtualClock
 
 from loom_core import Event, EventStore, FenceNotIssuedError, NewEvent, Storage, open_storage
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement
-from loom_core.spi import ConditionalFence, OptionalMethod
+from loom_core.spi import DEFAULT_LIST_LIMIT, ConditionalFence, OptionalMethod
 
 __all__ = [
     "PROBE_FENCE",
@@ -69,13 +69,17 @@ class ProbedEventStore(EventStoreDecorator):
     ``before_acquire(execution_id)`` (when set) before each acquire reaches the store, to
     put a rival or an audit write in the window before the acquire, and
     ``after_append(execution_id, kinds)`` (when set) after an append is written and before
-    its caller hears of it, to act in the window a slow reply leaves."""
+    its caller hears of it, to act in the window a slow reply leaves; ``before_append``
+    likewise before an append reaches the store, and ``after_list()`` after a
+    ``list_executions`` answered."""
 
     def __init__(self, inner: EventStore) -> None:
         super().__init__(inner)
         self.calls: list[StoreCall] = []
         self.before_acquire: Callable[[str], Awaitable[None]] | None = None
         self.after_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
+        self.before_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
+        self.after_list: Callable[[], None] | None = None
 
     def of(self, *methods: str) -> list[StoreCall]:
         return [c for c in self.calls if c.method in methods]
@@ -92,6 +96,8 @@ class ProbedEventStore(EventStoreDecorator):
             "append", execution_id, fence=fence, kinds=tuple(e.kind for e in events),
             at=expected_sequence,
         )
+        if self.before_append is not None:
+            await self.before_append(execution_id, call.kinds)
         try:
             written = await self.inner.append(
                 execution_id, events, expected_sequence=expected_sequence, fence=fence
@@ -103,6 +109,14 @@ class ProbedEventStore(EventStoreDecorator):
         if self.after_append is not None:
             await self.after_append(execution_id, call.kinds)
         return written
+
+    async def list_executions(
+        self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> tuple[str, ...]:
+        listed = await self.inner.list_executions(after=after, limit=limit)
+        if self.after_list is not None:
+            self.after_list()
+        return listed
 
     async def acquire_fence(self, execution_id: str) -> int:
         if self.before_acquire is not None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
 from loom_runtime import Context
 from loom_runtime.records import started
 from store_probes import Wired, kinds, wired
 
-from loom_core import EventKind, NewEvent
+from loom_core import EventKind, ExecutionAlreadyExistsError, NewEvent
 
 
 def hold_after(
@@ -59,8 +60,8 @@ async def test_a_recovery_while_a_start_is_written_leaves_the_execution_to_its_s
         held, release = hold_after(w, "x", EventKind.EXECUTION_STARTED)
         start = asyncio.create_task(w.app.start(work, id="x"))
         await held.wait()
+        w.probe.after_list = release.set  # recovery lists while the start is unanswered
         assert await w.app.recover() == []
-        release.set()
         handle = await start
         assert await handle.result(timeout=5) == "x"
         assert ran == ["x"]
@@ -75,8 +76,8 @@ async def test_a_recovery_while_a_successor_is_created_leaves_it_to_the_run_that
         held, release = hold_after(w, "x#1", EventKind.EXECUTION_STARTED)
         handle = await w.app.start(work, 0, id="x")
         await held.wait()
+        w.probe.after_list = release.set
         assert await w.app.recover() == []
-        release.set()
         assert await handle.result(timeout=5) == "x#1"
         assert ran == ["x#1"]
         assert EventKind.EXECUTION_RECOVERED not in await kinds(w.base.events, "x#1")
@@ -93,8 +94,8 @@ async def test_a_recovery_while_a_park_is_answered_leaves_the_execution_to_its_r
         held, release = hold_after(w, "x", EventKind.EXECUTION_RESUMED)
         resume = asyncio.create_task(w.app.resume("x", fence_if_parked_at=park.sequence))
         await held.wait()
+        w.probe.after_list = release.set
         assert await w.app.recover() == []
-        release.set()
         await resume
         assert await handle.result(timeout=5) == "awake"
         assert EventKind.EXECUTION_RECOVERED not in await kinds(w.base.events, "x")
@@ -111,13 +112,41 @@ async def test_two_recoveries_at_once_take_an_execution_over_once() -> None:
         held, release = hold_after(w, "y", EventKind.EXECUTION_RECOVERED)
         first = asyncio.create_task(w.app.recover())
         await held.wait()
+        # The second lists while the first's takeover is written and unanswered.
+        w.probe.after_list = release.set
         assert await w.app.recover() == []
-        release.set()
         assert [h.execution_id for h in await first] == ["y"]
         await w.app.drain()
         log = await kinds(w.base.events, "y")
         assert log.count(EventKind.EXECUTION_RECOVERED) == 1
         assert log[-1] == EventKind.EXECUTION_COMPLETED
+        assert w.errors == []
+
+
+async def test_a_start_refused_for_an_existing_id_does_not_keep_recovery_from_it() -> None:
+    async with wired() as w:
+        w.app.workflow(name="left")(_left_behind)
+        await w.base.events.append(
+            "y", [_started_by(w.app.node)], expected_sequence=0, fence=0
+        )
+        attempted, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(execution_id: str, written: tuple[str, ...]) -> None:
+            if execution_id == "y" and EventKind.EXECUTION_STARTED in written:
+                attempted.set()
+                await release.wait()
+
+        w.probe.before_append = hold
+        # The second start of an id (a restarted worker starting its work again) is in
+        # flight when recovery lists the executions; recovery must wait for its answer.
+        start = asyncio.create_task(w.app.start("left", id="y"))
+        await attempted.wait()
+        w.probe.after_list = release.set
+        recovery = asyncio.create_task(w.app.recover())
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await start
+        assert [h.execution_id for h in await recovery] == ["y"]
+        assert await w.app.get("y").result(timeout=5) == "recovered"
         assert w.errors == []
 
 
