@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 from loom_bench import instructions
-from loom_bench.instructions import Count, per_execution, run_executions
+from loom_bench.instructions import Count, Side, per_execution, run_executions
 
 from loom_core import Storage, open_storage
 
 
+@pytest.mark.parametrize("side", ["runtime", "twin", "task"])
 async def test_a_counted_run_completes_every_execution(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, side: Side
 ) -> None:
     opened: list[Storage] = []
 
@@ -26,13 +27,13 @@ async def test_a_counted_run_completes_every_execution(
             opened.append(storage)
             yield storage
             ids = await storage.events.list_executions()
-            assert sorted(ids) == sorted(f"runtime-{i}" for i in range(5))
+            assert sorted(ids) == sorted(f"{side}-{i}" for i in range(5))
             for execution_id in ids:
                 kinds = [e.kind for e in await storage.events.read(execution_id)]
                 assert kinds[-1] == "EXECUTION_COMPLETED"
 
     monkeypatch.setattr("loom_bench.instructions.open_storage", keep)
-    await run_executions("runtime", "workflow-one-step", 5, "memory://")
+    await run_executions(side, "workflow-one-step", 5, "memory://")
     assert len(opened) == 1
 
 
@@ -49,7 +50,8 @@ def test_one_execution_is_the_difference_over_the_difference_in_size() -> None:
     assert per_execution(200, 1200, 5_000_000, 105_000_000) == 100_000
     with pytest.raises(ValueError, match="small < large"):
         per_execution(10, 10, 1, 2)
-    assert Count("workflow-one-step", "memory", runtime=800, twin=600).ratio == 0.75
+    count = Count("workflow-one-step", "memory", runtime=800, twin=600, task=750)
+    assert (count.ratio, count.ceiling) == (0.75, 0.8)
 
 
 def test_valgrind_s_count_is_read_from_its_output() -> None:
