@@ -56,16 +56,7 @@ class TenantEventStore(EventStoreDecorator):
         if len(events) == 1:  # what most appends write
             (event,) = events
             if event.execution_id == expected:
-                return (
-                    Event(
-                        execution_id,
-                        event.sequence,
-                        event.kind,
-                        event.payload,
-                        event.metadata,
-                        event.recorded_at,
-                    ),
-                )
+                return (_readdressed(event, execution_id),)
         out = []
         for event in events:
             # Defence in depth: an inner store that answered for another id must not hand
@@ -75,16 +66,7 @@ class TenantEventStore(EventStoreDecorator):
                     f"the inner store returned an event of another execution while reading "
                     f"{execution_id!r} for tenant {self.tenant!r}; refusing to pass it on"
                 )
-            out.append(
-                Event(
-                    execution_id,
-                    event.sequence,
-                    event.kind,
-                    event.payload,
-                    event.metadata,
-                    event.recorded_at,
-                )
-            )
+            out.append(_readdressed(event, execution_id))
         return tuple(out)
 
     # -- required -----------------------------------------------------------------------
@@ -271,3 +253,10 @@ class TenantEventStore(EventStoreDecorator):
         subscribe=Implement(subscribe),
     )
 
+
+def _readdressed(event: Event, execution_id: str) -> Event:
+    """``event`` under the tenant's own id (its other fields are the inner store's fresh
+    copies, so they are shared, not copied again)."""
+    return Event(
+        execution_id, event.sequence, event.kind, event.payload, event.metadata, event.recorded_at
+    )
