@@ -252,7 +252,7 @@ class Loom:
         self._resumers: dict[str, _Resumers] = {}
         # Executions whose next run this process is about to drive: written (a start, a
         # successor's start, a takeover, an answer to its own park) but not yet spawned.
-        # Recovery leaves them alone (see _owned).
+        # Recovery waits for such a write to be answered (see _unowned_view).
         self._claims: dict[str, int] = {}
         self._unclaimed_waiters: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
@@ -882,14 +882,15 @@ class Loom:
         execution_id = view.execution_id
         self._claim(execution_id)  # until _drive takes the run on, with no await between
         try:
-            answered, run = await self._answer(view, park_seq)
+            try:
+                answered, run = await self._answer(view, park_seq)
+            except ResumeRefusedError:
+                return None  # answered by someone else, or nothing to answer after all
+            except LoomError as exc:
+                _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
+                return None
             if answered.wake_at is not None and answered.wake_at <= now:
                 await self.storage.timers.complete(execution_id, answered.wake_at)
-        except ResumeRefusedError:
-            return None  # answered by someone else, or nothing to answer after all
-        except LoomError as exc:
-            _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
-            return None
         finally:
             self._unclaim(execution_id)
         return run
