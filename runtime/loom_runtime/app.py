@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
+from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
 
 from loom_core import (
     Event,
@@ -50,7 +50,7 @@ from loom_runtime.errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from loom_runtime.fold import Status, View, fold
+from loom_runtime.fold import Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
 from loom_runtime.inbox import Inbox
 from loom_runtime.records import INBOX_PREFIX, Position, Wait, json_value
@@ -60,7 +60,6 @@ from loom_runtime.timers import Fired, TimerService
 __all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
 
 _log = logging.getLogger("loom_runtime")
-_COMPLETED: Final = EventKind.EXECUTION_COMPLETED.value
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -125,9 +124,8 @@ class Handle(Generic[R]):
             last = await self._app._local_end(execution_id, _remaining(loop, deadline))
             changed = None
             if last is not None:
-                if last.kind == _COMPLETED and type(payload := last.payload) is dict:
-                    # What fold makes of a completion, read directly: every result's path.
-                    done: R = payload.get("result")  # type: ignore[assignment]
+                if last.kind == EventKind.EXECUTION_COMPLETED:
+                    done: R = completion_result(last)  # type: ignore[assignment]
                     return done
                 view = fold([last])  # a terminal event says all a result needs
             else:

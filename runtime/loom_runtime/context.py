@@ -47,10 +47,9 @@ class Branch:
         return (*self.prefix, self.counter)
 
     def take(self) -> Position:
-        counter = self.counter
-        self.counter = counter + 1
-        prefix = self.prefix
-        return (*prefix, counter) if prefix else (counter,)
+        position = self.peek()
+        self.counter += 1
+        return position
 
 
 BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar("loom_branch")

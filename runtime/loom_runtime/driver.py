@@ -185,8 +185,7 @@ class Run:
         """Act on how the body left: the run's flags first (a body that swallowed the
         unwinding of a park or a stop still parks or stops), then what it returned or
         raised."""
-        if self._tasks:
-            await self._teardown()
+        await self._teardown()
         if self._stopped:
             return self._outcome("stopped", reason=self._stop_reason)
         if self._quiet:
@@ -260,8 +259,7 @@ class Run:
                 return self._outcome("failed")
             await self._append([records.failed(_type_name(exc), str(exc))])
             return self._outcome("failed")
-        if len(self._visited) != len(self._view.records):
-            self._check_all_visited("the body returned")
+        self._check_all_visited("the body returned")
         try:
             result = json_value(ending, f"the result of workflow {self.workflow!r}")
         except InvalidInputError as refused:
@@ -336,12 +334,11 @@ class Run:
                     )
                 return recorded.value
             self._go_live(position, "step", name, site)
-        elif self._stopped or self._quiet:
-            raise _Stop  # a new run's call: nothing to match, only the run to be alive
+        else:
+            self._check_alive()  # a new run's call: nothing to match, only the run to be alive
         # What the body drew or recorded before this step (a uuid it passes in, an
         # earlier step's result) is durable before the step's side effects happen.
-        if self._pending:
-            await self._append(())
+        await self._flush()
         policy = retry or NO_RETRY
         attempt = 0
         while True:

@@ -16,7 +16,9 @@ from loom_core import Event, EventKind, JsonObject, JsonValue
 from loom_runtime.errors import LogFormatError
 from loom_runtime.records import Position, Wait, parse_position
 
-__all__ = ["Park", "Recorded", "Status", "TERMINAL", "View", "advance", "fold"]
+__all__ = [
+    "Park", "Recorded", "Status", "TERMINAL", "View", "advance", "completion_result", "fold"
+]
 
 Status: TypeAlias = Literal[
     "running", "suspended", "completed", "failed", "cancelled", "continued"
@@ -263,8 +265,17 @@ def _recovered(view: View, event: Event) -> None:
     view.node = _opt_str(_obj(event.payload), "node") or view.node
 
 
+def completion_result(event: Event) -> JsonValue:
+    """The result an EXECUTION_COMPLETED event records: what folding it gives a view's
+    ``result``, without building a view (a handle's wait ends on this event)."""
+    try:
+        return _obj(event.payload).get("result")
+    except TypeError as exc:
+        raise LogFormatError(event.execution_id, event.sequence, event.kind, str(exc)) from exc
+
+
 def _completed(view: View, event: Event) -> None:
-    view.result = _obj(event.payload).get("result")
+    view.result = completion_result(event)
     _finish(view, "completed", event)
 
 

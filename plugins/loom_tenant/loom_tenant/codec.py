@@ -76,15 +76,8 @@ class TenantCodec:
 
     def encode(self, value: object, what: str = "execution id") -> str:
         """The stored form of this tenant's ``value``; refuses an invalid or too-long id."""
-        if (
-            type(value) is str
-            and 0 < len(value) <= self.id_budget
-            and value.isascii()
-            and value.isprintable()
-        ):
-            return self.prefix + value  # check_key's fast path, against this budget
         raw = check_key(value, what)
-        size = len(raw.encode("utf-8"))
+        size = len(raw) if raw.isascii() else len(raw.encode("utf-8"))
         if size > self.id_budget:
             raise InvalidExecutionIdError(
                 raw,
