@@ -10,6 +10,9 @@ Options for ``open_storage(url, decorators=[("crypto", {...})])``:
 - ``legacy_reads`` (default ``False``): also read logs written by loom-crypto 0.1, with
   0.1's guarantees only (docs/crypto.md, "Logs written by 0.1"). Turn it on for a
   migration window, never for good.
+- ``incarnation_cache_size`` (an int >= 0, default 4,096): how many executions'
+  incarnations are remembered so a fenced append reads no first event (docs/crypto.md,
+  "The incarnation").
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from typing import final
 from loom_core import Storage
 from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
 from loom_core.errors import InvalidOptionError
+from loom_crypto.incarnations import DEFAULT_INCARNATION_CACHE_SIZE
 from loom_crypto.memory_keystore import MemoryKeyStore
 from loom_crypto.store import CryptoEventStore, subject_is_execution
 
 __all__ = ["CryptoDecorator", "loom_register_decorators"]
 
-_OPTIONS = frozenset({"key_store", "subject_of", "legacy_reads"})
+_OPTIONS = frozenset({"key_store", "subject_of", "legacy_reads", "incarnation_cache_size"})
 
 
 @final
@@ -61,6 +65,9 @@ class CryptoDecorator:
             key_store=key_store,  # type: ignore[arg-type]
             subject_of=subject_of,  # type: ignore[arg-type]
             legacy_reads=legacy_reads,  # type: ignore[arg-type]
+            incarnation_cache_size=options.get(  # type: ignore[arg-type]
+                "incarnation_cache_size", DEFAULT_INCARNATION_CACHE_SIZE
+            ),
         )
         return Storage(
             events, storage.timers, storage.leases, url=storage.url, on_close=storage.close

@@ -10,8 +10,10 @@ same ids, sequences and kinds, so (execution, sequence, kind, key) alone cannot 
 of the old log from one of the new. The decorator draws a random incarnation id whenever it
 writes sequence 0 (``expected_sequence == 0``), stamps it in the metadata of every event of
 the log (``metadata["$loom_incarnation"]``) and binds it into every payload's associated
-data or MAC. An append at ``expected_sequence > 0`` reads the log's first stored event (one
-extra read of one row) and continues its incarnation. A read checks that every event it
+data or MAC. An append at ``expected_sequence > 0`` continues the log's incarnation: a
+fenced append under a token that one of this decorator's own fenced appends landed under
+takes it from memory (:mod:`loom_crypto.incarnations` says why that is safe), any other
+reads the log's first stored event (one extra read of one row). A read checks that every event it
 returns carries the incarnation of the log's first stored event, sequence 0 or, after
 ``truncate_prefix_keeping``, the first kept one (read along with a range that starts at 0,
 one extra row otherwise), and that each payload authenticates under the incarnation its own
@@ -51,7 +53,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, TypeAlias
 
-from loom_core import Event, JsonObject, NewEvent
+from loom_core import Event, JsonObject, JsonValue, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import InvalidInputError, InvalidOptionError, PayloadShreddedError
 from loom_core.spi import (
@@ -68,6 +70,7 @@ from loom_crypto.errors import (
     PayloadAuthenticationError,
     UnauthenticatedPayloadError,
 )
+from loom_crypto.incarnations import DEFAULT_INCARNATION_CACHE_SIZE, Incarnations
 from loom_crypto.keys import DataKey, KeyStore
 from loom_crypto.sealing import (
     INCARNATION_FIELD,
@@ -121,6 +124,9 @@ class CryptoEventStore(EventStoreDecorator):
     guarantees only: their clear payloads are not authenticated and they carry no
     incarnation. Off by default, because while it is on a row replaced in plaintext reads
     as genuine in any log whose first event was stripped of its incarnation.
+
+    ``incarnation_cache_size`` (an int >= 0) is how many executions' incarnations are
+    remembered to spare fenced appends the read of the log's first event; 0 remembers none.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class CryptoEventStore(EventStoreDecorator):
         key_store: KeyStore,
         subject_of: SubjectOf,
         legacy_reads: bool = False,
+        incarnation_cache_size: int = DEFAULT_INCARNATION_CACHE_SIZE,
     ) -> None:
         if not isinstance(key_store, KeyStore):
             raise InvalidOptionError(
@@ -141,6 +148,15 @@ class CryptoEventStore(EventStoreDecorator):
             raise InvalidOptionError(
                 f"legacy_reads must be a bool, got {type(legacy_reads).__name__}"
             )
+        if (
+            not isinstance(incarnation_cache_size, int)
+            or isinstance(incarnation_cache_size, bool)
+            or incarnation_cache_size < 0
+        ):
+            raise InvalidOptionError(
+                "incarnation_cache_size must be an int >= 0 (executions remembered), "
+                f"not {incarnation_cache_size!r}"
+            )
         super().__init__(inner)
         self.key_store = key_store
         self._subject_of = subject_of
@@ -148,6 +164,7 @@ class CryptoEventStore(EventStoreDecorator):
         # The integrity key is never destroyed (shred_subject refuses its subject), so it is
         # safe to keep for the life of the decorator.
         self._integrity: DataKey | None = None
+        self._incarnations = Incarnations(incarnation_cache_size)
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -222,7 +239,15 @@ class CryptoEventStore(EventStoreDecorator):
             return new_incarnation()
         return _incarnation_of(first[0])
 
-    async def _incarnation_for_append(self, execution_id: str, expected_sequence: int) -> str:
+    async def _incarnation_for_append(
+        self, execution_id: str, expected_sequence: int, guarded_by: int | None
+    ) -> str:
+        """The incarnation an append at ``expected_sequence`` that the store accepts only
+        under the token ``guarded_by`` (None: no token check) writes."""
+        if expected_sequence > 0 and guarded_by is not None:
+            known = self._incarnations.under(execution_id, guarded_by)
+            if known is not None:
+                return known
         incarnation = await self._log_incarnation_for_append(execution_id, expected_sequence)
         if incarnation is not None:
             return incarnation
@@ -262,11 +287,27 @@ class CryptoEventStore(EventStoreDecorator):
         return stored, plaintexts
 
     async def _prepare(
-        self, execution_id: str, events: Sequence[NewEvent], first_sequence: int
-    ) -> tuple[list[NewEvent], list[bytes]]:
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        first_sequence: int,
+        guarded_by: int | None,
+    ) -> tuple[list[NewEvent], list[bytes], str]:
+        """The sealed events, their plaintexts, and the incarnation they carry."""
         subjects = self._subjects(execution_id, events)
-        incarnation = await self._incarnation_for_append(execution_id, first_sequence)
-        return await self._seal(execution_id, events, subjects, first_sequence, incarnation)
+        incarnation = await self._incarnation_for_append(
+            execution_id, first_sequence, guarded_by
+        )
+        stored, plaintexts = await self._seal(
+            execution_id, events, subjects, first_sequence, incarnation
+        )
+        return stored, plaintexts, incarnation
+
+    def _landed(self, execution_id: str, incarnation: str, guarded_by: int | None) -> None:
+        """After a successful append: remember its incarnation under the token the store
+        accepted it under, when there was one."""
+        if guarded_by is not None:
+            self._incarnations.record(execution_id, incarnation, guarded_by)
 
     async def _append_clear(
         self, execution_id: str, events: Sequence[NewEvent], *, expected_sequence: int
@@ -330,7 +371,7 @@ class CryptoEventStore(EventStoreDecorator):
                 "it is stored in plaintext with no MAC, which this decorator never writes "
                 "(the row was replaced)",
             )
-        return dataclasses.replace(event, payload=opened, metadata=_visible(event.metadata))
+        return _opened(event, opened)
 
     async def _open_legacy(self, event: Event, keys: _Keys) -> Event:
         """A format-1 event of a 0.1 log (``legacy_reads`` only): a format-1 seal opens
@@ -382,10 +423,13 @@ class CryptoEventStore(EventStoreDecorator):
         )
         if fence is not None:
             fence = check_fence(fence)
-        stored, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
+        stored, plaintexts, incarnation = await self._prepare(
+            execution_id, checked, expected_sequence, fence
+        )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence, fence=fence
         )
+        self._landed(execution_id, incarnation, fence)
         return _as_written(written, plaintexts)
 
     async def read(
@@ -430,11 +474,14 @@ class CryptoEventStore(EventStoreDecorator):
             execution_id, events, expected_sequence
         )
         observed_fence = check_fence(observed_fence, "observed_fence")
-        stored, plaintexts = await self._prepare(execution_id, checked, expected_sequence)
+        stored, plaintexts, incarnation = await self._prepare(
+            execution_id, checked, expected_sequence, observed_fence
+        )
         written = await self.inner.append_if_unchanged(
             execution_id, stored, expected_sequence=expected_sequence,
             observed_fence=observed_fence,
         )
+        self._landed(execution_id, incarnation, observed_fence)
         return _as_written(written, plaintexts)
 
     async def append_many(
@@ -444,10 +491,12 @@ class CryptoEventStore(EventStoreDecorator):
         subjects = [self._subjects(r.execution_id, events) for r, events in checked]
         sealed_requests: list[AppendRequest] = []
         all_plaintexts: list[list[bytes]] = []
+        incarnations: list[str] = []
         for (request, events), batch_subjects in zip(checked, subjects, strict=True):
             incarnation = await self._incarnation_for_append(
-                request.execution_id, request.expected_sequence
+                request.execution_id, request.expected_sequence, request.fence
             )
+            incarnations.append(incarnation)
             stored, plaintexts = await self._seal(
                 request.execution_id, events, batch_subjects, request.expected_sequence,
                 incarnation,
@@ -455,6 +504,8 @@ class CryptoEventStore(EventStoreDecorator):
             sealed_requests.append(dataclasses.replace(request, events=tuple(stored)))
             all_plaintexts.append(plaintexts)
         written = await self.inner.append_many(sealed_requests)
+        for request, incarnation in zip(sealed_requests, incarnations, strict=True):
+            self._landed(request.execution_id, incarnation, request.fence)
         return tuple(
             _as_written(batch, plaintexts)
             for batch, plaintexts in zip(written, all_plaintexts, strict=True)
@@ -536,7 +587,16 @@ def _visible(metadata: JsonObject) -> JsonObject:
 def _as_written(written: Sequence[Event], plaintexts: Sequence[bytes]) -> tuple[Event, ...]:
     """The stored events with the payloads and metadata the caller wrote (as a read would
     return them)."""
-    return tuple(
-        dataclasses.replace(event, payload=json.loads(plaintext), metadata=_visible(event.metadata))
+    return tuple([
+        _opened(event, json.loads(plaintext.decode("utf-8")))
         for event, plaintext in zip(written, plaintexts, strict=True)
+    ])
+
+
+def _opened(event: Event, payload: JsonValue) -> Event:
+    """``event`` with ``payload`` and without the incarnation stamp (its other fields are
+    the inner store's fresh copies, so they are shared, not copied again)."""
+    return Event(
+        event.execution_id, event.sequence, event.kind, payload, _visible(event.metadata),
+        event.recorded_at,
     )
