@@ -54,6 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -134,22 +135,33 @@ def associated_data(
 ) -> bytes:
     """What a ciphertext is bound to (``incarnation`` ``None``: format 1, which bound none).
     JSON escaping keeps the fields unambiguous."""
-    bound: JsonValue = (
+    bound: list[JsonValue] = (
         ["loom-crypto", LEGACY_FORMAT_VERSION, execution_id, sequence, kind, key_id]
         if incarnation is None
         else ["loom-crypto", FORMAT_VERSION, execution_id, sequence, kind, key_id, incarnation]
     )
-    return canonical_json(bound).encode("utf-8")
+    return bound_json(bound)
+
+
+def bound_json(bound: list[JsonValue]) -> bytes:
+    """``canonical_json(bound)`` as UTF-8, for a list of strings and integers (what a tag
+    or a MAC binds). orjson writes such a list byte for byte as canonical_json does
+    (compact, every string escaped alike), in a fraction of the time; what it refuses (a
+    lone surrogate, an integer beyond 64 bits) goes to canonical_json."""
+    try:
+        return orjson.dumps(bound)
+    except orjson.JSONEncodeError:
+        return canonical_json(bound).encode("utf-8")
 
 
 def _clear_mac(
     key: DataKey, execution_id: str, sequence: int, kind: str, incarnation: str, text: str
 ) -> bytes:
-    bound: JsonValue = [
+    bound: list[JsonValue] = [
         "loom-crypto-clear", FORMAT_VERSION, execution_id, sequence, kind, key.key_id,
         incarnation, text,
     ]
-    message = canonical_json(bound).encode("utf-8")
+    message = bound_json(bound)
     return hmac.new(key.material, message, hashlib.sha256).digest()
 
 

@@ -256,3 +256,30 @@ def test_the_subject_function_of_the_fixtures_is_what_the_tests_assume() -> None
     assert subject_prefix("alice/x", NewEvent("X")) == "alice"
     assert subject_prefix("alice/x", NewEvent("X", metadata={"subject": "bob"})) == "bob"
     assert subject_prefix("public/x", NewEvent("X")) is None
+
+
+# -- what a tag or a MAC binds ---------------------------------------------------------------
+
+
+def test_the_bound_fields_are_encoded_exactly_as_canonical_json_would() -> None:
+    from loom_crypto.sealing import bound_json
+
+    from loom_core.spi import canonical_json
+
+    # Every code point but the surrogates, in strings of 4,096, and the integers a sequence
+    # and a format version take.
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    strings: list[JsonValue] = [
+        "".join(points[i : i + 4096]) for i in range(0, len(points), 4096)
+    ]
+    integers: list[JsonValue] = [0, 1, 2, 9, 10, 2**31, 2**53 + 1, 2**63 - 1, -1, -(2**63)]
+    fields: list[JsonValue] = ["loom-crypto", 2, "e\"\\\n\x00\x7f\u2028", 7, "K"]
+    for bound in (strings, integers, fields):
+        assert bound_json(bound) == canonical_json(bound).encode("utf-8")
+    # What orjson refuses is written by canonical_json itself (and a lone surrogate,
+    # which UTF-8 cannot hold, refused as it always was).
+    beyond: list[list[JsonValue]] = [[2**64], [-(2**63) - 1]]
+    for refused in beyond:
+        assert bound_json(refused) == canonical_json(refused).encode("utf-8")
+    with pytest.raises(UnicodeEncodeError):
+        bound_json(["\ud800"])
