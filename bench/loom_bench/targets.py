@@ -19,6 +19,10 @@ Each target is named for what it measures (the report prints the name):
   (a new stream of three events; one event appended to a stream) at least 1.0x of each of
   eventsourcing's recorders (aggregate, application) writing the same events in the same
   run, on the same server or disk.
+- ``decorator-cost``: on every backend, a row under one of the project's decorators at
+  least 0.9x (``tenant``, ``sharded``) or 0.7x (``crypto``, ``audit``) of the same row on
+  the undecorated store, in the same run. A stack of several decorators, or of one this
+  list does not name, is printed without a target.
 
 Beside them, for reference and without a threshold, ``fenced-execution-cost``: the cost
 of the ``short-fenced`` row (whose ``acquire_fence`` is a fourth write inside every timed
@@ -33,6 +37,7 @@ the threshold, i.e. the runs are too noisy, or too few, to tell; more ``--runs``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -51,6 +56,10 @@ DBOS_RATIO: Final = 20.0
 DBOS_CONCURRENCY: Final = 64
 EVENTSOURCING_RATIO: Final = 1.0
 EVENTSOURCING_BACKENDS: Final = ("sqlite", "postgres")
+DECORATOR_RATIOS: Final[Mapping[str, float]] = {
+    "tenant": 0.9, "sharded": 0.9, "crypto": 0.7, "audit": 0.7,
+}
+"""What each of the project's decorators may cost: its row over the undecorated one."""
 
 Verdict = Literal["met", "not met", "undecided", "not measured", "reference"]
 
@@ -189,7 +198,36 @@ def evaluate(result: BenchResult) -> tuple[TargetCheck, ...]:
             )
     checks += _workflow_checks(result)
     checks += _stream_checks(result)
+    checks += _stack_checks(result)
     return tuple(checks)
+
+
+def _stack_checks(result: BenchResult) -> list[TargetCheck]:
+    """``decorator-cost``: every row under one decorator with a threshold, over the
+    undecorated row of its backend beside it."""
+    checks: list[TargetCheck] = []
+    for row in result.rows:
+        spec = row.spec
+        if spec.kind != "store" or len(spec.stack) != 1:
+            continue
+        (name,) = spec.stack
+        threshold = DECORATOR_RATIOS.get(name)
+        if threshold is None:
+            continue
+        measured = row.vs_bare
+        note = None
+        if measured is None:
+            note = _why_missing(row)
+            if row.status == "ok":
+                note = "the undecorated row was not measured beside it"
+        checks.append(
+            TargetCheck(
+                "decorator-cost", spec.backend, spec.concurrency,
+                f"{spec.title} under {name}: decorated / undecorated store",
+                "ratio", ">=", threshold, measured, note,
+            )
+        )
+    return checks
 
 
 def _workflow_checks(result: BenchResult) -> list[TargetCheck]:

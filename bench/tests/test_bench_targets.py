@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from loom_bench.results import BenchResult, Parameters, RowResult, RowSpec, SideResult
-from loom_bench.statistics import Sample
+from loom_bench.statistics import Sample, Spread, paired_ratios
 from loom_bench.targets import TargetCheck, evaluate
 
 
@@ -215,3 +215,35 @@ def test_vs_eventsourcing_without_it_says_what_to_install_and_without_the_flag_i
         _stream("stream-new", "sqlite", 8, _side("loom", 900, 1000), None, None)
     )
     assert [c for c in skipped if c.name == "vs-eventsourcing"] == []
+
+
+def _stacked(backend: str, stack: tuple[str, ...], vs_bare: Spread | None) -> RowResult:
+    return RowResult(
+        RowSpec(backend, "short", "short execution", stack, 64), "ok",
+        ours=_side("loom", 700, 800), vs_bare=vs_bare,
+    )
+
+
+def test_each_decorator_is_held_to_its_own_ratio_over_the_undecorated_row() -> None:
+    over = paired_ratios(
+        _side("loom", 820, 950).per_second(), _side("loom", 1000, 1000).per_second()
+    )
+    assert over is not None  # 0.82 and 0.95: above 0.7, not above 0.9
+    checks = {
+        (c.backend, c.description.split(" under ")[1].split(":")[0]): c
+        for c in _evaluate(
+            _stacked("postgres", ("tenant",), over),
+            _stacked("sqlite", ("crypto",), over),
+            _stacked("memory", ("audit",), None),
+            _stacked("postgres", ("crypto", "audit"), over),
+            _stacked("postgres", ("someone-elses",), over),
+        )
+        if c.name == "decorator-cost"
+    }
+    assert set(checks) == {("postgres", "tenant"), ("sqlite", "crypto"), ("memory", "audit")}
+    assert checks["postgres", "tenant"].threshold == 0.9
+    assert checks["postgres", "tenant"].verdict == "undecided"
+    assert checks["sqlite", "crypto"].threshold == 0.7
+    assert checks["sqlite", "crypto"].verdict == "met"
+    assert checks["memory", "audit"].verdict == "not measured"
+    assert checks["memory", "audit"].note == "the undecorated row was not measured beside it"
