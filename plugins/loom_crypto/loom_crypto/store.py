@@ -49,7 +49,6 @@ The optional methods, decided (a decision is the class's own, see ``decisions`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, TypeAlias
 
@@ -262,12 +261,13 @@ class CryptoEventStore(EventStoreDecorator):
         subjects: Sequence[str | None],
         first_sequence: int,
         incarnation: str,
-    ) -> tuple[list[NewEvent], list[bytes]]:
-        """The events as the inner store gets them, and each one's payload as canonical
-        JSON bytes (what a read gives back)."""
+    ) -> tuple[list[NewEvent], list[JsonValue]]:
+        """The events as the inner store gets them, and each one's payload as the caller
+        gave it (what a read gives back). ``events`` are the check's fresh copies (or the
+        decorator's own markers), so no caller holds those payloads."""
         keys: _Keys = {}
         stored: list[NewEvent] = []
-        plaintexts: list[bytes] = []
+        values: list[JsonValue] = []
         for offset, (event, subject) in enumerate(zip(events, subjects, strict=True)):
             if subject is None:
                 key, protect = await self._integrity_key(), authenticate_clear
@@ -276,15 +276,16 @@ class CryptoEventStore(EventStoreDecorator):
                 if known is None:
                     known = keys[subject] = await self.key_store.create(subject)
                 key, protect = known, seal_payload
-            payload, plaintext = protect(
-                key, event.payload, execution_id=execution_id,
+            value = event.payload
+            payload, _ = protect(
+                key, value, execution_id=execution_id,
                 sequence=first_sequence + offset, kind=event.kind, incarnation=incarnation,
             )
             metadata: JsonObject = dict(event.metadata)
             metadata[INCARNATION_FIELD] = incarnation
             stored.append(NewEvent(event.kind, payload, metadata))
-            plaintexts.append(plaintext)
-        return stored, plaintexts
+            values.append(value)
+        return stored, values
 
     async def _prepare(
         self,
@@ -292,16 +293,16 @@ class CryptoEventStore(EventStoreDecorator):
         events: Sequence[NewEvent],
         first_sequence: int,
         guarded_by: int | None,
-    ) -> tuple[list[NewEvent], list[bytes], str]:
-        """The sealed events, their plaintexts, and the incarnation they carry."""
+    ) -> tuple[list[NewEvent], list[JsonValue], str]:
+        """The sealed events, the payloads they seal, and the incarnation they carry."""
         subjects = self._subjects(execution_id, events)
         incarnation = await self._incarnation_for_append(
             execution_id, first_sequence, guarded_by
         )
-        stored, plaintexts = await self._seal(
+        stored, payloads = await self._seal(
             execution_id, events, subjects, first_sequence, incarnation
         )
-        return stored, plaintexts, incarnation
+        return stored, payloads, incarnation
 
     def _landed(self, execution_id: str, incarnation: str, guarded_by: int | None) -> None:
         """After a successful append: remember its incarnation under the token the store
@@ -320,13 +321,13 @@ class CryptoEventStore(EventStoreDecorator):
             return await self.inner.append(
                 execution_id, events, expected_sequence=expected_sequence
             )
-        stored, plaintexts = await self._seal(
+        stored, payloads = await self._seal(
             execution_id, events, [None] * len(events), expected_sequence, incarnation
         )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence
         )
-        return _as_written(written, plaintexts)
+        return _as_written(written, payloads)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -423,14 +424,14 @@ class CryptoEventStore(EventStoreDecorator):
         )
         if fence is not None:
             fence = check_fence(fence)
-        stored, plaintexts, incarnation = await self._prepare(
+        stored, payloads, incarnation = await self._prepare(
             execution_id, checked, expected_sequence, fence
         )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence, fence=fence
         )
         self._landed(execution_id, incarnation, fence)
-        return _as_written(written, plaintexts)
+        return _as_written(written, payloads)
 
     async def read(
         self,
@@ -474,7 +475,7 @@ class CryptoEventStore(EventStoreDecorator):
             execution_id, events, expected_sequence
         )
         observed_fence = check_fence(observed_fence, "observed_fence")
-        stored, plaintexts, incarnation = await self._prepare(
+        stored, payloads, incarnation = await self._prepare(
             execution_id, checked, expected_sequence, observed_fence
         )
         written = await self.inner.append_if_unchanged(
@@ -482,7 +483,7 @@ class CryptoEventStore(EventStoreDecorator):
             observed_fence=observed_fence,
         )
         self._landed(execution_id, incarnation, observed_fence)
-        return _as_written(written, plaintexts)
+        return _as_written(written, payloads)
 
     async def append_many(
         self, requests: Sequence[AppendRequest]
@@ -490,25 +491,25 @@ class CryptoEventStore(EventStoreDecorator):
         checked = check_append_requests(requests)
         subjects = [self._subjects(r.execution_id, events) for r, events in checked]
         sealed_requests: list[AppendRequest] = []
-        all_plaintexts: list[list[bytes]] = []
+        all_payloads: list[list[JsonValue]] = []
         incarnations: list[str] = []
         for (request, events), batch_subjects in zip(checked, subjects, strict=True):
             incarnation = await self._incarnation_for_append(
                 request.execution_id, request.expected_sequence, request.fence
             )
             incarnations.append(incarnation)
-            stored, plaintexts = await self._seal(
+            stored, payloads = await self._seal(
                 request.execution_id, events, batch_subjects, request.expected_sequence,
                 incarnation,
             )
             sealed_requests.append(dataclasses.replace(request, events=tuple(stored)))
-            all_plaintexts.append(plaintexts)
+            all_payloads.append(payloads)
         written = await self.inner.append_many(sealed_requests)
         for request, incarnation in zip(sealed_requests, incarnations, strict=True):
             self._landed(request.execution_id, incarnation, request.fence)
         return tuple(
-            _as_written(batch, plaintexts)
-            for batch, plaintexts in zip(written, all_plaintexts, strict=True)
+            _as_written(batch, payloads)
+            for batch, payloads in zip(written, all_payloads, strict=True)
         )
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
@@ -584,12 +585,11 @@ def _visible(metadata: JsonObject) -> JsonObject:
     return {k: v for k, v in metadata.items() if k != INCARNATION_FIELD}
 
 
-def _as_written(written: Sequence[Event], plaintexts: Sequence[bytes]) -> tuple[Event, ...]:
+def _as_written(written: Sequence[Event], payloads: Sequence[JsonValue]) -> tuple[Event, ...]:
     """The stored events with the payloads and metadata the caller wrote (as a read would
     return them)."""
     return tuple([
-        _opened(event, json.loads(plaintext.decode("utf-8")))
-        for event, plaintext in zip(written, plaintexts, strict=True)
+        _opened(event, payload) for event, payload in zip(written, payloads, strict=True)
     ])
 
 
