@@ -17,6 +17,14 @@ this process or any other, and the log's incarnation is the remembered one. When
 not land, the store refused it and nothing was written. Unlike the audit chain's tips, the
 sequence does not matter: every event of one log carries the same incarnation.
 
+An unfenced append presents no token, so the decorator makes it ``append_if_unchanged``
+under the remembered token (which checks the token, and stamps and bumps nothing: the same
+write otherwise); refused, it forgets the entry and appends as asked, after reading the
+first event. A log this decorator created unfenced is remembered under token 0, a guess:
+the token of an id never fenced nor deleted. The guess is safe for the same reason (a
+token still 0 has never moved, so the log was never deleted), and a wrong one costs one
+refused write, once.
+
 The map is bounded: past ``size`` executions the one recorded least recently is dropped,
 and its next append reads the log's first event as if never remembered.
 """
@@ -66,5 +74,15 @@ class Incarnations:
         if len(self._known) > self._size:
             self._known.popitem(last=False)
 
+    def known(self, execution_id: str) -> tuple[str, int] | None:
+        """The remembered (incarnation, token), whatever token an append presents."""
+        return self._known.get(execution_id)
+
     def forget(self, execution_id: str) -> None:
         self._known.pop(execution_id, None)
+
+    def forget_if_still(self, execution_id: str, seen: tuple[str, int]) -> None:
+        """Drop ``seen`` after the store refused its token; one recorded since by an
+        append that landed meanwhile is kept."""
+        if self._known.get(execution_id) is seen:
+            del self._known[execution_id]

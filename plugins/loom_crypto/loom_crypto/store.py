@@ -54,7 +54,12 @@ from typing import Final, TypeAlias
 
 from loom_core import Event, JsonObject, JsonValue, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
-from loom_core.errors import InvalidInputError, InvalidOptionError, PayloadShreddedError
+from loom_core.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    PayloadShreddedError,
+    StaleFenceError,
+)
 from loom_core.spi import (
     AppendRequest,
     EventStore,
@@ -424,13 +429,50 @@ class CryptoEventStore(EventStoreDecorator):
         )
         if fence is not None:
             fence = check_fence(fence)
+        elif expected_sequence > 0:
+            known = self._incarnations.known(execution_id)
+            if known is not None and "append_if_unchanged" in self.inner.capabilities:
+                unchanged = await self._append_unchanged(
+                    execution_id, checked, expected_sequence, known
+                )
+                if unchanged is not None:
+                    return unchanged
         stored, payloads, incarnation = await self._prepare(
             execution_id, checked, expected_sequence, fence
         )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence, fence=fence
         )
-        self._landed(execution_id, incarnation, fence)
+        # A log created unfenced is remembered under token 0, the guess incarnations.py
+        # explains; any other unfenced append leaves nothing to remember.
+        self._landed(
+            execution_id, incarnation, 0 if fence is None and expected_sequence == 0 else fence
+        )
+        return _as_written(written, payloads)
+
+    async def _append_unchanged(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        expected_sequence: int,
+        known: tuple[str, int],
+    ) -> tuple[Event, ...] | None:
+        """An unfenced append made ``append_if_unchanged`` under the remembered token, in
+        the remembered incarnation; None when the store refused that token (nothing was
+        written, and the entry is forgotten)."""
+        incarnation, token = known
+        subjects = self._subjects(execution_id, events)
+        stored, payloads = await self._seal(
+            execution_id, events, subjects, expected_sequence, incarnation
+        )
+        try:
+            written = await self.inner.append_if_unchanged(
+                execution_id, stored, expected_sequence=expected_sequence,
+                observed_fence=token,
+            )
+        except StaleFenceError:
+            self._incarnations.forget_if_still(execution_id, known)
+            return None
         return _as_written(written, payloads)
 
     async def read(

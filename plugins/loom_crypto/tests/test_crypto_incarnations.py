@@ -132,7 +132,7 @@ async def _one_incarnation(w: Writers, execution_id: str) -> tuple[list[object],
     return [event.payload["v"] for event in opened], stamp  # type: ignore[index, call-overload]
 
 
-async def test_fenced_appends_read_no_first_event_and_unfenced_ones_read_it() -> None:
+async def test_appends_after_a_remembered_one_read_no_first_event() -> None:
     shared = MemoryEventStore()
     w = _writers(shared, shared)
     token = await w.a.acquire_fence("f")
@@ -143,20 +143,22 @@ async def test_fenced_appends_read_no_first_event_and_unfenced_ones_read_it() ->
     await w.a.append("f", _events(6), expected_sequence=6, fence=token)
     assert w.probe.reads == 0
 
+    # A log created unfenced is remembered under token 0; unfenced appends go as
+    # append_if_unchanged under it, and so does a fenced one under 0.
     await w.a.append("u", _events(0), expected_sequence=0)
     await w.a.append("u", _events(1), expected_sequence=1)
-    assert w.probe.reads == 1, "an unfenced append reads the first event"
     await w.a.append("u", _events(2), expected_sequence=2, fence=0)
-    assert w.probe.reads == 2, "nothing remembered after an unfenced append"
-    await w.a.append("u", _events(3), expected_sequence=3, fence=0)
-    assert w.probe.reads == 2
+    await w.a.append("u", _events(3), expected_sequence=3)
+    assert w.probe.reads == 0
 
-    # A new token is not the remembered one: one read, then the new token is remembered.
+    # A new token is not the remembered one: one read, then the new token is remembered,
+    # and an unfenced append goes under it.
     newer = await w.a.acquire_fence("f")
     await w.a.append("f", _events(7), expected_sequence=7, fence=newer)
     await w.a.append("f", _events(8), expected_sequence=8, fence=newer)
-    assert w.probe.reads == 3
-    assert (await _one_incarnation(w, "f"))[0] == list(range(9))
+    await w.a.append("f", _events(9), expected_sequence=9)
+    assert w.probe.reads == 1
+    assert (await _one_incarnation(w, "f"))[0] == list(range(10))
     assert (await _one_incarnation(w, "u"))[0] == list(range(4))
 
 
@@ -217,6 +219,61 @@ async def _append_as(
         )
     else:
         await store.append_many([AppendRequest(execution_id, events, sequence, fence=token)])
+
+
+@pytest.mark.parametrize("recreate_to", [1, 2, 3], ids=["behind", "same-head", "ahead"])
+async def test_an_unfenced_append_never_writes_the_remembered_incarnation_into_a_new_log(
+    two: Writers, recreate_to: int
+) -> None:
+    await two.a.append("e", _events("a0"), expected_sequence=0)
+    await two.a.append("e", _events("a1"), expected_sequence=1)
+    _, old = await _one_incarnation(two, "e")
+    # The other process deletes the log and writes a new one, unfenced too.
+    assert await two.b.delete_execution("e")
+    await two.b.append("e", _events(*[f"b{i}" for i in range(recreate_to)]), expected_sequence=0)
+    _, new = await _one_incarnation(two, "e")
+    assert new != old
+
+    reads = two.probe.reads
+    if recreate_to == 2:
+        # The head A expects: its remembered token (0) is refused inside, nothing is
+        # written, and the append goes on with the new log's first event.
+        await two.a.append("e", _events("a2"), expected_sequence=2)
+        assert two.probe.reads == reads + 1
+        # Not remembered after that: the next unfenced append reads too.
+        await two.a.append("e", _events("a3"), expected_sequence=3)
+        assert two.probe.reads == reads + 2
+        assert await _one_incarnation(two, "e") == (["b0", "b1", "a2", "a3"], new)
+    else:
+        with pytest.raises(SequenceConflictError):
+            await two.a.append("e", _events("a2"), expected_sequence=2)
+        assert (await _one_incarnation(two, "e"))[1] == new
+
+
+async def test_a_wrong_guess_costs_one_refused_write_then_reads() -> None:
+    # The id was deleted before, so its token is 1 when A creates it unfenced.
+    shared = MemoryEventStore()
+    w = _writers(shared, shared)
+    await w.a.append("e", _events(0), expected_sequence=0)
+    assert await w.a.delete_execution("e")
+    await w.a.append("e", _events(0), expected_sequence=0)
+    await w.a.append("e", _events(1), expected_sequence=1)
+    await w.a.append("e", _events(2), expected_sequence=2)
+    assert w.probe.reads == 2
+    assert (await _one_incarnation(w, "e"))[0] == [0, 1, 2]
+
+
+async def test_without_append_if_unchanged_an_unfenced_append_reads_the_first_event() -> None:
+    shared = MemoryEventStore(offer=["acquire_fence", "delete_execution"])
+    w = _writers(shared, shared)
+    for i in range(3):
+        await w.a.append("e", _events(i), expected_sequence=i)
+    assert w.probe.reads == 2
+    token = await w.a.acquire_fence("e")
+    await w.a.append("e", _events(3), expected_sequence=3, fence=token)
+    await w.a.append("e", _events(4), expected_sequence=4, fence=token)
+    assert w.probe.reads == 3
+    assert (await _one_incarnation(w, "e"))[0] == [0, 1, 2, 3, 4]
 
 
 async def test_a_cache_of_zero_reads_every_first_event() -> None:

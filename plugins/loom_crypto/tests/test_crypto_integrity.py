@@ -215,7 +215,7 @@ async def test_a_compacted_log_still_knows_its_incarnation(
 
 
 async def test_an_event_stripped_of_its_incarnation_is_refused(
-    storage: Storage, sql: sqlite3.Connection
+    storage: Storage, sql: sqlite3.Connection, database_path: Path, tmp_path: Path
 ) -> None:
     await storage.events.append("alice/1", [NewEvent("X", 1), NewEvent("X", 2)],
                                 expected_sequence=0)
@@ -234,8 +234,22 @@ async def test_an_event_stripped_of_its_incarnation_is_refused(
         {k: v for k, v in json.loads(metadata0).items() if k != INCARNATION_FIELD}))
     with pytest.raises(UnauthenticatedPayloadError, match="legacy_reads=True"):
         await storage.events.read("alice/1", from_sequence=1)
+    # A process that does not remember the log's incarnation reads the stripped first
+    # event to find it, and is refused; nothing is written.
+    crypto = ("crypto", {"key_store": FileKeyStore(tmp_path / "keys"),
+                         "subject_of": subject_prefix})
+    async with open_storage(f"sqlite:///{database_path}", decorators=[crypto]) as other:
+        with pytest.raises(UnauthenticatedPayloadError):
+            await other.events.append("alice/1", [NewEvent("X", 3)], expected_sequence=2)
+    assert await storage.events.head("alice/1") == 2
+    # The writer that created the log remembers its incarnation and goes on in it (under
+    # the token it remembers, so only in that very log): the new event is genuine, and
+    # the log still reads as tampered until its first event is put back.
+    await storage.events.append("alice/1", [NewEvent("X", 3)], expected_sequence=2)
     with pytest.raises(UnauthenticatedPayloadError):
-        await storage.events.append("alice/1", [NewEvent("X", 3)], expected_sequence=2)
+        await storage.events.read("alice/1", from_sequence=1)
+    _set(sql, "alice/1", 0, payload0, metadata0)
+    assert [e.payload for e in await storage.events.read("alice/1")] == [1, 2, 3]
 
 
 # -- shredding and the reserved names ------------------------------------------------------
