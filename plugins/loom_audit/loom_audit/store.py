@@ -15,11 +15,17 @@ Where the predecessor's hash comes from:
   such an append only if nobody appended, deleted or re-created the log since, because a
   delete moves the token). The tips are bounded (``tip_cache_size``, 4,096 executions by
   default, the least recently written dropped first).
+- **An unfenced append at the tip's sequence** is sent as ``append_if_unchanged`` under
+  the tip's token (the same write: nothing stamped, no token moved), so the store refuses
+  it exactly when the tip may be stale; refused, nothing was written, the tip is dropped
+  and the append reads its predecessor as below. A log this decorator creates unfenced is
+  remembered under token 0, a guess (the token of an id never fenced nor deleted) that is
+  safe for the same reason and, when wrong, costs one refused write, once.
 - **A read of the predecessor** (one round-trip) for everything else: an unfenced append
-  (no token check, so nothing would refuse it after a delete and re-create), any mismatch
-  of sequence or token, and an execution whose tip was dropped. An append that fails or is
-  interrupted drops the tip it saw, and so do ``delete_execution`` and
-  ``truncate_prefix_keeping`` through this decorator.
+  on a store without ``append_if_unchanged``, any mismatch of sequence or token, and an
+  execution whose tip was dropped. An append that fails or is interrupted drops the tip it
+  saw, and so do ``delete_execution`` and ``truncate_prefix_keeping`` through this
+  decorator.
 
 Reads through the decorator (``read``, ``subscribe``, the events ``append`` returns) show
 each event as the caller wrote it, without the ``chain`` field, exactly as an undecorated
@@ -64,6 +70,7 @@ from loom_core.errors import (
     InvalidOptionError,
     PayloadShreddedError,
     SequenceConflictError,
+    StaleFenceError,
 )
 from loom_core.spi import (
     AppendRequest,
@@ -191,6 +198,14 @@ class AuditEventStore(EventStoreDecorator):
             fence = check_fence(fence)
         refuse_chain_field(checked)
         seen = self._tips.get(execution_id)
+        if (
+            fence is None and seen is not None and seen.next_sequence == expected_sequence
+            and "append_if_unchanged" in self.inner.capabilities
+        ):
+            unchanged = await self._append_unchanged(execution_id, checked, seen)
+            if unchanged is not None:
+                return unchanged
+            seen = None  # refused under the tip's token: dropped, read the predecessor
         try:
             chained = await self._chained(
                 execution_id, checked, expected_sequence, stamped=fence, guarded_by=fence,
@@ -202,7 +217,31 @@ class AuditEventStore(EventStoreDecorator):
         except BaseException:
             self._tips.forget_if_still(execution_id, seen)
             raise
-        self._landed(execution_id, chained, expected_sequence, fence, seen)
+        # A log created unfenced is remembered under token 0, the guess the module
+        # docstring explains; any other unfenced append leaves no token to remember.
+        guarded_by = 0 if fence is None and expected_sequence == 0 else fence
+        self._landed(execution_id, chained, expected_sequence, guarded_by, seen)
+        return _unlinked(written)
+
+    async def _append_unchanged(
+        self, execution_id: str, events: Sequence[NewEvent], seen: Tip
+    ) -> tuple[Event, ...] | None:
+        """An unfenced append at the tip's sequence, made ``append_if_unchanged`` under
+        its token and linked after its hash; None when the store refused that token
+        (nothing was written, and the tip is dropped)."""
+        chained = chain_events(execution_id, seen.next_sequence, events, seen.hash, None)
+        try:
+            written = await self.inner.append_if_unchanged(
+                execution_id, chained, expected_sequence=seen.next_sequence,
+                observed_fence=seen.fence,
+            )
+        except StaleFenceError:
+            self._tips.forget_if_still(execution_id, seen)
+            return None
+        except BaseException:
+            self._tips.forget_if_still(execution_id, seen)
+            raise
+        self._landed(execution_id, chained, seen.next_sequence, seen.fence, seen)
         return _unlinked(written)
 
     async def read(

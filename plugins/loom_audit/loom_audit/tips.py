@@ -3,10 +3,11 @@ read of its predecessor.
 
 A tip is what a successful append left: the next sequence, the link hash of the last
 event written, and the fence token the append was accepted under (the ``fence`` of a
-fenced append, the ``observed_fence`` of ``append_if_unchanged``). It is only ever used
-for an append that the inner store will accept only in exactly that state: at
-``expected_sequence == next`` **and** under that same token. Such an append succeeds only
-if the log is still where the tip left it, because
+fenced append, the ``observed_fence`` of ``append_if_unchanged``; 0 for a log the
+decorator created unfenced, a guess). It is only ever used for an append that the inner
+store will accept only in exactly that state: at ``expected_sequence == next`` **and**
+under that same token (an unfenced append is sent as ``append_if_unchanged`` under it).
+Such an append succeeds only if the log is still where the tip left it, because
 
 - the store refuses it unless the head is still ``next`` and the token still that fence;
 - a head only moves forward, except through ``delete_execution``;

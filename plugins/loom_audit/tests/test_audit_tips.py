@@ -149,7 +149,7 @@ async def _linked_in_order(audit: AuditEventStore, execution_id: str) -> None:
 # -- no read on the fenced path ------------------------------------------------------------
 
 
-async def test_fenced_appends_read_no_predecessor_and_unfenced_ones_read_one() -> None:
+async def test_appends_at_a_remembered_tip_read_no_predecessor() -> None:
     w = _writers(MemoryEventStore(), MemoryEventStore())
     token = await w.a.acquire_fence("f")
     await w.a.append("f", _events(0, 1), expected_sequence=0, fence=token)
@@ -159,19 +159,21 @@ async def test_fenced_appends_read_no_predecessor_and_unfenced_ones_read_one() -
     await w.a.append("f", _events(6), expected_sequence=6, fence=token)
     assert w.probe.reads == 0
 
+    # A log created unfenced has its tip under token 0; an unfenced append at the tip
+    # goes as append_if_unchanged under its token, and so links with no read either.
     await w.a.append("u", _events(0), expected_sequence=0)
     await w.a.append("u", _events(1), expected_sequence=1)
-    assert w.probe.reads == 1, "an unfenced append reads its predecessor"
     await w.a.append("u", _events(2), expected_sequence=2, fence=0)
-    assert w.probe.reads == 2, "no tip after an unfenced append: the token was not checked"
-    await w.a.append("u", _events(3), expected_sequence=3, fence=0)
-    assert w.probe.reads == 2
+    await w.a.append("u", _events(3), expected_sequence=3)
+    assert w.probe.reads == 0
 
-    # A new token is a mismatch: one read, then the tip is under the new token.
+    # A new token is a mismatch: one read, then the tip is under the new token (and an
+    # unfenced append goes under it).
     newer = await w.a.acquire_fence("f")
     await w.a.append("f", _events(7), expected_sequence=7, fence=newer)
     await w.a.append("f", _events(8), expected_sequence=8, fence=newer)
-    assert w.probe.reads == 3
+    await w.a.append("f", _events(9), expected_sequence=9)
+    assert w.probe.reads == 1
     await _linked_in_order(w.a, "f")
     await _linked_in_order(w.a, "u")
 
@@ -213,7 +215,57 @@ async def test_beyond_the_bound_the_oldest_tip_is_dropped_and_still_links_correc
         await _linked_in_order(w.a, name)
 
 
+async def test_a_wrong_guess_costs_one_refused_write_then_reads() -> None:
+    # The id was deleted before, so its token is 1 when A creates it unfenced.
+    shared = MemoryEventStore()
+    w = _writers(shared, shared)
+    await w.a.append("e", _events(0), expected_sequence=0)
+    assert await w.a.delete_execution("e")
+    await w.a.append("e", _events(0), expected_sequence=0)
+    await w.a.append("e", _events(1), expected_sequence=1)
+    await w.a.append("e", _events(2), expected_sequence=2)
+    assert w.probe.reads == 2
+    await _linked_in_order(w.a, "e")
+
+
+async def test_without_append_if_unchanged_an_unfenced_append_reads_its_predecessor() -> None:
+    shared = MemoryEventStore(offer=["acquire_fence", "delete_execution"])
+    w = _writers(shared, shared)
+    for i in range(3):
+        await w.a.append("e", _events(i), expected_sequence=i)
+    assert w.probe.reads == 2
+    await _linked_in_order(w.a, "e")
+
+
 # -- another writer moved the log -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("recreate_to", [1, 2, 3], ids=["behind", "same-head", "ahead"])
+async def test_an_unfenced_append_never_links_after_the_tip_of_a_deleted_log(
+    two: Writers, recreate_to: int
+) -> None:
+    await two.a.append("e", _events("a0"), expected_sequence=0)
+    await two.a.append("e", _events("a1"), expected_sequence=1)
+    # The other process deletes the log and writes a new one, unfenced too.
+    assert await two.b.delete_execution("e")
+    await two.b.append(
+        "e", _events(*[f"b{i}" for i in range(recreate_to)]), expected_sequence=0
+    )
+    before = await two.b.read_chained("e")
+    reads = two.probe.reads
+    if recreate_to == 2:
+        # The head A's tip expects: its token (0) is refused inside, nothing is written,
+        # and the append reads the new predecessor and links after it.
+        await two.a.append("e", _events("a2"), expected_sequence=2)
+        assert two.probe.reads == reads + 1
+        assert [e.payload for e in await two.b.read("e")] == ["b0", "b1", "a2"]
+    else:
+        with pytest.raises(SequenceConflictError):
+            await two.a.append("e", _events("a2"), expected_sequence=2)
+        assert await two.b.read_chained("e") == before, "the refused append wrote nothing"
+    await _linked_in_order(two.b, "e")
+
+
 
 
 @pytest.mark.parametrize("acquired", [False, True], ids=["token-0", "acquired"])
