@@ -8,17 +8,12 @@ where it takes the predecessor's hash from) cannot change a link unnoticed.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
-import secrets
-from collections.abc import Sequence
-
 import pytest
 from loom_audit import AuditEventStore, read_link
+from loom_conformance.pinning import deterministic_randomness, rows_digest
 from loom_crypto import CryptoEventStore, MemoryKeyStore
 
-from loom_core import AppendRequest, Event, EventStore, InvalidEventError, NewEvent
+from loom_core import AppendRequest, EventStore, InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
 
 PINNED_DIGESTS = {
@@ -35,28 +30,6 @@ IDS = ("alice/o-1", "alice/o-2", "public/p")
 def subject_prefix(execution_id: str, event: NewEvent) -> str | None:
     owner = execution_id.split("/", 1)[0]
     return None if owner == "public" else owner
-
-
-def deterministic_randomness(monkeypatch: pytest.MonkeyPatch) -> None:
-    counter = itertools.count()
-
-    def token_bytes(n: int | None = None) -> bytes:
-        size = 32 if n is None else n
-        seed = hashlib.sha256(f"loom-test-{next(counter)}".encode()).digest()
-        return (seed * (size // len(seed) + 1))[:size]
-
-    def token_hex(n: int | None = None) -> str:
-        return token_bytes(n).hex()
-
-    monkeypatch.setattr(secrets, "token_bytes", token_bytes)
-    monkeypatch.setattr(secrets, "token_hex", token_hex)
-
-
-def digest(rows: Sequence[Event]) -> str:
-    table = [[e.execution_id, e.sequence, e.kind, e.payload, e.metadata] for e in rows]
-    return hashlib.sha256(
-        json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
 
 
 FIXED = [
@@ -105,7 +78,7 @@ async def test_the_rows_of_a_fixed_input_are_pinned_and_verify(
     await write_fixed_input(top)
     rows = [event for execution_id in IDS for event in await inner.read(execution_id)]
     assert len(rows) == 7
-    assert digest(rows) == PINNED_DIGESTS[name]
+    assert rows_digest(rows) == PINNED_DIGESTS[name]
     for execution_id in IDS:
         assert (await audit.verify(execution_id)).ok
     assert [(e.kind, e.payload, e.metadata) for e in await top.read("alice/o-1")] == [

@@ -7,43 +7,16 @@ what it writes cannot change a seal, a MAC or an incarnation stamp unnoticed.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
-import secrets
-from collections.abc import Sequence
-
 import pytest
 from conftest import subject_prefix
+from loom_conformance.pinning import deterministic_randomness, rows_digest
 from loom_crypto import CryptoEventStore, MemoryKeyStore
 
-from loom_core import AppendRequest, Event, InvalidEventError, NewEvent
+from loom_core import AppendRequest, InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
 
 PINNED_DIGEST = "4eec8f43e74da44b2d6ccee43b6783eec964085432a48dc1a3b9bed43d0cc014"
 """Written by the decorator as of loom-crypto 0.2 (each field as it was then)."""
-
-
-def deterministic_randomness(monkeypatch: pytest.MonkeyPatch) -> None:
-    counter = itertools.count()
-
-    def token_bytes(n: int | None = None) -> bytes:
-        size = 32 if n is None else n
-        seed = hashlib.sha256(f"loom-test-{next(counter)}".encode()).digest()
-        return (seed * (size // len(seed) + 1))[:size]
-
-    def token_hex(n: int | None = None) -> str:
-        return token_bytes(n).hex()
-
-    monkeypatch.setattr(secrets, "token_bytes", token_bytes)
-    monkeypatch.setattr(secrets, "token_hex", token_hex)
-
-
-def digest(rows: Sequence[Event]) -> str:
-    table = [[e.execution_id, e.sequence, e.kind, e.payload, e.metadata] for e in rows]
-    return hashlib.sha256(
-        json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
 
 
 FIXED = [
@@ -80,7 +53,7 @@ async def test_the_rows_of_a_fixed_input_are_pinned(monkeypatch: pytest.MonkeyPa
         for event in await inner.read(execution_id)
     ]
     assert len(rows) == 7
-    assert digest(rows) == PINNED_DIGEST
+    assert rows_digest(rows) == PINNED_DIGEST
     assert [e.payload for e in await store.read("alice/o-1")] == [
         e.payload for e in FIXED[:4]
     ]
