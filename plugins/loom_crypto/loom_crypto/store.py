@@ -10,11 +10,12 @@ same ids, sequences and kinds, so (execution, sequence, kind, key) alone cannot 
 of the old log from one of the new. The decorator draws a random incarnation id whenever it
 writes sequence 0 (``expected_sequence == 0``), stamps it in the metadata of every event of
 the log (``metadata["$loom_incarnation"]``) and binds it into every payload's associated
-data or MAC. An append at ``expected_sequence > 0`` continues the log's incarnation: a
-fenced append under a token that one of this decorator's own fenced appends landed under
-takes it from memory (:mod:`loom_crypto.incarnations` says why that is safe), any other
-reads the log's first stored event (one extra read of one row). A read checks that every event it
-returns carries the incarnation of the log's first stored event, sequence 0 or, after
+data or MAC. An append at ``expected_sequence > 0`` continues the log's incarnation: from
+memory when one of this decorator's own appends landed under a token the store will check
+for it (an unfenced append is sent as ``append_if_unchanged`` under that token;
+:mod:`loom_crypto.incarnations` says why that is safe), else by reading the log's first
+stored event (one extra read of one row). A read checks that every event it returns
+carries the incarnation of the log's first stored event, sequence 0 or, after
 ``truncate_prefix_keeping``, the first kept one (read along with a range that starts at 0,
 one extra row otherwise), and that each payload authenticates under the incarnation its own
 metadata names. So a payload pasted from a deleted log under a new row fails its tag or
@@ -130,7 +131,7 @@ class CryptoEventStore(EventStoreDecorator):
     as genuine in any log whose first event was stripped of its incarnation.
 
     ``incarnation_cache_size`` (an int >= 0) is how many executions' incarnations are
-    remembered to spare fenced appends the read of the log's first event; 0 remembers none.
+    remembered to spare appends the read of the log's first event; 0 remembers none.
     """
 
     def __init__(
