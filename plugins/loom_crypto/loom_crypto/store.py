@@ -474,6 +474,7 @@ class CryptoEventStore(EventStoreDecorator):
         except StaleFenceError:
             self._incarnations.forget_if_still(execution_id, known)
             return None
+        self._landed(execution_id, incarnation, token)  # still true, and now the newest
         return _as_written(written, payloads)
 
     async def read(

@@ -299,6 +299,21 @@ async def test_beyond_the_bound_the_oldest_is_dropped_and_read_again() -> None:
         assert (await _one_incarnation(w, name))[0] == [0, 1]
 
 
+async def test_an_unfenced_append_keeps_its_execution_among_the_newest() -> None:
+    shared = MemoryEventStore()
+    w = _writers(shared, shared, size=2)
+    await w.a.append("x1", _events(0), expected_sequence=0)
+    await w.a.append("x2", _events(0), expected_sequence=0)
+    await w.a.append("x1", _events(1), expected_sequence=1)  # x2 is now the oldest
+    await w.a.append("x3", _events(0), expected_sequence=0)
+    await w.a.append("x1", _events(2), expected_sequence=2)
+    assert w.probe.reads == 0
+    await w.a.append("x2", _events(1), expected_sequence=1)
+    assert w.probe.reads == 1, "x2 was dropped"
+    for name, count in (("x1", 3), ("x2", 2), ("x3", 1)):
+        assert (await _one_incarnation(w, name))[0] == list(range(count))
+
+
 async def test_a_stale_append_leaves_the_newer_token_remembered() -> None:
     # Two runs of one execution in one process: the stale one's late append is refused and
     # leaves the newer token remembered.
