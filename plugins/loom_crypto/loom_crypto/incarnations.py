@@ -49,9 +49,6 @@ class Incarnations:
         self._size = size
         self._known: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._known)
-
     def under(self, execution_id: str, fence: int) -> str | None:
         """The incarnation an append under ``fence`` continues, when a fenced append under
         that very token landed before; None: read it from the log."""
@@ -77,9 +74,6 @@ class Incarnations:
     def known(self, execution_id: str) -> tuple[str, int] | None:
         """The remembered (incarnation, token), whatever token an append presents."""
         return self._known.get(execution_id)
-
-    def forget(self, execution_id: str) -> None:
-        self._known.pop(execution_id, None)
 
     def forget_if_still(self, execution_id: str, seen: tuple[str, int]) -> None:
         """Drop ``seen`` after the store refused its token; one recorded since by an

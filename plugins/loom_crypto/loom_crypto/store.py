@@ -461,10 +461,10 @@ class CryptoEventStore(EventStoreDecorator):
         """An unfenced append made ``append_if_unchanged`` under the remembered token, in
         the remembered incarnation; None when the store refused that token (nothing was
         written, and the entry is forgotten)."""
-        incarnation, token = known
-        subjects = self._subjects(execution_id, events)
-        stored, payloads = await self._seal(
-            execution_id, events, subjects, expected_sequence, incarnation
+        token = known[1]
+        # Under the remembered token, _prepare takes the remembered incarnation.
+        stored, payloads, incarnation = await self._prepare(
+            execution_id, events, expected_sequence, token
         )
         try:
             written = await self.inner.append_if_unchanged(
