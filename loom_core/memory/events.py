@@ -1,9 +1,10 @@
 """The in-memory event store: the embedded default and the conformance kit's reference.
 
-Every method validates its arguments, yields to the event loop once, then does its work in
-one synchronous step, so concurrent asyncio tasks interleave between calls but never inside
-one: ``acquire_fence_if`` (compare the token, binary-search to ``park_seq``, scan the tail
-for an answering event, bump) is atomic by construction.
+Every method validates its arguments, lets the event loop run other tasks (one call in
+``YIELD_EVERY`` yields, see loom_core.memory.turns), then does its work in one synchronous
+step, so concurrent asyncio tasks interleave between calls but never inside one:
+``acquire_fence_if`` (compare the token, binary-search to ``park_seq``, scan the tail for
+an answering event, bump) is atomic by construction.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
-import types
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
@@ -30,6 +30,7 @@ from loom_core.errors import (
     StoreClosedError,
 )
 from loom_core.events import Event, JsonObject, JsonValue, NewEvent
+from loom_core.memory.turns import YIELD_EVERY, one_turn
 from loom_core.protocols import (
     DEFAULT_LIST_LIMIT,
     OPTIONAL_EVENT_STORE_METHODS,
@@ -162,6 +163,7 @@ class MemoryEventStore(RefusesUnoffered):
         self._fences: dict[str, int] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._closed = False
+        self._turns = 1  # calls left until the next yield: the first call yields
 
     @property
     def capabilities(self) -> frozenset[OptionalMethod]:
@@ -263,13 +265,17 @@ class MemoryEventStore(RefusesUnoffered):
             signal.set()
 
     async def _tick(self) -> None:
-        # One yield per call: tasks interleave between store operations, never inside one.
-        # Closed is checked after the yield too, so a call that raced close() is refused.
+        # A yield every YIELD_EVERY calls (loom_core.memory.turns): tasks interleave
+        # between store operations, never inside one. Closed is checked after the yield
+        # too, so a call that raced close() is refused.
         if self._closed:
             self._check_open()
-        await _one_turn()
-        if self._closed:
-            self._check_open()
+        self._turns -= 1
+        if not self._turns:
+            self._turns = YIELD_EVERY
+            await one_turn()
+            if self._closed:
+                self._check_open()
 
     # -- required -----------------------------------------------------------------------
 
@@ -301,9 +307,12 @@ class MemoryEventStore(RefusesUnoffered):
             fence = check_fence(fence)
         if self._closed:
             self._check_open()
-        await _one_turn()
-        if self._closed:
-            self._check_open()
+        self._turns -= 1
+        if not self._turns:
+            self._turns = YIELD_EVERY
+            await one_turn()
+            if self._closed:
+                self._check_open()
         log = self._logs.get(execution_id)
         if fence is not None or (log.head if log else 0) != expected_sequence:
             log = self._check_append(execution_id, expected_sequence, fence)
@@ -527,13 +536,6 @@ class MemoryEventStore(RefusesUnoffered):
             if signal is None:
                 signal = self._signals[execution_id] = asyncio.Event()
             await signal.wait()
-
-
-@types.coroutine
-def _one_turn() -> Generator[None, None, None]:
-    """``await asyncio.sleep(0)`` without the coroutine around it: the loop runs every
-    other ready task once, then resumes the caller."""
-    yield
 
 
 @dataclass(slots=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from loom_core.errors import LeaseHeldError, LeaseNotHeldError, StoreClosedError
+from loom_core.memory.turns import YIELD_EVERY, one_turn
 from loom_core.protocols import Lease, LeaseScope
 from loom_core.validation import check_key, check_ttl
 
@@ -20,6 +20,7 @@ class MemoryLeaseStore:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._leases: dict[str, Lease] = {}
         self._closed = False
+        self._turns = 1  # calls left until the next yield: the first call yields
 
     @property
     def scope(self) -> LeaseScope:
@@ -78,9 +79,13 @@ class MemoryLeaseStore:
         self._closed = True
 
     async def _tick(self) -> None:
-        # Checked on both sides of the yield, so a call that raced close() is refused too.
+        # A yield every YIELD_EVERY calls (loom_core.memory.turns). Closed is checked on
+        # both sides of the yield, so a call that raced close() is refused too.
         if self._closed:
             raise StoreClosedError('this in-memory lease store')
-        await asyncio.sleep(0)
-        if self._closed:
-            raise StoreClosedError('this in-memory lease store')
+        self._turns -= 1
+        if not self._turns:
+            self._turns = YIELD_EVERY
+            await one_turn()
+            if self._closed:
+                raise StoreClosedError('this in-memory lease store')

@@ -3,10 +3,10 @@ docs/design.md, "Timers and re-drives")."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 from loom_core.errors import InvalidOptionError, StoreClosedError
+from loom_core.memory.turns import YIELD_EVERY, one_turn
 from loom_core.protocols import DEFAULT_LIST_LIMIT, Redrive, TimerRecord
 from loom_core.validation import (
     check_aware,
@@ -24,6 +24,7 @@ class MemoryTimerStore:
     def __init__(self) -> None:
         self._rows: dict[tuple[str, datetime], Redrive | None] = {}
         self._closed = False
+        self._turns = 1  # calls left until the next yield: the first call yields
 
     async def schedule(self, record: TimerRecord) -> None:
         record = check_timer_record(record)
@@ -78,12 +79,16 @@ class MemoryTimerStore:
         self._closed = True
 
     async def _tick(self) -> None:
-        # Checked on both sides of the yield, so a call that raced close() is refused too.
+        # A yield every YIELD_EVERY calls (loom_core.memory.turns). Closed is checked on
+        # both sides of the yield, so a call that raced close() is refused too.
         if self._closed:
             raise StoreClosedError('this in-memory timer store')
-        await asyncio.sleep(0)
-        if self._closed:
-            raise StoreClosedError('this in-memory timer store')
+        self._turns -= 1
+        if not self._turns:
+            self._turns = YIELD_EVERY
+            await one_turn()
+            if self._closed:
+                raise StoreClosedError('this in-memory timer store')
 
 
 _MISSING = object()

@@ -344,15 +344,19 @@ async def test_a_refused_append_never_overwrites_the_winners_tip(loser_fails_fir
     shared = MemoryEventStore()
     w = _writers(shared, shared)
     await w.a.append("e", _events(0), expected_sequence=0, fence=0)
-    # Both start from the same tip (next 1). The winner lands first; the loser is refused
-    # either after the winner remembered its tip or before (the winner's task resuming
-    # only once the loser has failed).
+    # Both start from the same tip (next 1): the winner's append is held until the loser
+    # has begun its own. The winner lands first; the loser is refused either after the
+    # winner remembered its tip or before (the winner's task resuming only once the loser
+    # has failed).
+    loser_began = asyncio.Event()
     loser_failed = asyncio.Event()
+    w.probe.before["winner"] = loser_began
     w.probe.before["loser"] = w.probe.landed["winner"]
     if loser_fails_first:
         w.probe.after["winner"] = loser_failed
 
     async def loser() -> None:
+        loser_began.set()  # the append below takes the tip before it first waits
         try:
             await w.a.append("e", _events("loser"), expected_sequence=1, fence=0)
         finally:
