@@ -58,7 +58,8 @@ import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias, TypeVar, cast, final
 
@@ -177,18 +178,16 @@ class TransactionRunner:
             # this task resumes queues, and goes to the thread if it is several.
             self._turn_taken = True
             try:
-                loop = asyncio.get_running_loop()
-                result = self._run_inline([_Pending(op, write, doing, loop.create_future())])
+                value, error = self._run_alone(op, write, doing)
             except _Reroute:
                 self._turn_taken = False
             else:
                 try:
                     # Yield once, as a hop would have: a task that appends in a loop must
                     # not keep the other tasks from running.
-                    await asyncio.sleep(0)
+                    await _yield_once()
                 finally:
                     self._turn_taken = False
-                value, error = result.outcomes[0]
                 if error is not None:
                     raise error
                 return value
@@ -280,15 +279,36 @@ class TransactionRunner:
             self._rows_on_loop += result.changed
             return result
         finally:
-            ended = self._clock()
-            if ended - began < INLINE_STALL_SECONDS:
+            self._timed(began)
+
+    def _run_alone(
+        self, op: Callable[[sqlite3.Connection], object], write: bool, doing: str
+    ) -> _Outcome:
+        """``op`` run on the loop as :meth:`_run_inline` runs a batch of one, with no
+        batch, future or result built around it: the path of a lone caller's every call."""
+        raw = self._connection.loop_raw
+        assert raw is not None
+        began = self._clock()
+        before = raw.total_changes
+        try:
+            if write:
+                return _write_alone(raw, op, doing, self._connection)
+            return _read_one(raw, op, doing, self._connection, inline=True)
+        finally:
+            self._rows_on_loop += raw.total_changes - before
+            self._timed(began)
+
+    def _timed(self, began: float) -> None:
+        """Count an operation on the loop that took INLINE_STALL_SECONDS or more."""
+        ended = self._clock()
+        if ended - began < INLINE_STALL_SECONDS:
+            self._stalls = 0
+        else:
+            self._stalls += 1
+            if self._stalls >= STALLS_TO_COOL_OFF:
+                # Slow right now: stop risking the loop for a while.
                 self._stalls = 0
-            else:
-                self._stalls += 1
-                if self._stalls >= STALLS_TO_COOL_OFF:
-                    # Slow right now: stop risking the loop for a while.
-                    self._stalls = 0
-                    self._inline_after = ended + COOL_OFF_SECONDS
+                self._inline_after = ended + COOL_OFF_SECONDS
 
     def _answered(
         self,
@@ -365,6 +385,13 @@ class TransactionRunner:
         await self._connection.close()
 
 
+@types.coroutine
+def _yield_once() -> Generator[None, None, None]:
+    """``await asyncio.sleep(0)`` without its coroutine: the loop runs every other ready
+    task once, then resumes the caller (a lone caller pays this on every call)."""
+    yield
+
+
 def _run_on_thread(
     *, raw: sqlite3.Connection, batch: Sequence[_Pending], connection: SqliteConnection
 ) -> _BatchResult:
@@ -387,17 +414,48 @@ def _run_batch(
         if pending.write:
             writes.append(index)
             continue
-        try:
-            outcomes[index] = (pending.op(raw), None)
-        except sqlite3.Error as exc:
-            if inline and _busy(exc):
-                raise _Reroute from exc
-            outcomes[index] = (None, connection.translate(exc, doing=pending.doing, write=False))
-        except Exception as exc:
-            outcomes[index] = (None, exc)
+        outcomes[index] = _read_one(raw, pending.op, pending.doing, connection, inline)
     if writes:
         _run_writes(raw, batch, writes, outcomes, connection, inline)
     return _BatchResult(outcomes, raw.total_changes - before)
+
+
+def _read_one(
+    raw: sqlite3.Connection,
+    op: Callable[[sqlite3.Connection], object],
+    doing: str,
+    connection: SqliteConnection,
+    inline: bool,
+) -> _Outcome:
+    try:
+        return (op(raw), None)
+    except sqlite3.Error as exc:
+        if inline and _busy(exc):
+            raise _Reroute from exc
+        return (None, connection.translate(exc, doing=doing, write=False))
+    except Exception as exc:
+        return (None, exc)
+
+
+def _write_alone(
+    raw: sqlite3.Connection,
+    op: Callable[[sqlite3.Connection], object],
+    doing: str,
+    connection: SqliteConnection,
+) -> _Outcome:
+    """One write on the loop connection in its own transaction, as :func:`_attempt`
+    runs a batch of one."""
+    failed = _begin(raw, inline=True)
+    if failed is not None:
+        return (None, connection.translate(failed, doing=doing, write=True))
+    try:
+        outcome = _write_one(raw, op, doing, connection)
+    except _Undone as undone:
+        return (None, undone.error)
+    failed = _commit(raw)
+    if failed is not None:
+        return (None, _commit_failed(doing, failed, connection))
+    return outcome
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -433,44 +491,86 @@ def _attempt(
 ) -> int | None:
     """One transaction over ``remaining``; the index to drop and retry without, or None."""
 
-    def fail_all(error_for: Callable[[_Pending], BaseException]) -> None:
+    def fail_all(error_for: Callable[[str], BaseException]) -> None:
         for index in remaining:
-            outcomes[index] = (None, error_for(batch[index]))
+            outcomes[index] = (None, error_for(batch[index].doing))
 
+    failed = _begin(raw, inline)
+    if failed is not None:
+        fail_all(_translated(failed, connection))
+        return None
+    for index in remaining:
+        pending = batch[index]
+        try:
+            outcomes[index] = _write_one(raw, pending.op, pending.doing, connection)
+        except _Undone as undone:
+            if undone.lost is not None:
+                # The file or the disk failed, not this operation: every write is lost.
+                fail_all(_translated(undone.lost, connection))
+                return None
+            outcomes[index] = (None, undone.error)
+            return index
+    failed = _commit(raw)
+    if failed is not None:
+        # Refusals too: they were judged against writes that did not commit.
+        fail_all(functools.partial(_commit_failed, cause=failed, connection=connection))
+    return None
+
+
+class _Undone(Exception):
+    """An operation failed after it had started writing; the transaction is rolled back.
+    ``lost`` is the error when the file or the disk failed rather than the operation's
+    own values (every write of the transaction is lost then)."""
+
+    def __init__(self, error: BaseException, lost: sqlite3.Error | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.lost = lost
+
+
+def _begin(raw: sqlite3.Connection, inline: bool) -> sqlite3.Error | None:
+    """``BEGIN IMMEDIATE``; the error if it failed. On the loop, a lock held elsewhere
+    raises :class:`_Reroute` instead (nothing was written)."""
     try:
         raw.execute(BEGIN)
     except sqlite3.Error as exc:
         if inline and _busy(exc):
-            raise _Reroute from exc  # nothing of this batch was written
-        fail_all(_translated(exc, connection))
-        return None
-    for index in remaining:
-        pending = batch[index]
-        before = raw.total_changes
-        try:
-            value = pending.op(raw)
-        except Exception as exc:
-            error: BaseException = exc
-            if isinstance(exc, sqlite3.Error):
-                error = connection.translate(exc, doing=pending.doing, write=True)
-            if raw.in_transaction and raw.total_changes == before:
-                # Refused (or failed) before writing anything: nothing to undo.
-                outcomes[index] = (None, error)
-                continue
-            _abandon(raw)
-            if isinstance(exc, sqlite3.Error) and not _op_specific(exc):
-                # The file or the disk failed, not this operation: every write is lost.
-                fail_all(_translated(exc, connection))
-                return None
-            outcomes[index] = (None, error)
-            return index
-        outcomes[index] = (value, None)
+            raise _Reroute from exc
+        return exc
+    return None
+
+
+def _write_one(
+    raw: sqlite3.Connection,
+    op: Callable[[sqlite3.Connection], object],
+    doing: str,
+    connection: SqliteConnection,
+) -> _Outcome:
+    """Run one write ``op`` in the open transaction: its outcome when it succeeded or was
+    refused before writing anything (the transaction goes on); :class:`_Undone` when it
+    failed after writing (the transaction is rolled back)."""
+    before = raw.total_changes
+    try:
+        return (op(raw), None)
+    except Exception as exc:
+        error: BaseException = exc
+        if isinstance(exc, sqlite3.Error):
+            error = connection.translate(exc, doing=doing, write=True)
+        if raw.in_transaction and raw.total_changes == before:
+            # Refused (or failed) before writing anything: nothing to undo.
+            return (None, error)
+        _abandon(raw)
+        lost = exc if isinstance(exc, sqlite3.Error) and not _op_specific(exc) else None
+        raise _Undone(error, lost) from exc
+
+
+def _commit(raw: sqlite3.Connection) -> sqlite3.Error | None:
+    """``COMMIT``; the error if it failed (the transaction is rolled back then)."""
     try:
         raw.execute(COMMIT)
     except sqlite3.Error as exc:
         _abandon(raw)
-        # Refusals too: they were judged against writes that did not commit.
-        fail_all(functools.partial(_commit_failed, cause=exc, connection=connection))
+        return exc
     return None
 
 
@@ -480,11 +580,9 @@ def _op_specific(exc: sqlite3.Error) -> bool:
     return isinstance(code, int) and code & 0xFF in _OP_SPECIFIC
 
 
-def _translated(
-    exc: sqlite3.Error, connection: SqliteConnection
-) -> Callable[[_Pending], BaseException]:
-    def error_for(pending: _Pending) -> BaseException:
-        return connection.translate(exc, doing=pending.doing, write=True)
+def _translated(exc: sqlite3.Error, connection: SqliteConnection) -> Callable[[str], BaseException]:
+    def error_for(doing: str) -> BaseException:
+        return connection.translate(exc, doing=doing, write=True)
 
     return error_for
 
@@ -496,19 +594,17 @@ def _translated(
 _COMMIT_MAYBE_LANDED: Final = frozenset({sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOMEM})
 
 
-def _commit_failed(
-    pending: _Pending, cause: sqlite3.Error, connection: SqliteConnection
-) -> BaseException:
+def _commit_failed(doing: str, cause: sqlite3.Error, connection: SqliteConnection) -> BaseException:
     code = getattr(cause, "sqlite_errorcode", None)
     if isinstance(code, int) and code & 0xFF in _COMMIT_MAYBE_LANDED:
         return WriteOutcomeUnknownError(
-            pending.doing,
+            doing,
             connection.path,
             f"the commit failed with an I/O error: {cause}; the transaction may be in the "
             "-wal file and appear after a crash",
         )
     return StorageWriteError(
-        f"SQLite database {connection.path!r}: the commit failed while {pending.doing} "
+        f"SQLite database {connection.path!r}: the commit failed while {doing} "
         f"({cause}); the transaction was rolled back and nothing was written"
     )
 

@@ -330,7 +330,7 @@ async def test_a_commit_that_failed_on_the_disk_is_an_unknown_outcome(
     """A COMMIT refused before it wrote (full, busy, read-only) wrote nothing; one that
     failed with an I/O error may have left its frames in the -wal file, so the caller is
     told the outcome is unknown, never that nothing was written."""
-    from loom_sqlite.transactions import _commit_failed, _Pending
+    from loom_sqlite.transactions import _commit_failed
 
     from loom_core import WriteOutcomeUnknownError
 
@@ -339,11 +339,7 @@ async def test_a_commit_that_failed_on_the_disk_is_an_unknown_outcome(
         connection = storage.events._runner._connection
         cause = sqlite3.OperationalError("the commit's error")
         cause.sqlite_errorcode = code
-        pending = _Pending(
-            lambda raw: None, True, "appending to 'order-42'",
-            asyncio.get_running_loop().create_future(),
-        )
-        error = _commit_failed(pending, cause, connection)
+        error = _commit_failed("appending to 'order-42'", cause, connection)
         assert isinstance(error, StorageWriteError)
         assert isinstance(error, WriteOutcomeUnknownError) is unknown, error
         if unknown:

@@ -12,7 +12,7 @@ import asyncio
 import os
 import sqlite3
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,6 +28,7 @@ from sqlite_helpers import expect_line, finish, spawn, url_for
 
 from loom_core import (
     ExecutionAlreadyExistsError,
+    LoomError,
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
@@ -276,3 +277,72 @@ def test_the_poller_wakes_subscribers_when_another_connection_commits() -> None:
     assert _another_committed(woken_at, (11, -1))  # the loop's version could not be read
     assert _another_committed((10, None), (11, None))  # FULL: one connection
     assert not _another_committed((10, None), (10, None))
+
+
+# -- a lone write that fails, on the loop -----------------------------------------------
+
+
+def _write_ident_then(
+    fail: BaseException | None, write_first: bool
+) -> tuple[Callable[[sqlite3.Connection], int], list[int]]:
+    """An operation that records where it ran, writes a row when ``write_first``, then
+    raises ``fail`` (or returns)."""
+    ran: list[int] = []
+
+    def op(raw: sqlite3.Connection) -> int:
+        ran.append(threading.get_ident())
+        if write_first:
+            raw.execute("INSERT INTO loom_test_rows VALUES (1)")
+        if fail is not None:
+            raise fail
+        return 7
+
+    return op, ran
+
+
+async def _rows(runner: TransactionRunner) -> int:
+    return int(
+        await runner.read(
+            lambda raw: raw.execute("SELECT count(*) FROM loom_test_rows").fetchone()[0],
+            doing="test",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("fail", "write_first"),
+    [
+        (None, True),
+        (SequenceConflictError("e", 1, 0), False),
+        (sqlite3.IntegrityError("refused by a constraint after writing"), True),
+        (RuntimeError("an operation's own bug, after writing"), True),
+    ],
+    ids=["commits", "refused-before-writing", "sqlite-error-after-writing", "bug-after-writing"],
+)
+async def test_a_lone_write_on_the_loop_commits_or_changes_nothing(
+    storage: Storage, fail: BaseException | None, write_first: bool
+) -> None:
+    runner = _runner(storage)
+    await runner.write(
+        lambda raw: raw.execute("CREATE TABLE loom_test_rows (n INTEGER)"), doing="test"
+    )
+    op, ran = _write_ident_then(fail, write_first)
+    if fail is None:
+        assert await runner.write(op, doing="test") == 7
+        assert await _rows(runner) == 1
+    else:
+        with pytest.raises((LoomError, RuntimeError)) as raised:
+            await runner.write(op, doing="writing the test row")
+        if isinstance(fail, sqlite3.Error):
+            assert "writing the test row" in str(raised.value)  # translated, with what it did
+        else:
+            assert raised.value is fail
+        assert await _rows(runner) == 0
+    assert ran == [LOOP]
+    connection = runner.connection.loop_raw
+    assert connection is not None
+    assert not connection.in_transaction
+    # The loop's connection is left usable: the next lone write runs there and commits.
+    again, ran_again = _write_ident_then(None, True)
+    assert await runner.write(again, doing="test") == 7
+    assert ran_again == [LOOP]
