@@ -10,7 +10,7 @@ from typing import TypeAlias
 
 from loom_core.kinds import is_answering_kind
 
-__all__ = ["Event", "JsonObject", "JsonValue", "NewEvent", "is_answering"]
+__all__ = ["Event", "JsonObject", "JsonValue", "NewEvent", "build_event", "is_answering"]
 
 JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 JsonObject: TypeAlias = "dict[str, JsonValue]"
@@ -45,6 +45,41 @@ class Event:
         """The token this event was written under; 0 for an unfenced append."""
         value = self.metadata.get("fence")
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass(slots=True)
+class _UnfrozenEvent:
+    """:class:`Event`'s fields in its order, without the frozen ``__setattr__``: built by
+    plain slot stores, then made an ``Event`` (same slots, same layout)."""
+
+    execution_id: str
+    sequence: int
+    kind: str
+    payload: JsonValue
+    metadata: JsonObject
+    recorded_at: datetime
+
+
+def build_event(
+    execution_id: str,
+    sequence: int,
+    kind: str,
+    payload: JsonValue,
+    metadata: JsonObject,
+    recorded_at: datetime,
+) -> Event:
+    """``Event(execution_id, sequence, kind, payload, metadata, recorded_at)``, the same
+    frozen event, at about a third of the cost.
+
+    A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__`` by
+    name; this builds the fields by plain slot stores and then gives the object
+    :class:`Event`'s class (the layouts are the same). For stores and decorators, which
+    build one per event they return. Like ``Event(...)``, it checks nothing.
+    """
+    event = _UnfrozenEvent(execution_id, sequence, kind, payload, metadata, recorded_at)
+    event.__class__ = Event  # type: ignore[assignment]
+    return event  # type: ignore[return-value]
+
 
 
 def is_answering(event: Event | NewEvent) -> bool:

@@ -568,6 +568,11 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
     A :class:`CheckedEvents` is not checked again (its items are fresh copies already);
     :func:`check_batch` returns the checked batch itself, to pass to the store below.
     """
+    single = _check_single(events)
+    if single is not None:
+        # One event, the usual append: its copies, with no batch built only to be
+        # taken apart again.
+        return (_new_event(single[0], single[4], single[5]),)
     return _new_events(*_check_batch(events, allow_empty))
 
 

@@ -29,7 +29,7 @@ from loom_core.errors import (
     StaleFenceError,
     StoreClosedError,
 )
-from loom_core.events import Event, JsonObject, JsonValue, NewEvent
+from loom_core.events import Event, NewEvent, _UnfrozenEvent, build_event
 from loom_core.memory.turns import YIELD_EVERY, one_turn
 from loom_core.protocols import (
     DEFAULT_LIST_LIMIT,
@@ -89,7 +89,7 @@ class _Log:
         fence = self.fences[i]
         if fence is not None:
             metadata["fence"] = fence
-        return _event(
+        return build_event(
             execution_id,
             self.first + i,
             self.kinds[i],
@@ -223,9 +223,9 @@ class MemoryEventStore(RefusesUnoffered):
         kinds = batch._state[1]
         if len(kinds) == 1:
             payload, metadata = copies[0]
-            return (_event(execution_id, first, kinds[0], payload, metadata, now),)
+            return (build_event(execution_id, first, kinds[0], payload, metadata, now),)
         return tuple(
-            _event(execution_id, first + i, kind, payload, metadata, now)
+            build_event(execution_id, first + i, kind, payload, metadata, now)
             for i, (kind, (payload, metadata)) in enumerate(zip(kinds, copies, strict=True))
         )
 
@@ -333,8 +333,8 @@ class MemoryEventStore(RefusesUnoffered):
             self._wake(execution_id)
         if fence is not None:
             metadata_copy["fence"] = fence
-        # _event(), inlined.
-        event = _new(_Unfrozen)
+        # build_event(), inlined.
+        event = _new(_UnfrozenEvent)
         event.execution_id = execution_id
         event.sequence = expected_sequence
         event.kind = kind
@@ -538,36 +538,7 @@ class MemoryEventStore(RefusesUnoffered):
             await signal.wait()
 
 
-@dataclass(slots=True)
-class _Unfrozen:
-    """:class:`Event`'s fields in its order, without the frozen ``__setattr__``: an
-    instance is built by plain slot stores, then made an ``Event`` (same slots, same
-    layout), at half the cost of the frozen dataclass's ``__init__``, which goes through
-    ``object.__setattr__`` by name. Every read and append makes one per event."""
-
-    execution_id: str
-    sequence: int
-    kind: str
-    payload: JsonValue
-    metadata: JsonObject
-    recorded_at: datetime
-
-
 _new: Final = object.__new__
-
-
-def _event(
-    execution_id: str,
-    sequence: int,
-    kind: str,
-    payload: JsonValue,
-    metadata: JsonObject,
-    recorded_at: datetime,
-) -> Event:
-    """``Event(...)`` for values the store has checked (see :class:`_Unfrozen`)."""
-    event = _Unfrozen(execution_id, sequence, kind, payload, metadata, recorded_at)
-    event.__class__ = Event  # type: ignore[assignment]
-    return event  # type: ignore[return-value]
 
 
 def _batch_of(request: AppendRequest) -> CheckedEvents:

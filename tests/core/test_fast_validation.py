@@ -250,6 +250,17 @@ async def test_a_bad_payload_appended_alone_is_refused_with_the_walks_error(
 
 
 @pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
+def test_a_bad_payload_checked_alone_is_refused_with_the_walks_error(value: object) -> None:
+    """``check_events`` of one event (what a decorator checks on most appends) takes the
+    one-event path: it refuses the same way, as a list or a tuple."""
+    expected = _walk_refusal(value, "events[0].payload")
+    for events in ([NewEvent("k", value)], (NewEvent("k", value),)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError) as caught:
+            check_events(events)
+        assert str(caught.value) == str(expected)
+
+
+@pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
 async def test_a_bad_metadata_value_is_refused_with_the_walks_error(value: object) -> None:
     expected = _walk_refusal({"m": value}, "events[0].metadata")
     store = MemoryEventStore()
@@ -264,6 +275,10 @@ async def test_a_good_value_is_accepted_and_reads_back_as_the_walks_copy(value: 
     expected = _check_json(value, "events[0].payload")
     (checked,) = check_events([NewEvent("k", value)])  # type: ignore[arg-type]
     assert checked.payload == expected
+    # The one-event path gives what the batch path gives for the same event, to the type.
+    batched = check_events([NewEvent("k", value), NewEvent("k", value)])[1]  # type: ignore[arg-type]
+    assert batched == checked
+    assert type(batched.payload) is type(checked.payload)
 
     store = MemoryEventStore()
     (written,) = await store.append("e", [NewEvent("k", value)], expected_sequence=0)  # type: ignore[arg-type]

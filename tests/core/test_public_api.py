@@ -91,6 +91,7 @@ SPI_EXPORTED = frozenset({
     "LeaseScope",
     "Event",
     "NewEvent",
+    "build_event",
     "RefusesUnoffered",
     "MAX_ID_BYTES",
     "MAX_POSITION",

@@ -63,7 +63,7 @@ from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
 from loom_audit.tips import DEFAULT_TIP_CACHE_SIZE, ChainTips, Tip
 from loom_audit.verification import ChainBroken, ChainWalk, Verification
-from loom_core import Event, NewEvent
+from loom_core import Event, JsonObject, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import (
     ExecutionNotFoundError,
@@ -75,6 +75,7 @@ from loom_core.errors import (
 from loom_core.spi import (
     AppendRequest,
     EventStore,
+    build_event,
     check_append,
     check_append_requests,
     check_execution_id,
@@ -481,10 +482,16 @@ class AuditEventStore(EventStoreDecorator):
 def _unlinked(events: Sequence[Event]) -> tuple[Event, ...]:
     # Built directly rather than with dataclasses.replace, which costs several times more
     # on the path every append and read takes.
-    return tuple(
-        Event(
-            e.execution_id, e.sequence, e.kind, e.payload,
-            {k: v for k, v in e.metadata.items() if k != CHAIN_FIELD}, e.recorded_at,
+    return tuple([
+        build_event(
+            e.execution_id, e.sequence, e.kind, e.payload, _without_chain(e.metadata),
+            e.recorded_at,
         ) if CHAIN_FIELD in e.metadata else e
         for e in events
-    )
+    ])
+
+
+def _without_chain(metadata: JsonObject) -> JsonObject:
+    kept = dict(metadata)
+    del kept[CHAIN_FIELD]
+    return kept

@@ -64,6 +64,7 @@ from loom_core.errors import (
 from loom_core.spi import (
     AppendRequest,
     EventStore,
+    build_event,
     check_append,
     check_append_requests,
     check_fence,
@@ -626,7 +627,9 @@ def _legacy_log(execution_id: str, anchor: Event) -> UnauthenticatedPayloadError
 
 
 def _visible(metadata: JsonObject) -> JsonObject:
-    return {k: v for k, v in metadata.items() if k != INCARNATION_FIELD}
+    visible = dict(metadata)
+    visible.pop(INCARNATION_FIELD, None)
+    return visible
 
 
 def _as_written(written: Sequence[Event], payloads: Sequence[JsonValue]) -> tuple[Event, ...]:
@@ -640,7 +643,7 @@ def _as_written(written: Sequence[Event], payloads: Sequence[JsonValue]) -> tupl
 def _opened(event: Event, payload: JsonValue) -> Event:
     """``event`` with ``payload`` and without the incarnation stamp (its other fields are
     the inner store's fresh copies, so they are shared, not copied again)."""
-    return Event(
+    return build_event(
         event.execution_id, event.sequence, event.kind, payload, _visible(event.metadata),
         event.recorded_at,
     )

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from loom_crypto import (
     KeyDestroyedError,
     KeyNotFoundError,
     KeyStore,
+    MemoryKeyStore,
 )
+from loom_crypto.memory_keystore import YIELD_EVERY
 
 from loom_core import InvalidExecutionIdError, StorageReadError
 
@@ -160,3 +163,29 @@ async def test_a_corrupt_key_file_is_reported_not_guessed(tmp_path: Path) -> Non
     (tmp_path / "keys" / "keys" / f"{key.key_id}.json").write_text("{not json")
     with pytest.raises(StorageReadError, match="not a loom-crypto key file"):
         await store.get(key.key_id)
+
+
+async def _yielded(call: Callable[[], Awaitable[object]]) -> bool:
+    """Whether ``call()`` let the loop run a callback scheduled just before it."""
+    ran = asyncio.Event()
+    asyncio.get_running_loop().call_soon(ran.set)
+    await call()
+    yielded = ran.is_set()
+    await asyncio.sleep(0)  # the callback runs now if the call did not let it
+    return yielded
+
+
+async def test_the_memory_store_lets_other_tasks_run_on_one_call_in_yield_every() -> None:
+    """Every method counts toward the same turn; the first call yields, then one in
+    YIELD_EVERY. Which call yields depends only on the count, so runs interleave alike."""
+    store = MemoryKeyStore()
+    key = await store.create("s-0")  # the first call: yields
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.create("s-1"),
+        lambda: store.get(key.key_id),
+        lambda: store.key_id_for("s-1"),
+        lambda: store.was_destroyed(key.key_id),
+    ]
+    yielded = [await _yielded(calls[i % len(calls)]) for i in range(1, 4 * YIELD_EVERY)]
+    assert [i for i, y in enumerate(yielded, start=1) if y] == [16, 32, 48]
+    assert await _yielded(lambda: store.destroy(key.key_id))  # call 64

@@ -64,6 +64,7 @@ from loom_core.spi import (
     FenceAcquired,
     FenceStale,
     RefusesUnoffered,
+    build_event,
     canonical_json,
     check_append,
     check_append_requests,
@@ -600,7 +601,7 @@ class PostgresEventStore(RefusesUnoffered):
         # the stamped one built for it), so the returned event can keep it.
         item.resolve(
             tuple(
-                Event(eid, seq + i, e.kind, e.payload, cast(JsonObject, e.metadata), at)
+                build_event(eid, seq + i, e.kind, e.payload, cast(JsonObject, e.metadata), at)
                 for i, e in enumerate(w.events)
             )
         )
@@ -659,13 +660,13 @@ class PostgresEventStore(RefusesUnoffered):
             execution_id=execution_id,
         )
         return tuple(
-            Event(
-                execution_id=execution_id,
-                sequence=int(sequence),
-                kind=str(kind),
-                payload=payload,
-                metadata=cast(JsonObject, metadata),
-                recorded_at=cast(datetime, recorded_at),
+            build_event(
+                execution_id,
+                int(sequence),
+                str(kind),
+                payload,
+                cast(JsonObject, metadata),
+                cast(datetime, recorded_at),
             )
             for sequence, kind, payload, metadata, recorded_at in rows
         )
@@ -818,7 +819,7 @@ class PostgresEventStore(RefusesUnoffered):
         for w in writes:
             out.append(
                 tuple(
-                    Event(w.execution_id, w.seq + i, e.kind, e.payload, dict(e.metadata), at)
+                    build_event(w.execution_id, w.seq + i, e.kind, e.payload, dict(e.metadata), at)
                     for i, e in enumerate(w.events)
                 )
             )

@@ -41,6 +41,7 @@ from loom_core.spi import (
     AppendRequest,
     ConditionalFence,
     RefusesUnoffered,
+    build_event,
     canonical_json,
     check_append,
     check_append_requests,
@@ -157,7 +158,7 @@ def _insert(
             INSERT_EVENT, (execution_id, head, r.kind, r.payload_text, r.metadata_text, now)
         )
         raw.execute(UPSERT_HEAD, (execution_id, head + 1))
-        return (Event(execution_id, head, r.kind, r.payload, r.metadata, recorded_at),)
+        return (build_event(execution_id, head, r.kind, r.payload, r.metadata, recorded_at),)
     raw.executemany(
         INSERT_EVENT,
         [
@@ -167,7 +168,7 @@ def _insert(
     )
     raw.execute(UPSERT_HEAD, (execution_id, head + len(rows)))
     return tuple(
-        Event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)
+        build_event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)
         for i, r in enumerate(rows)
     )
 
@@ -249,8 +250,8 @@ def _decode_object(text: str, execution_id: str, sequence: int) -> JsonObject:
 def _read(
     raw: sqlite3.Connection, execution_id: str, start: int, end: int, limit: int
 ) -> tuple[Event, ...]:
-    return tuple(
-        Event(
+    return tuple([
+        build_event(
             execution_id,
             sequence,
             kind,
@@ -261,7 +262,7 @@ def _read(
         for sequence, kind, payload, metadata, recorded_at in raw.execute(
             SELECT_EVENTS, (execution_id, start, end, limit)
         )
-    )
+    ])
 
 
 def _head(raw: sqlite3.Connection, execution_id: str) -> int:

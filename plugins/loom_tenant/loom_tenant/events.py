@@ -15,6 +15,7 @@ from loom_core.spi import (
     AppendRequest,
     ConditionalFence,
     EventStore,
+    build_event,
     check_append_requests,
     check_limit,
     check_sequence,
@@ -257,6 +258,6 @@ class TenantEventStore(EventStoreDecorator):
 def _readdressed(event: Event, execution_id: str) -> Event:
     """``event`` under the tenant's own id (its other fields are the inner store's fresh
     copies, so they are shared, not copied again)."""
-    return Event(
+    return build_event(
         execution_id, event.sequence, event.kind, event.payload, event.metadata, event.recorded_at
     )
