@@ -26,8 +26,9 @@ class MemoryKeyStore:
 
     def __init__(self) -> None:
         self._subjects: dict[str, str] = {}
-        # key id -> bytes, or None once destroyed (the tombstone).
-        self._keys: dict[str, bytes | None] = {}
+        # key id -> its key (immutable, so every call hands out the same one), or None
+        # once destroyed (the tombstone).
+        self._keys: dict[str, DataKey | None] = {}
         self._turns = 1  # calls left until the next yield: the first call yields
 
     def _yields(self) -> bool:
@@ -46,7 +47,7 @@ class MemoryKeyStore:
         if key_id is None:
             key_id = secrets.token_hex(16)
             self._subjects[subject] = key_id
-            self._keys[key_id] = secrets.token_bytes(KEY_BYTES)
+            self._keys[key_id] = DataKey(key_id, secrets.token_bytes(KEY_BYTES))
         return self._key(key_id)
 
     async def get(self, key_id: str) -> DataKey:
@@ -58,10 +59,10 @@ class MemoryKeyStore:
     def _key(self, key_id: str) -> DataKey:
         if key_id not in self._keys:
             raise KeyNotFoundError(key_id)
-        material = self._keys[key_id]
-        if material is None:
+        key = self._keys[key_id]
+        if key is None:
             raise KeyDestroyedError(key_id)
-        return DataKey(key_id, material)
+        return key
 
     async def key_id_for(self, subject: str) -> str | None:
         subject = check_key(subject, "subject")

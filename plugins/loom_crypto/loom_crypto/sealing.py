@@ -125,6 +125,11 @@ class Clear:
     text: str
 
 
+def _text(data: bytes) -> str:
+    """``base64.b64encode(data).decode("ascii")``, without its Python frame."""
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
 def new_incarnation() -> str:
     """A fresh incarnation id: 128 random bits, hex."""
     return secrets.token_hex(16)
@@ -173,10 +178,17 @@ def is_clear(payload: JsonValue) -> bool:
     return isinstance(payload, dict) and CLEAR_MARKER in payload
 
 
+_NOT_OBJECTS: Final = frozenset({list, str, int, float, bool, type(None)})
+
+
 def refuse_reserved(payload: JsonValue, metadata: Mapping[str, JsonValue], where: str) -> None:
     """Refuse a payload object that uses a reserved marker key (it would be read back as an
     envelope) and metadata that sets the incarnation field (the decorator writes it)."""
-    if isinstance(payload, Mapping):
+    # A checked payload is a plain dict, or not an object at all: the ABC check (slow) is
+    # only for a payload handed in unchecked.
+    if isinstance(payload, dict) or (
+        type(payload) not in _NOT_OBJECTS and isinstance(payload, Mapping)
+    ):
         for marker in (SEALED_MARKER, CLEAR_MARKER):
             if marker in payload:
                 raise InvalidEventError(
@@ -209,8 +221,8 @@ def seal_payload(
     sealed: JsonObject = {
         SEALED_MARKER: FORMAT_VERSION,
         "kid": key.key_id,
-        "n": base64.b64encode(nonce).decode("ascii"),
-        "ct": base64.b64encode(ciphertext).decode("ascii"),
+        "n": _text(nonce),
+        "ct": _text(ciphertext),
     }
     return sealed, plaintext
 
@@ -231,7 +243,7 @@ def authenticate_clear(
     clear: JsonObject = {
         CLEAR_MARKER: FORMAT_VERSION,
         "kid": key.key_id,
-        "mac": base64.b64encode(mac).decode("ascii"),
+        "mac": _text(mac),
         "json": text,
     }
     return clear, text.encode("utf-8")
