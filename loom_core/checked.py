@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Final, NoReturn, final, overload
 
 import orjson
 
-from loom_core.events import JsonObject, JsonValue, NewEvent
+from loom_core.events import JsonObject, JsonValue, NewEvent, build_new_event
 
 __all__ = ["CheckedEvents", "Encoded", "decode"]
 
@@ -109,7 +108,7 @@ class CheckedEvents(Sequence[NewEvent]):
 
     def _event(self, i: int) -> NewEvent:
         _, kinds, payloads, metadata, _ = self._state
-        return _new_event(kinds[i], decode(payloads[i]), _object(decode(metadata[i])))
+        return build_new_event(kinds[i], decode(payloads[i]), _object(decode(metadata[i])))
 
     def payloads(self) -> tuple[JsonValue, ...]:
         """A fresh copy of each event's payload, in order."""
@@ -134,26 +133,6 @@ class CheckedEvents(Sequence[NewEvent]):
         win), only the new keys and values checked. Refuses a bad value or a reserved key
         (``fence``) with :class:`~loom_core.errors.InvalidEventError`."""
         return _validation.rebuild_metadata(self, extra)
-
-
-@dataclass(slots=True)
-class _UnfrozenNewEvent:
-    """:class:`NewEvent`'s fields in its order, without the frozen ``__setattr__``: an
-    instance is built by plain slot stores, then made a ``NewEvent`` (same slots, same
-    layout), at half the cost of the frozen dataclass's ``__init__``, which goes through
-    ``object.__setattr__`` by name. Every item a checked batch hands out is one."""
-
-    kind: str
-    payload: JsonValue
-    metadata: JsonObject
-
-
-def _new_event(kind: str, payload: JsonValue, metadata: JsonObject) -> NewEvent:
-    """``NewEvent(kind, payload, metadata)`` for checked values (see
-    :class:`_UnfrozenNewEvent`)."""
-    event = _UnfrozenNewEvent(kind, payload, metadata)
-    event.__class__ = NewEvent  # type: ignore[assignment]
-    return event  # type: ignore[return-value]
 
 
 def _object(value: JsonValue) -> JsonObject:

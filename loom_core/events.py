@@ -10,7 +10,15 @@ from typing import TypeAlias
 
 from loom_core.kinds import is_answering_kind
 
-__all__ = ["Event", "JsonObject", "JsonValue", "NewEvent", "build_event", "is_answering"]
+__all__ = [
+    "Event",
+    "JsonObject",
+    "JsonValue",
+    "NewEvent",
+    "build_event",
+    "build_new_event",
+    "is_answering",
+]
 
 JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 JsonObject: TypeAlias = "dict[str, JsonValue]"
@@ -45,6 +53,27 @@ class Event:
         """The token this event was written under; 0 for an unfenced append."""
         value = self.metadata.get("fence")
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass(slots=True)
+class _UnfrozenNewEvent:
+    """:class:`NewEvent`'s fields in its order, without the frozen ``__setattr__``."""
+
+    kind: str
+    payload: JsonValue
+    metadata: Mapping[str, JsonValue]
+
+
+def build_new_event(
+    kind: str, payload: JsonValue, metadata: Mapping[str, JsonValue]
+) -> NewEvent:
+    """``NewEvent(kind, payload, metadata)``, the same frozen event, at about half the
+    cost (see :func:`build_event`). For code that builds one per event it writes (a
+    decorator handing events to the store below, a runtime recording a step); like the
+    constructor it checks nothing: the store checks what it is given."""
+    event = _UnfrozenNewEvent(kind, payload, metadata)
+    event.__class__ = NewEvent  # type: ignore[assignment]
+    return event  # type: ignore[return-value]
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ namespace, :mod:`loom_core.decorating`. Prove a store with ``loom-conformance``
 
 from loom_core.checked import CheckedEvents
 from loom_core.errors import DuplicateRegistrationError
-from loom_core.events import Event, NewEvent, build_event
+from loom_core.events import Event, NewEvent, build_event, build_new_event
 from loom_core.hookspecs import hookimpl
 from loom_core.kinds import (
     ANSWERING_KINDS,
@@ -115,6 +115,7 @@ __all__ = [
     "Event",
     "NewEvent",
     "build_event",
+    "build_new_event",
     "RefusesUnoffered",
     # the checks every store runs before touching anything
     "MAX_ID_BYTES",

@@ -17,7 +17,7 @@ from typing import Final, cast
 
 import orjson
 
-from loom_core.checked import CheckedEvents, Encoded, _build, _new_event, decode, sealed
+from loom_core.checked import CheckedEvents, Encoded, _build, decode, sealed
 from loom_core.errors import (
     InvalidEventError,
     InvalidExecutionIdError,
@@ -25,7 +25,7 @@ from loom_core.errors import (
     InvalidOptionError,
     InvalidSequenceError,
 )
-from loom_core.events import JsonObject, JsonValue, NewEvent
+from loom_core.events import JsonObject, JsonValue, NewEvent, build_new_event
 from loom_core.kinds import ANSWERING_KINDS, EventKind, is_answering_kind
 from loom_core.protocols import AppendRequest, Redrive, TimerRecord
 
@@ -543,9 +543,9 @@ def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, 
     kinds = batch._state[1]
     if len(kinds) == 1:
         payload, metadata = copies[0]
-        return (_new_event(kinds[0], payload, metadata),)
+        return (build_new_event(kinds[0], payload, metadata),)
     return tuple(
-        _new_event(kind, payload, metadata)
+        build_new_event(kind, payload, metadata)
         for kind, (payload, metadata) in zip(kinds, copies, strict=True)
     )
 
@@ -572,7 +572,7 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
     if single is not None:
         # One event, the usual append: its copies, with no batch built only to be
         # taken apart again.
-        return (_new_event(single[0], single[4], single[5]),)
+        return (build_new_event(single[0], single[4], single[5]),)
     return _new_events(*_check_batch(events, allow_empty))
 
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Final, Literal, TypeAlias
 
 from loom_core import EventKind, JsonObject, JsonValue, NewEvent
+from loom_core.spi import build_new_event
 from loom_runtime.errors import NotJsonError
 
 __all__ = [
@@ -182,7 +183,7 @@ def started(
 ) -> NewEvent:
     """The first event of every execution. ``parent`` is the edge a child execution will
     carry (``None`` for a top-level one)."""
-    return NewEvent(
+    return build_new_event(
         EventKind.EXECUTION_STARTED,
         {
             "workflow": workflow,
@@ -194,6 +195,7 @@ def started(
             "continued_from": continued_from,
             "parent": parent,
         },
+        {},
     )
 
 
@@ -202,7 +204,7 @@ def step_completed(
 ) -> NewEvent:
     """A recorded result: a step's (``call="step"``), or a value the body asked for
     (``now``, ``random``, ``uuid``) or a ``patch`` marker."""
-    return NewEvent(
+    return build_new_event(
         EventKind.STEP_COMPLETED,
         {
             "position": position_json(position),
@@ -212,13 +214,14 @@ def step_completed(
             "attempt": attempt,
             "site": site,
         },
+        {},
     )
 
 
 def step_failed(
     position: Position, name: str, error_type: str, message_: str, attempt: int, site: str
 ) -> NewEvent:
-    return NewEvent(
+    return build_new_event(
         EventKind.STEP_FAILED,
         {
             "position": position_json(position),
@@ -228,11 +231,14 @@ def step_failed(
             "attempt": attempt,
             "site": site,
         },
+        {},
     )
 
 
 def suspended(waits: Sequence[Wait]) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_SUSPENDED, {"waits": [w.to_json() for w in waits]})
+    return build_new_event(
+        EventKind.EXECUTION_SUSPENDED, {"waits": [w.to_json() for w in waits]}, {}
+    )
 
 
 def resumed(
@@ -240,14 +246,15 @@ def resumed(
 ) -> NewEvent:
     """The answer to the park at ``park_seq``: ``answer["kind"]`` is ``timer``, ``timeout``
     or ``message`` (with its inbox ``message`` sequence)."""
-    return NewEvent(
+    return build_new_event(
         EventKind.EXECUTION_RESUMED,
         {"park": park_seq, "position": position_json(position), "answer": answer, "node": node},
+        {},
     )
 
 
 def consumed(position: Position, topic: str, message_seq: int, value: JsonValue) -> NewEvent:
-    return NewEvent(
+    return build_new_event(
         EventKind.MESSAGE_CONSUMED,
         {
             "position": position_json(position),
@@ -255,34 +262,39 @@ def consumed(position: Position, topic: str, message_seq: int, value: JsonValue)
             "message": message_seq,
             "value": value,
         },
+        {},
     )
 
 
 def completed(result: JsonValue) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_COMPLETED, {"result": result})
+    return build_new_event(EventKind.EXECUTION_COMPLETED, {"result": result}, {})
 
 
 def failed(error_type: str, message_: str) -> NewEvent:
-    return NewEvent(
+    return build_new_event(
         EventKind.EXECUTION_FAILED, {"error": {"type": error_type, "message": message_}}
-    )
+    , {})
 
 
 def cancelled(reason: str | None, node: str) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_CANCELLED, {"reason": reason, "node": node})
+    return build_new_event(EventKind.EXECUTION_CANCELLED, {"reason": reason, "node": node}, {})
 
 
 def continued(successor: str, args: Sequence[JsonValue]) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_CONTINUED, {"successor": successor, "input": list(args)})
+    return build_new_event(
+        EventKind.EXECUTION_CONTINUED, {"successor": successor, "input": list(args)}, {}
+    )
 
 
 def recovered(node: str, fence: int) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_RECOVERED, {"node": node, "fence": fence})
+    return build_new_event(EventKind.EXECUTION_RECOVERED, {"node": node, "fence": fence}, {})
 
 
 def denied(action: str, principal: JsonValue) -> NewEvent:
-    return NewEvent(EventKind.EXECUTION_DENIED, {"action": action, "principal": principal})
+    return build_new_event(
+        EventKind.EXECUTION_DENIED, {"action": action, "principal": principal}, {}
+    )
 
 
 def message(topic: str, value: JsonValue, key: str | None) -> NewEvent:
-    return NewEvent(MESSAGE_KIND, {"topic": topic, "value": value, "key": key})
+    return build_new_event(MESSAGE_KIND, {"topic": topic, "value": value, "key": key}, {})

@@ -1,4 +1,5 @@
-"""``build_event`` builds the very event ``Event(...)`` builds, and it stays frozen."""
+"""``build_event`` and ``build_new_event`` build the very events ``Event(...)`` and
+``NewEvent(...)`` build, and they stay frozen."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from loom_core import Event, JsonObject, JsonValue
-from loom_core.spi import build_event
+from loom_core import Event, JsonObject, JsonValue, NewEvent
+from loom_core.spi import build_event, build_new_event, check_events
 
 AT = datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)
 PAYLOAD: JsonValue = {"result": [1, "two", None]}
@@ -48,3 +49,19 @@ def test_it_copies_pickles_and_replaces_like_any_event() -> None:
     assert dataclasses.replace(built, sequence=8) == Event(
         "run-1", 8, "STEP_COMPLETED", PAYLOAD, METADATA, AT
     )
+
+
+def test_build_new_event_is_the_new_event_the_constructor_builds() -> None:
+    metadata: JsonObject = {"trace": "t-1"}
+    built = build_new_event("STEP_COMPLETED", PAYLOAD, metadata)
+    made = NewEvent("STEP_COMPLETED", PAYLOAD, metadata)
+    assert type(built) is NewEvent
+    assert built == made
+    assert repr(built) == repr(made)
+    assert built.payload is PAYLOAD
+    assert built.metadata is metadata
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.kind = "OTHER"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(built)) == made
+    # A store takes it as it takes any NewEvent.
+    assert check_events([built]) == (made,)

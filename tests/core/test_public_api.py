@@ -92,6 +92,7 @@ SPI_EXPORTED = frozenset({
     "Event",
     "NewEvent",
     "build_event",
+    "build_new_event",
     "RefusesUnoffered",
     "MAX_ID_BYTES",
     "MAX_POSITION",

@@ -37,6 +37,7 @@ import orjson
 
 from loom_core import JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidEventError
+from loom_core.spi import build_new_event
 
 __all__ = [
     "CHAIN_FIELD",
@@ -176,6 +177,6 @@ def chain_events(
         )
         metadata: JsonObject = dict(event.metadata)
         metadata[CHAIN_FIELD] = {"v": FORMAT_VERSION, "prev": prev, "hash": own}
-        chained.append(NewEvent(event.kind, event.payload, metadata))
+        chained.append(build_new_event(event.kind, event.payload, metadata))
         prev = own
     return chained

@@ -65,6 +65,7 @@ from loom_core.spi import (
     AppendRequest,
     EventStore,
     build_event,
+    build_new_event,
     check_append,
     check_append_requests,
     check_fence,
@@ -290,7 +291,7 @@ class CryptoEventStore(EventStoreDecorator):
             )
             metadata: JsonObject = dict(event.metadata)
             metadata[INCARNATION_FIELD] = incarnation
-            stored.append(NewEvent(event.kind, payload, metadata))
+            stored.append(build_new_event(event.kind, payload, metadata))
             values.append(value)
         return stored, values
 

@@ -65,6 +65,7 @@ from loom_core.spi import (
     FenceStale,
     RefusesUnoffered,
     build_event,
+    build_new_event,
     canonical_json,
     check_append,
     check_append_requests,
@@ -317,7 +318,7 @@ class PostgresEventStore(RefusesUnoffered):
     ) -> _Write:
         if stamp and fence is not None:
             stamped: tuple[NewEvent, ...] = tuple(
-                NewEvent(event.kind, event.payload, {**event.metadata, "fence": fence})
+                build_new_event(event.kind, event.payload, {**event.metadata, "fence": fence})
                 for event in events
             )
         else:
