@@ -21,6 +21,7 @@ from loom_audit import (
     link_hash,
     read_link,
 )
+from loom_audit.chain import _FLOAT_SHAPE, _float_shaped
 
 from loom_core import (
     AppendRequest,
@@ -30,6 +31,8 @@ from loom_core import (
     InvalidEventError,
     InvalidInputError,
     InvalidOptionError,
+    JsonObject,
+    JsonValue,
     NewEvent,
     SequenceConflictError,
     Unsupported,
@@ -374,6 +377,40 @@ def test_link_hashes_follow_the_documented_canonical_json(payload: object) -> No
         assert link_hash(eid, 7, kind, payload, metadata, prev) == _documented_hash(  # type: ignore[arg-type]
             eid, 7, kind, payload, covered, prev
         )
+
+
+def test_a_link_over_metadata_without_a_chain_field_hashes_the_same() -> None:
+    payload: JsonValue = {"n": 1.5, "s": "one"}
+    cases: list[JsonObject] = [{"fence": 2}, {}, {"fence": 2, "chain": {"v": 2}}]
+    for metadata in cases:
+        covered: dict[str, object] = {k: v for k, v in metadata.items() if k != "chain"}
+        before = json.dumps(metadata)
+        assert link_hash("e-1", 3, "K", payload, metadata, GENESIS) == _documented_hash(
+            "e-1", 3, "K", payload, covered, GENESIS
+        )
+        assert json.dumps(metadata) == before  # read, never changed
+
+
+def test_an_address_orjson_refuses_is_refused_as_the_reference_encoder_refuses() -> None:
+    # A lone surrogate cannot be UTF-8: neither encoder writes it, with or without the
+    # one-call shortcut for the execution id, sequence and kind.
+    for execution_id, kind in [("e-\ud800", "K"), ("e", "K\udfff")]:
+        with pytest.raises(UnicodeEncodeError):
+            link_hash(execution_id, 0, kind, None, {}, GENESIS)
+
+
+def test_the_float_check_finds_exactly_what_the_pattern_finds() -> None:
+    """Every text of up to four characters over the characters the pattern looks at (and
+    one it does not), and the encoded canonical cases."""
+    alphabet = b'09.eEnul"x'
+    texts = [
+        bytes(chars)
+        for size in range(5)
+        for chars in itertools.product(alphabet, repeat=size)
+    ]
+    texts += [json.dumps(case).encode() for case in _CANONICAL_CASES]
+    for text in texts:
+        assert _float_shaped(text) is (_FLOAT_SHAPE.search(text) is not None), text
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), [1, {"x": -float("inf")}]])
