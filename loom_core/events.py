@@ -110,7 +110,6 @@ def build_event(
     return event  # type: ignore[return-value]
 
 
-
 def is_answering(event: Event | NewEvent) -> bool:
     """Whether ``event`` answers a park (see :func:`is_answering_kind`)."""
     return is_answering_kind(event.kind, event.metadata)

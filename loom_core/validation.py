@@ -42,6 +42,7 @@ __all__ = [
     "check_aware",
     "check_count",
     "check_events",
+    "check_events_with_text",
     "check_execution_id",
     "check_fence",
     "check_limit",
@@ -576,6 +577,24 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
         # taken apart again.
         return (build_new_event(single[0], single[4], single[5]),)
     return _new_events(*_check_batch(events, allow_empty))
+
+
+def check_events_with_text(events: object) -> tuple[tuple[NewEvent, ...], tuple[str, ...]]:
+    """:func:`check_events` (never empty), and each payload's JSON text as the check wrote
+    it: compact, its keys in the order given, its value exactly the copy's. For a store
+    that keeps payloads as JSON text, so it need not encode them a second time.
+    """
+    single = _check_single(events)
+    if single is not None:
+        return (build_new_event(single[0], single[4], single[5]),), (_as_text(single[1]),)
+    batch, copies = _check_batch(events)
+    return _new_events(batch, copies), tuple([_as_text(p) for p in batch._state[2]])
+
+
+def _as_text(encoded: Encoded) -> str:
+    if isinstance(encoded, bytes):
+        return encoded.decode("utf-8")
+    return encoded
 
 
 def rebuild_payloads(batch: CheckedEvents, payloads: Sequence[object]) -> CheckedEvents:

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import json
 import math
 import re
 import uuid
@@ -24,7 +25,7 @@ import pytest
 
 from loom_core import InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
-from loom_core.spi import check_events
+from loom_core.spi import check_batch, check_events, check_events_with_text
 from loom_core.validation import MAX_INT_BITS, _check_json, _fast_json
 
 
@@ -261,6 +262,20 @@ def test_a_bad_payload_checked_alone_is_refused_with_the_walks_error(value: obje
 
 
 @pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
+def test_a_bad_payload_is_refused_alike_with_its_text(value: object) -> None:
+    """``check_events_with_text`` refuses what ``check_events`` refuses, with its error."""
+    for events in (
+        [NewEvent("k", value)],  # type: ignore[arg-type]
+        [NewEvent("ok"), NewEvent("k", value)],  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidEventError) as expected:
+            check_events(events)
+        with pytest.raises(InvalidEventError) as caught:
+            check_events_with_text(events)
+        assert str(caught.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("value", BAD, ids=_ids(BAD))
 async def test_a_bad_metadata_value_is_refused_with_the_walks_error(value: object) -> None:
     expected = _walk_refusal({"m": value}, "events[0].metadata")
     store = MemoryEventStore()
@@ -279,6 +294,15 @@ async def test_a_good_value_is_accepted_and_reads_back_as_the_walks_copy(value: 
     batched = check_events([NewEvent("k", value), NewEvent("k", value)])[1]  # type: ignore[arg-type]
     assert batched == checked
     assert type(batched.payload) is type(checked.payload)
+    # The text the check wrote reads back as the copy, alone, in a batch, or handed in
+    # as a checked batch.
+    alone = [NewEvent("k", value)]  # type: ignore[arg-type]
+    pair = [NewEvent("ok", {"n": 1}), NewEvent("k", value)]  # type: ignore[arg-type]
+    for events, at in ((alone, 0), (pair, 1), (check_batch(pair), 1)):
+        copies, texts = check_events_with_text(events)
+        assert copies == check_events(events)
+        assert len(texts) == len(copies)
+        assert json.loads(texts[at]) == expected
 
     store = MemoryEventStore()
     (written,) = await store.append("e", [NewEvent("k", value)], expected_sequence=0)  # type: ignore[arg-type]

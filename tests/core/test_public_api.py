@@ -103,6 +103,7 @@ SPI_EXPORTED = frozenset({
     "check_aware",
     "check_batch",
     "check_events",
+    "check_events_with_text",
     "check_execution_id",
     "check_fence",
     "check_key",

@@ -69,6 +69,7 @@ from loom_core.spi import (
     canonical_json,
     check_append,
     check_append_requests,
+    check_events_with_text,
     check_execution_id,
     check_fence,
     check_limit,
@@ -315,7 +316,10 @@ class PostgresEventStore(RefusesUnoffered):
         fence: int | None,
         *,
         stamp: bool,
+        texts: tuple[str, ...] | None = None,
     ) -> _Write:
+        """``texts``: each payload's JSON text as the check wrote it
+        (``check_events_with_text``), else each is encoded here."""
         if stamp and fence is not None:
             stamped: tuple[NewEvent, ...] = tuple(
                 build_new_event(event.kind, event.payload, {**event.metadata, "fence": fence})
@@ -330,7 +334,9 @@ class PostgresEventStore(RefusesUnoffered):
             seq=expected_sequence,
             fence=fence,
             events=stamped,
-            payloads=tuple(canonical_json(e.payload) for e in stamped),
+            payloads=(
+                tuple([canonical_json(e.payload) for e in stamped]) if texts is None else texts
+            ),
             metadata=tuple(encoded),
             channel=self._listener.channel(execution_id),
         )
@@ -634,13 +640,15 @@ class PostgresEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        checked, texts = check_events_with_text(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
         self._check_open()
-        write = self._append("a", execution_id, checked, expected_sequence, fence, stamp=True)
+        write = self._append(
+            "a", execution_id, checked, expected_sequence, fence, stamp=True, texts=texts
+        )
         return cast(tuple[Event, ...], await self._committer.submit(write))
 
     async def read(

@@ -45,6 +45,7 @@ from loom_core.spi import (
     canonical_json,
     check_append,
     check_append_requests,
+    check_events_with_text,
     check_execution_id,
     check_fence,
     check_limit,
@@ -105,7 +106,11 @@ class _Row:
     metadata_text: str
 
 
-def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
+def _prepare(
+    events: Sequence[NewEvent], fence: int | None, texts: Sequence[str] | None = None
+) -> tuple[_Row, ...]:
+    """The rows to insert; ``texts``: each payload's JSON text as the check wrote it
+    (``check_events_with_text``), else each is encoded here."""
     if fence is None:
         stamp: JsonObject = {}
         stamp_text = "{}"
@@ -121,19 +126,17 @@ def _prepare(events: Sequence[NewEvent], fence: int | None) -> tuple[_Row, ...]:
             metadata_text = canonical_json(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
-        return (
-            _Row(event.kind, event.payload, metadata, canonical_json(event.payload), metadata_text),
-        )
+        text = canonical_json(event.payload) if texts is None else texts[0]
+        return (_Row(event.kind, event.payload, metadata, text, metadata_text),)
     rows = []
-    for event in events:
+    for i, event in enumerate(events):
         if event.metadata:
             metadata = {**event.metadata, **stamp}
             metadata_text = canonical_json(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
-        rows.append(
-            _Row(event.kind, event.payload, metadata, canonical_json(event.payload), metadata_text)
-        )
+        text = canonical_json(event.payload) if texts is None else texts[i]
+        rows.append(_Row(event.kind, event.payload, metadata, text, metadata_text))
     return tuple(rows)
 
 
@@ -350,15 +353,15 @@ class SqliteEventStore(RefusesUnoffered):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        checked, texts = check_events_with_text(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
         op = functools.partial(
             _append,
             execution_id=execution_id,
-            rows=_prepare(checked, fence),
+            rows=_prepare(checked, fence, texts),
             expected=expected_sequence,
             fence=fence,
             clock=self._clock,
