@@ -136,11 +136,11 @@ def link_hash(
     prev: str | None,
 ) -> str:
     """The link hash of one event; the chain field of ``metadata``, if any, is left out."""
-    covered: JsonObject
-    if CHAIN_FIELD in metadata or not isinstance(metadata, dict):
-        covered = {k: v for k, v in metadata.items() if k != CHAIN_FIELD}
-    else:
-        covered = metadata  # only read
+    covered: JsonObject = (
+        metadata  # only read
+        if isinstance(metadata, dict) and CHAIN_FIELD not in metadata
+        else without_chain(metadata)
+    )
     # The canonical JSON of the list, element by element (compact: joined by commas), so
     # only the payload and the metadata are searched for floats, not the hex of ``prev``.
     encoded = b"".join((
@@ -158,6 +158,13 @@ def _address(execution_id: str, sequence: int, kind: str) -> bytes:
         return orjson.dumps([execution_id, sequence, kind])[1:-1]
     except orjson.JSONEncodeError:
         return b",".join((_plain(execution_id), _plain(sequence), _plain(kind)))
+
+
+def without_chain(metadata: Mapping[str, JsonValue]) -> JsonObject:
+    """A copy of ``metadata`` without its chain field (if it has one)."""
+    kept = dict(metadata)
+    kept.pop(CHAIN_FIELD, None)
+    return kept
 
 
 def read_link(metadata: Mapping[str, JsonValue]) -> Link | None:

@@ -58,12 +58,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
-from loom_audit.chain import CHAIN_FIELD, GENESIS, chain_events, read_link, refuse_chain_field
+from loom_audit.chain import (
+    CHAIN_FIELD,
+    GENESIS,
+    chain_events,
+    read_link,
+    refuse_chain_field,
+    without_chain,
+)
 from loom_audit.errors import NoHeadError
 from loom_audit.heads import ChainHead, sign_head
 from loom_audit.tips import DEFAULT_TIP_CACHE_SIZE, ChainTips, Tip
 from loom_audit.verification import ChainBroken, ChainWalk, Verification
-from loom_core import Event, JsonObject, NewEvent
+from loom_core import Event, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import (
     ExecutionNotFoundError,
@@ -484,14 +491,9 @@ def _unlinked(events: Sequence[Event]) -> tuple[Event, ...]:
     # on the path every append and read takes.
     return tuple([
         build_event(
-            e.execution_id, e.sequence, e.kind, e.payload, _without_chain(e.metadata),
+            e.execution_id, e.sequence, e.kind, e.payload, without_chain(e.metadata),
             e.recorded_at,
         ) if CHAIN_FIELD in e.metadata else e
         for e in events
     ])
 
-
-def _without_chain(metadata: JsonObject) -> JsonObject:
-    kept = dict(metadata)
-    del kept[CHAIN_FIELD]
-    return kept
