@@ -60,75 +60,64 @@ __all__ = ["MemoryEventStore"]
 Clock = Callable[[], datetime]
 
 
+_Entry = tuple[str, Encoded, Encoded, "int | None", datetime, bool]
+"""One event as the store holds it: kind, payload and metadata as the JSON bytes their
+check produced, the fence it was written under, when, and whether it answers a park."""
+
+
 @dataclass(slots=True)
 class _Log:
-    """One execution's log, one list per field, so an append extends each list once
-    however many events it carries. Entry ``i`` is the event of sequence ``first + i``
+    """One execution's log: entry ``i`` is the event of sequence ``first + i``
     (sequences are gapless; ``first`` moves when a prefix is truncated).
 
     Payloads and metadata are kept as the JSON bytes their check produced, so no caller
-    can mutate what the store holds, and every read decodes a fresh copy. ``metadata``
-    is the writer's; ``fences`` is stamped into it on the way out."""
+    can mutate what the store holds, and every read decodes a fresh copy. The metadata is
+    the writer's; the fence is stamped into it on the way out.
+
+    Each entry is a tuple of atomic values, which the garbage collector stops tracking
+    the first time it sees one: a log costs the collector two objects (this one and its
+    list) however long it grows, where a list per field cost it seven, each examined
+    again by every full collection for as long as the store holds the log."""
 
     head: int = 0
     first: int = 0
-    kinds: list[str] = field(default_factory=list)
-    payloads: list[Encoded] = field(default_factory=list)
-    metadata: list[Encoded] = field(default_factory=list)
-    fences: list[int | None] = field(default_factory=list)
-    recorded: list[datetime] = field(default_factory=list)
-    answering: list[bool] = field(default_factory=list)
+    entries: list[_Entry] = field(default_factory=list)
 
     def index(self, sequence: int) -> int:
         """The list index of ``sequence``, clamped to the entries held."""
-        return min(max(sequence - self.first, 0), len(self.kinds))
+        return min(max(sequence - self.first, 0), len(self.entries))
 
     def event(self, execution_id: str, i: int) -> Event:
-        metadata = decode(self.metadata[i])
+        kind, payload, encoded_metadata, fence, recorded, _ = self.entries[i]
+        metadata = decode(encoded_metadata)
         assert isinstance(metadata, dict)
-        fence = self.fences[i]
         if fence is not None:
             metadata["fence"] = fence
         return build_event(
-            execution_id,
-            self.first + i,
-            self.kinds[i],
-            decode(self.payloads[i]),
-            metadata,
-            self.recorded[i],
+            execution_id, self.first + i, kind, decode(payload), metadata, recorded
         )
 
     def extend(self, batch: CheckedEvents, fence: int | None, now: datetime) -> None:
         _, kinds, payloads, metadata, answering = batch._state
-        count = len(kinds)
-        self.kinds += kinds
-        self.payloads += payloads
-        self.metadata += metadata
-        self.answering += answering
-        self.fences += [fence] * count
-        self.recorded += [now] * count
-        self.head += count
+        self.entries += [
+            (kind, payload, meta, fence, now, answers)
+            for kind, payload, meta, answers in zip(
+                kinds, payloads, metadata, answering, strict=True
+            )
+        ]
+        self.head += len(kinds)
+
+    def answered_after(self, i: int) -> bool:
+        """Whether an entry from list index ``i`` on answers a park."""
+        return any(entry[5] for entry in self.entries[i:])
 
     def prefix(self, end: int) -> _Log:
         """A new log holding this one's first ``end`` entries."""
-        return _Log(
-            self.first + end,
-            self.first,
-            self.kinds[:end],
-            self.payloads[:end],
-            self.metadata[:end],
-            self.fences[:end],
-            self.recorded[:end],
-            self.answering[:end],
-        )
+        return _Log(self.first + end, self.first, self.entries[:end])
 
     def drop(self, cut: int) -> None:
         """Forget the first ``cut`` entries."""
-        for column in (
-            self.kinds, self.payloads, self.metadata, self.fences, self.recorded,
-            self.answering,
-        ):
-            del column[:cut]
+        del self.entries[:cut]
         self.first += cut
 
 
@@ -238,7 +227,7 @@ class MemoryEventStore(RefusesUnoffered):
         now: datetime,
     ) -> None:
         if log is None:
-            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
+            log = self._logs[execution_id] = _Log(0, 0, [])
         log.extend(batch, fence, now)
         if self._signals:
             self._wake(execution_id)
@@ -321,13 +310,8 @@ class MemoryEventStore(RefusesUnoffered):
         now = self._clock()
         kind, payload, metadata, answering, payload_copy, metadata_copy = single
         if log is None:
-            log = self._logs[execution_id] = _Log(0, 0, [], [], [], [], [], [])
-        log.kinds.append(kind)
-        log.payloads.append(payload)
-        log.metadata.append(metadata)
-        log.fences.append(fence)
-        log.recorded.append(now)
-        log.answering.append(answering)
+            log = self._logs[execution_id] = _Log(0, 0, [])
+        log.entries.append((kind, payload, metadata, fence, now, answering))
         log.head = expected_sequence + 1
         if self._signals:
             self._wake(execution_id)
@@ -360,7 +344,7 @@ class MemoryEventStore(RefusesUnoffered):
         if log is None:
             return ()
         start = log.index(from_sequence)
-        end = len(log.kinds) if to_sequence is None else log.index(to_sequence + 1)
+        end = len(log.entries) if to_sequence is None else log.index(to_sequence + 1)
         if limit is not None:
             end = min(end, start + limit)
         return tuple(log.event(execution_id, i) for i in range(start, end))
@@ -416,7 +400,7 @@ class MemoryEventStore(RefusesUnoffered):
         current = self._fences.get(execution_id, 0)
         if current != fence:
             return FenceStale(current)
-        if any(log.answering[log.index(park_seq + 1):]):
+        if log.answered_after(log.index(park_seq + 1)):
             return FenceStale(current)
         self._fences[execution_id] = current + 1
         return FenceAcquired(current + 1)
@@ -495,7 +479,7 @@ class MemoryEventStore(RefusesUnoffered):
         copy = log.prefix(log.index(through_sequence + 1))
         self._logs[target] = copy
         self._wake(target)
-        return len(copy.kinds)
+        return len(copy.entries)
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
         self._offers("truncate_prefix_keeping")
@@ -527,7 +511,7 @@ class MemoryEventStore(RefusesUnoffered):
                 # One event per pass, the log looked up again after each yield: the
                 # consumer may have appended, truncated or deleted meanwhile.
                 start = log.index(next_sequence)
-                if start < len(log.kinds):
+                if start < len(log.entries):
                     event = log.event(execution_id, start)
                     next_sequence = event.sequence + 1
                     yield event

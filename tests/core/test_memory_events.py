@@ -5,6 +5,7 @@ change what the store holds."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 from typing import Any
 
@@ -168,3 +169,32 @@ async def test_an_event_a_store_returns_is_a_frozen_event() -> None:
         written.sequence = 5  # type: ignore[misc]
     assert written == Event("e", 0, "k", {"a": 1}, {}, written.recorded_at)
     assert hash(written.kind) == hash("k")
+
+
+async def test_a_log_costs_the_garbage_collector_two_objects_however_long() -> None:
+    # Every full collection examines each tracked object the store holds, for as long as
+    # it holds it: a log is its own object and one list of untracked entries (with a
+    # list per field it was seven), whatever it holds and however it was written.
+    store = MemoryEventStore()
+    await store.acquire_fence("warm-up")
+    await store.append("warm-up", [NewEvent("k")], expected_sequence=0)
+    executions = 200
+    gc.collect()
+    before = len(gc.get_objects())
+    for index in range(executions):
+        execution_id = f"e-{index}"
+        await store.append(
+            execution_id,
+            [NewEvent("k", {"items": [index], "deep": {"n": index}}, {"m": [1]})],
+            expected_sequence=0,
+        )
+        await store.append(
+            execution_id, [NewEvent("k"), NewEvent("k", {"x": 1})], expected_sequence=1
+        )
+        await store.append_many(
+            [AppendRequest(execution_id, [NewEvent("k")], expected_sequence=3)]
+        )
+    gc.collect()
+    added = len(gc.get_objects()) - before
+    assert added <= 2 * executions + 20
+    assert len(await store.read("e-7")) == 4
