@@ -21,7 +21,8 @@ Where a batch runs:
   NORMAL``. A lone caller then pays no thread hop: its operation is a few SQLite calls
   that write to the operating system's cache and return. While operations come one at a
   time, each runs at once in its caller's turn (not one turn later), and the caller
-  yields once afterwards, so a task that writes in a loop never starves the others. It
+  yields once in ``YIELD_EVERY`` of them, so a task that writes in a loop never keeps the
+  others waiting for more than a few of its operations. It
   cannot wait on anything: the loop connection's busy timeout is zero, so if another
   process holds the write lock the operation goes to the thread instead (where it waits
   up to ``busy_timeout_ms``), and it never checkpoints, so it never syncs the disk. One
@@ -90,6 +91,10 @@ CHECKPOINT_ROWS: Final = 1000  # an append is two rows in two pages: about 1 000
 # have been preempted by another process (a busy machine does that now and then); three
 # in a row is the disk (or the machine) being slow right now.
 INLINE_STALL_SECONDS: Final = 0.002
+YIELD_EVERY: Final = 4
+"""A caller whose operations run at once yields to the loop after every this many of
+them: often enough that no task waits behind it for more than a few operations, rarely
+enough that a lone writer does not pay a turn of the loop per call."""
 STALLS_TO_COOL_OFF: Final = 3
 COOL_OFF_SECONDS: Final = 5.0
 
@@ -132,7 +137,8 @@ class TransactionRunner:
         "_rows_on_loop",
         "_scheduled",
         "_stalls",
-        "_turn_taken",
+        "_turn_owner",
+        "_turns",
     )
 
     def __init__(self, connection: SqliteConnection) -> None:
@@ -142,7 +148,9 @@ class TransactionRunner:
         self._busy = False  # a job is on the writer thread
         self._closing = False
         self._lone = True  # the last batch was one operation: the next may run at once
-        self._turn_taken = False  # an operation ran at once in this turn of the loop
+        # The task whose operation ran at once in this turn of the loop (None: none did).
+        self._turn_owner: asyncio.Task[object] | None = None
+        self._turns = 1  # lone operations left until the caller yields: the first does
         self._idle: asyncio.Event | None = None  # set when close() waits for the queue
         self._inline_after = 0.0
         self._stalls = 0  # inline batches in a row that took INLINE_STALL_SECONDS or more
@@ -174,24 +182,34 @@ class TransactionRunner:
             raise DatabaseClosedError(self.path)
         if self._alone_now(write):
             # The first operation of this turn of the loop, after a batch that was alone
-            # too: run it now, rather than one turn later. Whatever is submitted before
-            # this task resumes queues, and goes to the thread if it is several.
-            self._turn_taken = True
+            # too (or the next one of the task that ran it, which has not yielded since):
+            # run it now, rather than one turn later. What another task submits in this
+            # turn queues, and goes to the thread if it is several.
+            owner = self._turn_owner
+            if owner is None:
+                owner = self._turn_owner = _current_task()
+                _call_soon(self._next_turn)
             try:
                 value, error = self._run_alone(op, write, doing)
             except _Reroute:
-                self._turn_taken = False
+                self._turn_owner = None
             else:
-                try:
-                    # Yield once, as a hop would have: a task that appends in a loop must
-                    # not keep the other tasks from running.
+                self._turns -= 1
+                if not self._turns:
+                    # Yield once in YIELD_EVERY lone operations, as a hop would have: a
+                    # task that appends in a loop must not keep the others from running
+                    # for longer than a few of its operations.
+                    self._turns = YIELD_EVERY
                     await _yield_once()
-                finally:
-                    self._turn_taken = False
                 if error is not None:
                     raise error
                 return value
         return await self._submit(op, write=write, doing=doing)
+
+    def _next_turn(self) -> None:
+        # Called soon after an operation ran at once: the loop has turned, so the next
+        # operation, whoever's, is the first of its turn.
+        self._turn_owner = None
 
     def _submit(
         self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
@@ -205,7 +223,7 @@ class TransactionRunner:
     def _alone_now(self, write: bool) -> bool:
         return (
             self._lone
-            and not self._turn_taken
+            and (self._turn_owner is None or self._turn_owner is _current_task())
             and not self._queue
             and not self._busy
             and not self._scheduled
@@ -385,10 +403,18 @@ class TransactionRunner:
         await self._connection.close()
 
 
+_current_task: Final = asyncio.current_task
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    asyncio.get_running_loop().call_soon(callback)
+
+
 @types.coroutine
 def _yield_once() -> Generator[None, None, None]:
     """``await asyncio.sleep(0)`` without its coroutine: the loop runs every other ready
-    task once, then resumes the caller (a lone caller pays this on every call)."""
+    task once, then resumes the caller (a lone caller pays this once in YIELD_EVERY
+    calls)."""
     yield
 
 

@@ -22,6 +22,7 @@ from loom_sqlite.transactions import (
     COOL_OFF_SECONDS,
     INLINE_STALL_SECONDS,
     STALLS_TO_COOL_OFF,
+    YIELD_EVERY,
     TransactionRunner,
 )
 from sqlite_helpers import expect_line, finish, spawn, url_for
@@ -91,6 +92,41 @@ async def test_a_lone_operation_runs_on_the_loop_and_a_group_on_the_thread(
     # Alone again: on the loop again.
     assert await _where(runner) == "loop"
     assert await _where(runner) == "loop"
+
+
+async def test_a_lone_writer_yields_once_in_a_few_operations_and_no_task_waits_longer(
+    storage: Storage,
+) -> None:
+    runner = _runner(storage)
+    runner._clock = _Clock()  # no operation is ever slow: all run on the loop
+    events = storage.events
+    await events.append("warm-up", [NewEvent("k")], expected_sequence=0)
+    ticks = 0
+    stop = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.get_running_loop().create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    seen: list[int] = []
+    appends = 6 * YIELD_EVERY
+    for sequence in range(appends):
+        await events.append("e", [NewEvent("k", {"n": sequence})], expected_sequence=sequence)
+        seen.append(ticks)
+    stop = True
+    await ticking
+    # The other task ran once in every YIELD_EVERY appends: never kept waiting longer,
+    # and not given a turn of the loop after every append.
+    gaps = [later - earlier for earlier, later in zip(seen, seen[YIELD_EVERY:], strict=False)]
+    assert gaps == [1] * (appends - YIELD_EVERY)
+    assert seen[-1] - before == appends // YIELD_EVERY
+    assert await _where(runner) == "loop"
+    assert [e.payload for e in await events.read("e")] == [{"n": n} for n in range(appends)]
 
 
 async def test_under_synchronous_full_nothing_runs_on_the_loop(db_path: Path) -> None:
