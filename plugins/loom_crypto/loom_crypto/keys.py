@@ -24,8 +24,10 @@ Every method is safe to call concurrently, from several processes sharing the st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["KEY_BYTES", "DataKey", "KeyStore"]
 
@@ -36,10 +38,29 @@ KEY_BYTES: Final = 32
 @dataclass(frozen=True, slots=True, repr=False)
 class DataKey:
     """A data key: an opaque ``key_id`` (stored in the log, so it must not name the subject)
-    and its 32 secret bytes. ``repr`` never shows the bytes."""
+    and its 32 secret bytes. ``repr`` never shows the bytes.
+
+    The AES-GCM context of the bytes is built on first use and kept with the key (building
+    it costs more than sealing a small payload with it), so a key store that hands out the
+    same ``DataKey`` for a subject builds it once. It goes when the key goes; a copy or a
+    pickle carries the id and the bytes only.
+    """
 
     key_id: str
     material: bytes
+    _aead: AESGCM | None = field(default=None, init=False, repr=False, compare=False)
+
+    def aead(self) -> AESGCM:
+        """The AES-GCM context of :attr:`material` (ValueError if it is not a valid AES key
+        size)."""
+        aead = self._aead
+        if aead is None:
+            aead = AESGCM(self.material)
+            object.__setattr__(self, "_aead", aead)
+        return aead
+
+    def __reduce__(self) -> tuple[type[DataKey], tuple[str, bytes]]:
+        return DataKey, (self.key_id, self.material)
 
     def __repr__(self) -> str:
         return f"DataKey(key_id={self.key_id!r}, material=<{len(self.material)} bytes>)"

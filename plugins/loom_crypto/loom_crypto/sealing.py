@@ -56,7 +56,6 @@ from typing import Final
 
 import orjson
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from loom_core import JsonObject, JsonValue
 from loom_core.errors import InvalidEventError
@@ -217,7 +216,7 @@ def seal_payload(
     plaintext = canonical_json(payload).encode("utf-8")
     nonce = secrets.token_bytes(NONCE_BYTES)
     aad = associated_data(execution_id, sequence, kind, key.key_id, incarnation)
-    ciphertext = AESGCM(key.material).encrypt(nonce, plaintext, aad)
+    ciphertext = key.aead().encrypt(nonce, plaintext, aad)
     sealed: JsonObject = {
         SEALED_MARKER: FORMAT_VERSION,
         "kid": key.key_id,
@@ -335,7 +334,7 @@ def open_payload(
     bound = None if sealed.version == LEGACY_FORMAT_VERSION else incarnation
     aad = associated_data(execution_id, sequence, kind, sealed.key_id, bound)
     try:
-        plaintext = AESGCM(key.material).decrypt(sealed.nonce, sealed.ciphertext, aad)
+        plaintext = key.aead().decrypt(sealed.nonce, sealed.ciphertext, aad)
     except InvalidTag:
         raise PayloadAuthenticationError(
             execution_id, sequence, sealed.key_id,

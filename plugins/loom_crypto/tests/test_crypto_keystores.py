@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import os
+import pickle
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,6 +36,19 @@ async def test_create_returns_the_same_key_for_a_subject_and_another_for_others(
     assert bob.material != alice.material
     assert await key_store.get(alice.key_id) == alice
     assert await key_store.key_id_for("alice") == alice.key_id
+
+
+async def test_a_key_builds_its_cipher_once_and_still_copies_and_pickles_as_id_and_bytes(
+    key_store: KeyStore,
+) -> None:
+    key = await key_store.create("alice")
+    nonce = os.urandom(12)
+    sealed = key.aead().encrypt(nonce, b"payload", b"bound")
+    assert key.aead() is key.aead()
+    for twin in (copy.copy(key), copy.deepcopy(key), pickle.loads(pickle.dumps(key))):
+        assert twin == key
+        assert repr(twin) == repr(key)
+        assert twin.aead().decrypt(nonce, sealed, b"bound") == b"payload"
 
 
 async def test_the_key_id_does_not_name_the_subject(key_store: KeyStore) -> None:
