@@ -174,6 +174,30 @@ def _require_directory(path: str) -> None:
         )
 
 
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _while_busy(
+    statement: Callable[[], T], settings: Settings, pause: Callable[[float], None]
+) -> T:
+    """``statement()``, retried with a short, jittered pause while SQLite answers busy.
+
+    Gives up, letting the error out, once ``busy_timeout_ms`` has passed. It runs on the
+    connection's own thread, so the pause blocks nothing else. (``pause`` is there for the
+    tests that release the lock at the first pause.)
+    """
+    deadline = time.monotonic() + settings.busy_timeout_ms / 1000
+    while True:
+        try:
+            return statement()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+            pause(random.uniform(0.002, 0.02))
+
+
 def _switch_to_wal(
     raw: sqlite3.Connection, settings: Settings, pause: Callable[[float], None] = time.sleep
 ) -> object:
@@ -182,26 +206,24 @@ def _switch_to_wal(
     Switching a rollback-journal file to WAL reads the file (a SHARED lock) and then needs
     it EXCLUSIVE. When two connections do that at once, each holds what the other waits
     for, so SQLite answers SQLITE_BUSY at once instead of calling the busy handler (which
-    could only deadlock). This loop is the busy handler for that case: it retries with a
-    short, jittered pause until ``busy_timeout_ms`` has passed, then lets the error out.
-    It runs on the connection's own thread, so the pause blocks nothing else. (``pause``
-    is there for the test that releases the lock at the first pause.)
+    could only deadlock). :func:`_while_busy` is the busy handler for that case.
     """
-    deadline = time.monotonic() + settings.busy_timeout_ms / 1000
-    while True:
-        try:
-            row = raw.execute(JOURNAL_MODE_WAL).fetchone()
-        except sqlite3.OperationalError as exc:
-            code = getattr(exc, "sqlite_errorcode", None)
-            busy = isinstance(code, int) and code & 0xFF in (
-                sqlite3.SQLITE_BUSY,
-                sqlite3.SQLITE_LOCKED,
-            )
-            if not busy or time.monotonic() >= deadline:
-                raise
-            pause(random.uniform(0.002, 0.02))
-            continue
-        return None if row is None else row[0]
+    row = _while_busy(lambda: raw.execute(JOURNAL_MODE_WAL).fetchone(), settings, pause)
+    return None if row is None else row[0]
+
+
+def _configure_loop(
+    raw: sqlite3.Connection, settings: Settings, pause: Callable[[float], None] = time.sleep
+) -> None:
+    """The loop connection's settings, retried while another connection holds the file.
+
+    Its busy timeout is zero, and its first statement reads the schema, which needs a
+    read lock: another process opening the same file at that moment (switching it to WAL,
+    running WAL recovery, or checkpointing as its last connection closes) holds the file
+    for a moment, and without this retry the open would fail at once.
+    """
+    _while_busy(lambda: raw.execute(SYNCHRONOUS[settings.synchronous]), settings, pause)
+    _while_busy(lambda: raw.execute(NO_AUTOCHECKPOINT), settings, pause)
 
 
 def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
@@ -239,8 +261,7 @@ def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Con
             check_same_thread=False,
         )
         try:
-            loop_raw.execute(SYNCHRONOUS[settings.synchronous])
-            loop_raw.execute(NO_AUTOCHECKPOINT)
+            _configure_loop(loop_raw, settings)
         except BaseException:
             loop_raw.close()
             raise
@@ -249,8 +270,7 @@ def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Con
         raise
     except sqlite3.Error as exc:
         thread_raw.close()
-        code = getattr(exc, "sqlite_errorcode", None)
-        if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        if _is_busy(exc):
             raise translate(
                 exc,
                 path=settings.path,

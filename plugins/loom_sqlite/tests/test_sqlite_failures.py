@@ -25,7 +25,7 @@ from loom_sqlite import (
     DatabaseOpenError,
     SqliteEventStore,
 )
-from loom_sqlite.connection import _switch_to_wal
+from loom_sqlite.connection import _configure_loop, _switch_to_wal
 from loom_sqlite.settings import Settings
 from sqlite_helpers import file_bytes, smash_pages, url_for
 
@@ -107,6 +107,45 @@ def test_the_switch_to_wal_gives_up_after_busy_timeout(db_path: Path) -> None:
             _switch_to_wal(opener, Settings(str(db_path), busy_timeout_ms=50))
     finally:
         opener.close()
+        holder.execute("COMMIT")
+        holder.close()
+
+
+def test_the_loop_connection_waits_where_another_opener_holds_the_file(db_path: Path) -> None:
+    # The loop connection never waits for a lock (its busy timeout is zero), but its first
+    # statement reads the schema. Another process opening the file at that moment holds
+    # it for a moment (switching it to WAL, recovering the WAL, checkpointing as it
+    # closes); the open must wait that out, not fail. The holder lets go at the first
+    # pause, so the first attempt is refused every time and the retry succeeds.
+    holder = _rollback_journal_file(db_path)
+    loop = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if holder.in_transaction:
+            holder.execute("COMMIT")
+
+    try:
+        _configure_loop(loop, Settings(str(db_path), busy_timeout_ms=600_000), pause)
+        assert len(pauses) == 1
+        assert loop.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert loop.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+    finally:
+        loop.close()
+        if holder.in_transaction:
+            holder.execute("COMMIT")
+        holder.close()
+
+
+def test_the_loop_connection_gives_up_after_busy_timeout(db_path: Path) -> None:
+    holder = _rollback_journal_file(db_path)
+    loop = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _configure_loop(loop, Settings(str(db_path), busy_timeout_ms=50))
+    finally:
+        loop.close()
         holder.execute("COMMIT")
         holder.close()
 
