@@ -58,14 +58,22 @@ def git_state(where: Path | None = None) -> dict[str, object]:
     }
 
 
+_MEASURED = frozenset(
+    {"psycopg", "psycopg-pool", "aiosqlite", "dbos", "eventsourcing", "orjson", "cryptography"}
+)
+"""Third-party distributions whose version changes the figures: drivers, peers, and the
+libraries a store spends its time in (orjson's version alone moved the in-memory rows by
+a quarter or more)."""
+
+
 def loom_distributions() -> dict[str, str]:
-    """Installed Loom distributions, drivers and peers, and their versions (which backends
-    and which DBOS were measured)."""
+    """Installed Loom distributions, drivers, peers and the JSON and crypto libraries, and
+    their versions (which backends, which peers and which encoders were measured)."""
     found = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] or ""
-        if name.lower().startswith("loom-") or name.lower() in {"psycopg", "aiosqlite", "dbos"}:
-            found[name] = dist.version
+        if name.lower().startswith("loom-") or name.lower() in _MEASURED:
+            found.setdefault(name, dist.version)  # the first on sys.path is the one imported
     return dict(sorted(found.items()))
 
 

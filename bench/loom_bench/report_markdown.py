@@ -338,6 +338,14 @@ def _targets_section(checks: Sequence[TargetCheck]) -> list[str]:
     ]
 
 
+def _libraries(distributions: object) -> str:
+    """The installed distributions the figures depend on, one line."""
+    if not isinstance(distributions, dict) or not distributions:
+        return ""
+    listed = ", ".join(f"{name} {version}" for name, version in distributions.items())
+    return f"Installed: {listed}."
+
+
 def render_markdown(result: BenchResult) -> str:
     """The whole report as Markdown (headings from level 2 down)."""
     p = result.parameters
@@ -354,6 +362,8 @@ def render_markdown(result: BenchResult) -> str:
         "",
         f"Machine: {m.get('cpu_model')}, {m.get('nproc')} CPUs, {m.get('python')}, "
         f"{m.get('platform')}; load average (1/5/15 min) {load}.",
+        "",
+        _libraries(m.get("distributions")),
         "",
         (
             f"Each figure: median of {p.runs} runs (min{_TO}max) of "

@@ -33,7 +33,8 @@ def _result(rows: tuple[RowResult, ...], backends: tuple[str, ...]) -> BenchResu
     return BenchResult(
         parameters=parameters,
         machine={"commit": "abcdef0123456789", "nproc": 2, "cpu_model": "Test CPU",
-                 "python": "CPython 3.11", "dirty": False},
+                 "python": "CPython 3.11", "dirty": False,
+                 "distributions": {"loom-core": "0.1.0", "orjson": "3.11.9"}},
         settings={"sqlite": {"sqlite_version": "3.40.1", "synchronous": "NORMAL"}},
         rows=rows,
         started_at="2026-01-01T00:00:00+00:00",
@@ -74,6 +75,7 @@ def test_markdown_has_a_ratio_per_row_and_says_memory_has_no_floor() -> None:
         in markdown
     assert "`python3 -m bench --runs 2`" in markdown
     assert "commit abcdef012345" in markdown
+    assert "Installed: loom-core 0.1.0, orjson 3.11.9." in markdown
     # The SQLite target (sqlite-vs-raw) is evaluated from the same row.
     assert "unfenced: ours / raw sqlite3 >= 0.70\u00d7 | 0.85\u00d7" in markdown
     assert "| sqlite-vs-raw | sqlite | 64 |" in markdown
