@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -198,3 +200,45 @@ async def test_a_log_costs_the_garbage_collector_two_objects_however_long() -> N
     added = len(gc.get_objects()) - before
     assert added <= 2 * executions + 20
     assert len(await store.read("e-7")) == 4
+
+
+_HELD_PER_EVENT = """
+import asyncio, os
+from loom_core import NewEvent
+from loom_core.memory import MemoryEventStore
+
+def resident() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+async def main() -> None:
+    store = MemoryEventStore()
+    payload = {"step": "one", "result": {"ok": True}}
+    for i in range(200):
+        await store.append("warm-up", [NewEvent("k", payload)], expected_sequence=i)
+    before = resident()
+    for i in range(20_000):
+        await store.append("one", [NewEvent("k", payload)], expected_sequence=i)
+        batch = [NewEvent("k", payload), NewEvent("k", {"n": i}, {"m": "v"})]
+        await store.append("two", batch, expected_sequence=2 * i)
+    print((resident() - before) / 60_000)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_small_event_held_costs_the_process_a_few_hundred_bytes() -> None:
+    # orjson returns its text in an object that keeps the whole buffer it wrote into (a
+    # kilobyte or four, however short the text): a log keeping those objects grew the
+    # process by 1.5 to 5.6 KB per small event, where the event itself is under 300 bytes.
+    # A fresh interpreter, so that no heap freed by other tests absorbs the growth.
+    done = subprocess.run(
+        [sys.executable, "-c", _HELD_PER_EVENT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    per_event = float(done.stdout)
+    assert per_event < 1_000, f"{per_event:.0f} bytes of resident memory per event held"
