@@ -42,6 +42,8 @@ class TenantEventStore(EventStoreDecorator):
     def __init__(self, inner: EventStore, tenant: str, *, owns_inner: bool = True) -> None:
         super().__init__(inner)
         self.codec = TenantCodec(tenant)
+        self._prefix = self.codec.prefix
+        self._budget = self.codec.id_budget
         self._owns_inner = owns_inner
         self._closed = False
 
@@ -80,10 +82,20 @@ class TenantEventStore(EventStoreDecorator):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        stored = self.codec.encode(execution_id)
+        # Every append's path: the common id (printable ASCII within the budget) is
+        # encoded inline, as codec.encode would; anything else goes to it, which decides.
+        if (
+            type(execution_id) is str
+            and 0 < len(execution_id) <= self._budget
+            and execution_id.isascii()
+            and execution_id.isprintable()
+        ):
+            stored = self._prefix + execution_id
+        else:
+            stored = self.codec.encode(execution_id)
         if self._closed:
             self._refuse_closed()
-        # What _errors does, without a context manager: this is every append's path.
+        # What _errors does, without a context manager.
         try:
             written = await self.inner.append(
                 stored, events, expected_sequence=expected_sequence, fence=fence
@@ -91,6 +103,18 @@ class TenantEventStore(EventStoreDecorator):
         except LoomError as error:
             scrub(error, self.codec, (execution_id,))
             raise
+        if len(written) == 1 and written[0].execution_id == stored:  # _restore, inlined
+            event = written[0]
+            return (
+                build_event(
+                    execution_id,
+                    event.sequence,
+                    event.kind,
+                    event.payload,
+                    event.metadata,
+                    event.recorded_at,
+                ),
+            )
         return self._restore(written, execution_id)
 
     async def read(

@@ -16,6 +16,7 @@ from loom_core import (
     Event,
     EventStore,
     ExecutionAlreadyExistsError,
+    InvalidExecutionIdError,
     InvalidOptionError,
     LeaseHeldError,
     LoomError,
@@ -65,6 +66,32 @@ async def test_events_read_back_carry_the_tenants_own_id(shared: Storage) -> Non
     subscription = acme.events.subscribe("order-1")
     first = await anext(subscription)
     assert (first.execution_id, first.kind) == ("order-1", "A")
+
+
+async def test_an_append_takes_ids_up_to_the_tenant_budget_and_refuses_the_rest(
+    shared: Storage,
+) -> None:
+    # append encodes the common id inline; every id must get what codec.encode decides.
+    acme = tenant_view(shared, "acme")
+    budget = TenantCodec("acme").id_budget
+    longest, accented = "i" * budget, "é" * (budget // 2)
+    for execution_id in (longest, accented, "a b", "order/1"):
+        (event,) = await acme.events.append(execution_id, [NewEvent("A")], expected_sequence=0)
+        assert event.execution_id == execution_id
+        assert await shared.events.head("4:acme/" + execution_id) == 1
+    refused: list[tuple[object, str]] = [
+        (longest + "i", "under tenant 'acme' the limit is"),
+        ("é" * (budget // 2 + 1), "under tenant 'acme' the limit is"),
+        ("", "must not be empty"),
+        ("a\x00b", "control character"),
+        ("a\tb", "control character"),
+        (7, "must be a str"),
+    ]
+    before = await shared.events.list_executions()
+    for bad, message in refused:
+        with pytest.raises(InvalidExecutionIdError, match=message):
+            await acme.events.append(bad, [NewEvent("A")], expected_sequence=0)  # type: ignore[arg-type]
+    assert await shared.events.list_executions() == before
 
 
 async def test_the_inner_store_holds_the_encoded_id_not_the_tenants(shared: Storage) -> None:
