@@ -69,7 +69,7 @@ a quarter or more)."""
 def loom_distributions() -> dict[str, str]:
     """Installed Loom distributions, drivers, peers and the JSON and crypto libraries, and
     their versions (which backends, which peers and which encoders were measured)."""
-    found = {}
+    found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] or ""
         if name.lower().startswith("loom-") or name.lower() in _MEASURED:
