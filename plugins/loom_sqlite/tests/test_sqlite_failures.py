@@ -9,12 +9,13 @@ full disk, and a trigger that fails one write half-way through a group commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,15 +73,14 @@ def _rollback_journal_file(path: Path) -> sqlite3.Connection:
     return holder
 
 
-def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path) -> None:
-    # Two connections switching one file to WAL together can each hold what the other
-    # needs; SQLite then answers SQLITE_BUSY at once, without its busy handler. A
-    # connection with no busy handler (timeout 0) gets that same immediate answer, so it
-    # stands in for the deadlocked one here. The holder lets go at the opener's first
-    # pause, so the first attempt is refused every time and the retry succeeds, however
-    # the machine schedules it: no timer decides it.
-    holder = _rollback_journal_file(db_path)
-    opener = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+@contextlib.contextmanager
+def _held_until_first_pause(
+    path: Path,
+) -> Iterator[tuple[sqlite3.Connection, Callable[[float], None], list[float]]]:
+    """A connection with no busy handler to a file another connection holds EXCLUSIVE,
+    and a ``pause`` that records itself and lets the holder go the first time it runs."""
+    holder = _rollback_journal_file(path)
+    opener = sqlite3.connect(path, isolation_level=None, timeout=0)
     pauses: list[float] = []
 
     def pause(seconds: float) -> None:
@@ -89,9 +89,7 @@ def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path
             holder.execute("COMMIT")
 
     try:
-        settings = Settings(str(db_path), busy_timeout_ms=600_000)
-        assert _switch_to_wal(opener, settings, pause) == "wal"
-        assert len(pauses) == 1
+        yield opener, pause, pauses
     finally:
         opener.close()
         if holder.in_transaction:
@@ -99,16 +97,17 @@ def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path
         holder.close()
 
 
-def test_the_switch_to_wal_gives_up_after_busy_timeout(db_path: Path) -> None:
-    holder = _rollback_journal_file(db_path)
-    opener = sqlite3.connect(db_path, isolation_level=None, timeout=0)
-    try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
-            _switch_to_wal(opener, Settings(str(db_path), busy_timeout_ms=50))
-    finally:
-        opener.close()
-        holder.execute("COMMIT")
-        holder.close()
+def test_the_switch_to_wal_waits_where_sqlite_answers_busy_at_once(db_path: Path) -> None:
+    # Two connections switching one file to WAL together can each hold what the other
+    # needs; SQLite then answers SQLITE_BUSY at once, without its busy handler. A
+    # connection with no busy handler (timeout 0) gets that same immediate answer, so it
+    # stands in for the deadlocked one here. The holder lets go at the opener's first
+    # pause, so the first attempt is refused every time and the retry succeeds, however
+    # the machine schedules it: no timer decides it.
+    with _held_until_first_pause(db_path) as (opener, pause, pauses):
+        settings = Settings(str(db_path), busy_timeout_ms=600_000)
+        assert _switch_to_wal(opener, settings, pause) == "wal"
+        assert len(pauses) == 1
 
 
 def test_the_loop_connection_waits_where_another_opener_holds_the_file(db_path: Path) -> None:
@@ -117,37 +116,21 @@ def test_the_loop_connection_waits_where_another_opener_holds_the_file(db_path: 
     # it for a moment (switching it to WAL, recovering the WAL, checkpointing as it
     # closes); the open must wait that out, not fail. The holder lets go at the first
     # pause, so the first attempt is refused every time and the retry succeeds.
-    holder = _rollback_journal_file(db_path)
-    loop = sqlite3.connect(db_path, isolation_level=None, timeout=0)
-    pauses: list[float] = []
-
-    def pause(seconds: float) -> None:
-        pauses.append(seconds)
-        if holder.in_transaction:
-            holder.execute("COMMIT")
-
-    try:
+    with _held_until_first_pause(db_path) as (loop, pause, pauses):
         _configure_loop(loop, Settings(str(db_path), busy_timeout_ms=600_000), pause)
         assert len(pauses) == 1
         assert loop.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
         assert loop.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
-    finally:
-        loop.close()
-        if holder.in_transaction:
-            holder.execute("COMMIT")
-        holder.close()
 
 
-def test_the_loop_connection_gives_up_after_busy_timeout(db_path: Path) -> None:
-    holder = _rollback_journal_file(db_path)
-    loop = sqlite3.connect(db_path, isolation_level=None, timeout=0)
-    try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
-            _configure_loop(loop, Settings(str(db_path), busy_timeout_ms=50))
-    finally:
-        loop.close()
-        holder.execute("COMMIT")
-        holder.close()
+@pytest.mark.parametrize("configure", [_switch_to_wal, _configure_loop])
+def test_a_statement_retried_while_busy_gives_up_after_busy_timeout(
+    db_path: Path, configure: Callable[[sqlite3.Connection, Settings], object]
+) -> None:
+    with _held_until_first_pause(db_path) as (opener, _, _), pytest.raises(
+        sqlite3.OperationalError, match="locked"
+    ):
+        configure(opener, Settings(str(db_path), busy_timeout_ms=50))
 
 
 async def test_a_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:
