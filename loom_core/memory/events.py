@@ -70,7 +70,7 @@ def _kept(encoded: Encoded) -> Encoded:
     """``encoded`` as a log keeps it: bytes of their own, exactly as long as the text.
 
     orjson returns its output in an object that keeps the buffer it wrote into (about a
-    kilobyte from 3.11, four from 3.12, whatever the text's length), and each one a log
+    kilobyte up to orjson 3.11, four from 3.12, whatever the text's length), and each one a log
     holds keeps that piece of the heap from being used again: a log of small events grew
     by that much per event, and the allocator faulted in fresh pages for every write. A
     copy costs a fraction of one page fault."""
