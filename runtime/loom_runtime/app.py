@@ -852,6 +852,8 @@ class Loom:
         if self.diverged:
             self.diverged.pop(execution_id, None)
         if outcome.kind == "suspended":
+            if outcome.tried:
+                return None, None
             final = run.final_view()
             return None, await self._after_park(final, outcome.park_seq)
         if outcome.kind == "continued":
@@ -893,6 +895,27 @@ class Loom:
             self._unclaim(execution_id)
         return run
 
+    async def answer_own_park(self, view: View, park_seq: int) -> tuple[int, View] | None:
+        """What a run whose lone wait is due does at its park (see Run._go_on): answer it
+        through :meth:`_answer`'s path; the token now held and the view past the answer,
+        or None when it cannot be answered here (the timer row is left to the service)."""
+        execution_id = view.execution_id
+        now = self.clock.now()
+        try:
+            answered, token, resumed = await self._answer_view(view, park_seq)
+        except ResumeRefusedError:
+            return None  # answered by someone else (a cancel, a resume), or nothing to answer
+        except LoomError as exc:
+            _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
+            return None
+        if answered.wake_at is not None and answered.wake_at <= now:
+            try:
+                await self.storage.timers.complete(execution_id, answered.wake_at)
+            except LoomError as exc:
+                # The answer is written; the row left behind is retired as obsolete.
+                self.hooks.storage_error(execution_id, exc)
+        return token, resumed
+
     async def _message_waiting(self, view: View) -> bool:
         """Whether a receive of the open park has a message in the inbox."""
         for wait in view.pending_waits():
@@ -913,9 +936,25 @@ class Loom:
     ) -> tuple[Wait, Run]:
         """Answer the park through :func:`answer_park`; the wait answered, and the run that
         drives the body on from the answer (for the caller to drive or spawn)."""
-        events = self.storage.events
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
+        wait, token, resumed = await self._answer_view(
+            view, park_seq, prefer=prefer, force=force, principal=principal
+        )
+        return wait, Run(self, resumed, token, fn)
+
+    async def _answer_view(
+        self,
+        view: View,
+        park_seq: int,
+        *,
+        prefer: datetime | None = None,
+        force: bool = False,
+        principal: object = None,
+    ) -> tuple[Wait, int, View]:
+        """Answer the park through :func:`answer_park`; the wait answered, the token now
+        held and the view past the answer."""
+        events = self.storage.events
         chosen: list[Wait] = []
 
         async def answer(current: View) -> Sequence[NewEvent]:
@@ -934,7 +973,7 @@ class Loom:
             for event in written:
                 self.hooks.durable_event(event)
         self.changed(view.execution_id)
-        return chosen[0], Run(self, resumed, token, fn)
+        return chosen[0], token, resumed
 
     def _answering(self, execution_id: str) -> _Answering:
         """One resumer at a time per execution in this process. Two at once (a send's

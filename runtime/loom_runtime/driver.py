@@ -81,6 +81,8 @@ class Outcome:
     park_seq: int = -1
     successor: Successor | None = None
     reason: BaseException | None = None
+    tried: bool = False
+    """A park the run already tried to answer itself (nothing more to try after it)."""
 
 
 Workflow = Callable[..., Awaitable[Any]]
@@ -106,6 +108,7 @@ class Run:
         "_fn",
         "_head",
         "_lock",
+        "_parked_at",
         "_pending",
         "_quiet",
         "_replay_only",
@@ -158,6 +161,7 @@ class Run:
         self._pending: list[NewEvent] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seen: list[Event] = []
+        self._parked_at = -1  # the park this run wrote and could not go on from, if any
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -189,6 +193,8 @@ class Run:
         if self._stopped:
             return self._outcome("stopped", reason=self._stop_reason)
         if self._quiet:
+            if self._parked_at >= 0:  # written by the wait that tried to go on from it
+                return self._outcome("suspended", park_seq=self._parked_at, tried=True)
             return await self._park()
         try:
             return await self._finish(ending)
@@ -426,7 +432,7 @@ class Run:
                 [records.consumed(position, topic, message.sequence, message.value)]
             )
             return message.value
-        await self._wait(Wait(position, "receive", wake_at, topic, site))
+        return await self._wait(Wait(position, "receive", wake_at, topic, site))
 
     async def gather(self, position: Position, aws: Sequence[Awaitable[Any]]) -> tuple[Any, ...]:
         self._check_alive()
@@ -574,11 +580,24 @@ class Run:
 
     # -- parking ---------------------------------------------------------------------------
 
-    async def _wait(self, wait: Wait) -> NoReturn:
+    async def _wait(self, wait: Wait) -> JsonValue:
+        """Wait for ``wait``'s answer: the run parks once no branch makes progress. A lone
+        wait that is due when the run parks is answered by the run itself, which goes on
+        from it with the answer (None for a timer, the message for a receive) rather than
+        unwinding and replaying; anything else unwinds the body."""
         self._waits[wait.position] = wait
         self._active -= 1
         if self._check_quiet():
-            raise _Park  # this was the last branch making progress
+            # This was the last branch making progress.
+            if (
+                wait.wake_at is not None
+                and not self._tasks
+                and len(self._waits) == 1
+                and not self._replay_only
+                and wait.wake_at <= self.app.clock.now()
+            ):
+                return await self._go_on(wait)
+            raise _Park
         blocked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._blocked.add(blocked)
         try:
@@ -586,6 +605,33 @@ class Run:
         finally:
             self._blocked.discard(blocked)
         raise _Stop if self._stopped else _Park
+
+    async def _go_on(self, wait: Wait) -> JsonValue:
+        """Park, answer the park at once through the conditional fence, and carry on from
+        the view the answer gives, as a new run replayed up to here would (see
+        docs/runtime.md, "Parks and resumes"). Raises _Park when the answer cannot be
+        made here (someone else answered, or the store failed: the timer row is left),
+        _Stop when the park itself could not be written."""
+        outcome = await self._park()
+        if outcome.kind != "suspended":
+            raise _Stop
+        self._parked_at = outcome.park_seq
+        view = advance(self._view, self._seen)  # the view at the park; the run owns it
+        self._seen = []
+        answered = await self.app.answer_own_park(view, outcome.park_seq)
+        if answered is None:
+            raise _Park
+        self.token, view = answered
+        self._view = view
+        self._head = view.head
+        self._visited = set(view.records)  # every recorded call was made by this run
+        self._consumed = set(view.consumed)
+        self._waits = {}
+        self._active = 1
+        self._quiet = False
+        self._parked_at = -1
+        recorded = view.records.get(wait.position)
+        return None if recorded is None else recorded.value
 
     def _check_quiet(self) -> bool:
         if self._active == 0 and self._waits and not self._stopped and not self._quiet:

@@ -203,17 +203,19 @@ async def test_gather_numbers_calls_in_issue_order_not_finish_order(app: Loom) -
     assert await check_replay(app) == ["g"]
 
 
-async def test_recorded_values_replay_identically(app: Loom) -> None:
+async def test_recorded_values_replay_identically(app: Loom, clock: VirtualClock) -> None:
     seen: list[tuple[str, float, str]] = []
 
     @app.workflow()
     async def values(ctx: Context) -> list[object]:
         now, rnd, uid = ctx.now(), ctx.random(), ctx.uuid()
         seen.append((now.isoformat(), rnd, str(uid)))
-        await ctx.sleep(0)
+        await ctx.sleep(5)
         return [now.isoformat(), rnd, str(uid)]
 
     result = await app.start(values, id="v")
+    await app.drain()
+    await clock.advance(5)
     out = await result.result(timeout=5)
     assert len(seen) == 2  # ran once live, once replayed after the resume
     assert seen[0] == seen[1]

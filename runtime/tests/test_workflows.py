@@ -156,12 +156,44 @@ async def test_each_replay_starts_from_the_context_vars_the_execution_started_wi
     async def flow(ctx: Context) -> list[str]:
         seen.append(_REQUEST.get())
         _REQUEST.set("set by the body")
-        await ctx.sleep(0)  # parked, and answered at once by the run itself
+        # Two waits at once park the run (the run goes on in place from a lone due wait
+        # only); it answers its own park and replays, once per wait.
+        await ctx.gather(ctx.sleep(0), ctx.sleep(0))
         seen.append(_REQUEST.get())
         return [await ctx.step(note, "done")]
 
     _REQUEST.set("the starter's")
     handle = await app.start(flow, id="ctx-1")
     assert await handle.result(timeout=5) == ["done"]
-    # The replay after the park sees the starter's value again, not the first run's.
-    assert seen == ["the starter's", "the starter's", "set by the body"]
+    # Each replay after a park sees the starter's value again, not the first run's.
+    assert seen == ["the starter's", "the starter's", "the starter's", "set by the body"]
+
+
+async def test_a_lone_wait_already_due_goes_on_in_place(app: Loom) -> None:
+    prefix: list[int] = []
+
+    async def note(value: str) -> str:
+        return value
+
+    @app.workflow()
+    async def flow(ctx: Context) -> list[str]:
+        prefix.append(1)
+        _REQUEST.set("set by the body")
+        await ctx.sleep(0)  # parked and answered by the run itself; no replay
+        return [await ctx.step(note, _REQUEST.get())]
+
+    _REQUEST.set("the starter's")
+    handle = await app.start(flow, id="in-place")
+    assert await handle.result(timeout=5) == ["set by the body"]
+    assert prefix == [1]  # the body ran once
+    log = await app.storage.events.read("in-place")
+    assert [(e.kind, e.fence) for e in log] == [
+        ("EXECUTION_STARTED", 0),
+        ("EXECUTION_SUSPENDED", 0),
+        # Answered under the conditional fence: the run writes on under the new token.
+        ("EXECUTION_RESUMED", 1),
+        ("STEP_COMPLETED", 1),
+        ("EXECUTION_COMPLETED", 1),
+    ]
+    assert await app.storage.timers.pending("in-place") == ()
+    assert await check_replay(app) == ["in-place"]
