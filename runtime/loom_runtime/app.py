@@ -880,29 +880,31 @@ class Loom:
         if not due and not await self._message_waiting(view):
             return None
         execution_id = view.execution_id
+        try:
+            fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
+        except LoomError as exc:
+            _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
+            return None
         self._claim(execution_id)  # until _drive takes the run on, with no await between
         try:
-            try:
-                answered, run = await self._answer(view, park_seq)
-            except ResumeRefusedError:
-                return None  # answered by someone else, or nothing to answer after all
-            except LoomError as exc:
-                _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
-                return None
-            if answered.wake_at is not None and answered.wake_at <= now:
-                await self.storage.timers.complete(execution_id, answered.wake_at)
+            answered = await self.answer_own_park(view, park_seq)
         finally:
             self._unclaim(execution_id)
-        return run
+        if answered is None:
+            return None
+        token, resumed = answered
+        return Run(self, resumed, token, fn)
 
     async def answer_own_park(self, view: View, park_seq: int) -> tuple[int, View] | None:
-        """What a run whose lone wait is due does at its park (see Run._go_on): answer it
-        through :meth:`_answer`'s path; the token now held and the view past the answer,
-        or None when it cannot be answered here (the timer row is left to the service)."""
+        """Answer a park this process just wrote, whose wait is already answerable (a due
+        timer, a message that arrived while the body ran): the token now held and the view
+        past the answer, or None when it cannot be answered here (someone else answered
+        it, or the store failed: the timer row is left to the service). Run._go_on goes on
+        from it in place; _after_park hands it to a new run."""
         execution_id = view.execution_id
         now = self.clock.now()
         try:
-            answered, token, resumed = await self._answer_view(view, park_seq)
+            answered, token, resumed = await self._answer_view(view, park_seq, None, False, None)
         except ResumeRefusedError:
             return None  # answered by someone else (a cancel, a resume), or nothing to answer
         except LoomError as exc:
@@ -938,19 +940,16 @@ class Loom:
         drives the body on from the answer (for the caller to drive or spawn)."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
-        wait, token, resumed = await self._answer_view(
-            view, park_seq, prefer=prefer, force=force, principal=principal
-        )
+        wait, token, resumed = await self._answer_view(view, park_seq, prefer, force, principal)
         return wait, Run(self, resumed, token, fn)
 
     async def _answer_view(
         self,
         view: View,
         park_seq: int,
-        *,
-        prefer: datetime | None = None,
-        force: bool = False,
-        principal: object = None,
+        prefer: datetime | None,
+        force: bool,
+        principal: object,
     ) -> tuple[Wait, int, View]:
         """Answer the park through :func:`answer_park`; the wait answered, the token now
         held and the view past the answer."""
