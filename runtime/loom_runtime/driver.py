@@ -609,7 +609,7 @@ class Run:
     async def _go_on(self, wait: Wait) -> JsonValue:
         """Park, answer the park at once through the conditional fence, and carry on from
         the view the answer gives, as a new run replayed up to here would (see
-        docs/runtime.md, "Parks and resumes"). Raises _Park when the answer cannot be
+        docs/runtime.md, "Timers"). Raises _Park when the answer cannot be
         made here (someone else answered, or the store failed: the timer row is left),
         _Stop when the park itself could not be written."""
         outcome = await self._park()
