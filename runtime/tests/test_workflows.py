@@ -169,6 +169,37 @@ async def test_each_replay_starts_from_the_context_vars_the_execution_started_wi
     assert seen == ["the starter's", "the starter's", "the starter's", "set by the body"]
 
 
+async def test_a_replay_after_another_resume_starts_from_the_resumer_s_context(
+    app: Loom, clock: VirtualClock
+) -> None:
+    seen: list[str] = []
+
+    @app.workflow()
+    async def flow(ctx: Context) -> list[str]:
+        seen.append(_REQUEST.get())
+        await ctx.sleep(30)
+        seen.append(_REQUEST.get())
+        await ctx.receive("go")
+        seen.append(_REQUEST.get())
+        return seen
+
+    _REQUEST.set("the starter's")
+    handle = await app.start(flow, id="ctx-2")
+    await app.drain()
+    # The timer service runs where the app was entered (the fixture's context, not this
+    # test's); a send runs the resume from the sender's.
+    await clock.advance(30)
+    await app.drain()
+    _REQUEST.set("the sender's")
+    await app.send("ctx-2", "go")
+    await handle.result(timeout=5)
+    assert seen == [
+        "the starter's",
+        "unset", "unset",
+        "the sender's", "the sender's", "the sender's",
+    ]
+
+
 async def test_a_lone_wait_already_due_goes_on_in_place(app: Loom) -> None:
     prefix: list[int] = []
 
