@@ -138,21 +138,13 @@ class Run:
         self.execution_id = view.execution_id
         self.workflow = view.workflow
         self.token = token
-        self._view = view
         self._fn = fn
         self._replay_only = replay_only
         # A cancellation cuts the body wherever it is: the replay of a cancelled log ends,
         # matched, at the first call the log does not hold, and any ending of the body
         # matches once every recorded call was made.
         self._cut_by_cancel = replay_only and view.status == "cancelled"
-        self._head = view.head
-        self._consumed = set(view.consumed)
-        self._visited: set[Position] = set()
-        self._waits: dict[Position, Wait] = {}
-        # Branches making progress: the body, or the branches of the gathers it is in.
-        # When none is left and some wait, the run is quiet: it parks.
-        self._active = 1
-        self._quiet = False
+        self._start_from(view, set())
         self._stopped = False
         # Futures of the gathers and waits that block until the run is quiet or stops.
         self._blocked: set[asyncio.Future[None]] = set()
@@ -162,6 +154,20 @@ class Run:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seen: list[Event] = []
         self._parked_at = -1  # the park this run wrote and could not go on from, if any
+
+    def _start_from(self, view: View, visited: set[Position]) -> None:
+        """Take ``view`` as the log this run goes on from: a new run's, or the view past
+        an answer the run made to its own park (``visited``: the recorded calls already
+        made)."""
+        self._view = view
+        self._head = view.head
+        self._consumed = set(view.consumed)
+        self._visited = visited
+        self._waits: dict[Position, Wait] = {}
+        # Branches making progress: the body, or the branches of the gathers it is in.
+        # When none is left and some wait, the run is quiet: it parks.
+        self._active = 1
+        self._quiet = False
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -622,13 +628,7 @@ class Run:
         if answered is None:
             raise _Park
         self.token, view = answered
-        self._view = view
-        self._head = view.head
-        self._visited = set(view.records)  # every recorded call was made by this run
-        self._consumed = set(view.consumed)
-        self._waits = {}
-        self._active = 1
-        self._quiet = False
+        self._start_from(view, set(view.records))  # every recorded call was made by this run
         self._parked_at = -1
         recorded = view.records.get(wait.position)
         return None if recorded is None else recorded.value

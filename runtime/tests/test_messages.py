@@ -104,15 +104,14 @@ async def test_a_receive_whose_timeout_has_passed_goes_on_in_place_with_none(app
     handle = await app.start(hasty, id="t0")
     assert await handle.result(timeout=5) == ["timed out", None]
     assert runs == [1]  # answered by the run itself, not by a replay
-    kinds = [e.kind for e in await app.storage.events.read("t0")]
-    assert kinds == [
+    log = await app.storage.events.read("t0")
+    assert [e.kind for e in log] == [
         EventKind.EXECUTION_STARTED,
         EventKind.EXECUTION_SUSPENDED,
         EventKind.EXECUTION_RESUMED,
         EventKind.EXECUTION_COMPLETED,
     ]
-    resumed = (await app.storage.events.read("t0"))[2]
-    assert resumed.payload["answer"] == {"kind": "timeout"}  # type: ignore[index,call-overload]
+    assert log[2].payload["answer"] == {"kind": "timeout"}  # type: ignore[index,call-overload]
 
 
 async def test_send_refuses_bad_input_and_writes_nothing(app: Loom) -> None:
