@@ -33,6 +33,13 @@ Where a batch runs:
   commit are shared), ``synchronous = FULL`` (every commit syncs the disk), or anything
   queued while the thread is busy. The thread wakes the loop once per batch.
 
+A batch's callers are answered together, and most of them ask again at once; a batch
+that has just answered several waits up to ``HOLD_TURNS`` more turns of the loop for them
+to queue their next operations before the next batch leaves. Without that, a caller whose
+next operation comes a turn later (from a task it starts, or a waiter it wakes) misses the
+batch, and whatever queued meanwhile leaves alone: from then on the callers run in two
+groups half a batch apart, one of them small, and every round pays two commits.
+
 Checkpoints (the writes that sync the disk under ``NORMAL``) run only on the thread: the
 thread connection checkpoints as SQLite does by default (a commit that leaves 1 000 pages
 or more in the ``-wal`` file copies them back), the loop connection never does. So that the
@@ -91,6 +98,9 @@ CHECKPOINT_ROWS: Final = 1000  # an append is two rows in two pages: about 1 000
 # have been preempted by another process (a busy machine does that now and then); three
 # in a row is the disk (or the machine) being slow right now.
 INLINE_STALL_SECONDS: Final = 0.002
+HOLD_TURNS: Final = 2
+"""After a batch, the next one waits at most this many more turns of the loop for the
+callers just answered to queue their next operations (see ``_dispatch``)."""
 YIELD_EVERY: Final = 4
 """A caller whose operations run at once yields to the loop after every this many of
 them: often enough that no task waits behind it for more than a few operations, rarely
@@ -129,7 +139,9 @@ class TransactionRunner:
         "_clock",
         "_closing",
         "_connection",
+        "_expected",
         "_follow_up",
+        "_held",
         "_idle",
         "_inline_after",
         "_lone",
@@ -157,6 +169,8 @@ class TransactionRunner:
         self._rows_on_loop = 0  # rows written on the loop since the last thread write
         self._checkpoint_rows = CHECKPOINT_ROWS
         self._follow_up = False  # the next write goes to the thread (see the docstring)
+        self._expected = 0  # callers the last batch answered: the next batch waits for them
+        self._held = 0  # turns the next batch has waited for them
         self._clock: Callable[[], float] = time.perf_counter
 
     @property
@@ -250,6 +264,16 @@ class TransactionRunner:
         self._scheduled = False
         if self._busy:
             return  # the thread's answer dispatches what queued meanwhile
+        if len(self._queue) < self._expected and self._held < HOLD_TURNS:
+            # The callers the last batch answered have not all queued their next operation
+            # yet: one that does so a turn or two later (a task it starts, a waiter it
+            # wakes) would otherwise miss this batch and go alone in the next, and stay a
+            # batch behind the others from then on, costing a commit of its own each time.
+            self._held += 1
+            self._scheduled = True
+            loop.call_soon(self._dispatch, loop)
+            return
+        self._expected = self._held = 0
         batch = self._take()
         if not batch:
             self._settle()
@@ -364,6 +388,7 @@ class TransactionRunner:
                 pending.future.set_result(value)
             else:
                 pending.future.set_exception(error)
+        self._expected = len(batch)
         self._next(loop)
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:

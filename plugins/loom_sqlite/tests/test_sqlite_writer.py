@@ -14,12 +14,14 @@ import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import loom_sqlite.transactions
 import pytest
 from loom_sqlite import DatabaseClosedError, SqliteEventStore
 from loom_sqlite.transactions import (
     COOL_OFF_SECONDS,
+    HOLD_TURNS,
     INLINE_STALL_SECONDS,
     STALLS_TO_COOL_OFF,
     YIELD_EVERY,
@@ -172,6 +174,71 @@ async def test_a_refusal_inside_a_group_leaves_the_others_and_the_store_unchange
     assert {e: await events.read(e) for e in ("taken", "fenced")} == before
     assert await events.head("new-1") == 2
     assert await events.head("new-2") == 1
+
+
+async def test_callers_a_batch_answered_join_the_next_batch_though_they_queue_a_turn_late(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three callers' operations go to the thread as one batch; while it runs, a fourth
+    # caller queues. Each of the three queues its next operation one turn after its
+    # answer, as a caller does whose next operation comes from a task it starts or wakes.
+    # The fourth must not go to the thread alone meanwhile: that puts it a batch behind the
+    # others, at the price of a commit of its own per batch, for as long as they all run.
+    runner = _runner(storage)
+    batches: list[int] = []
+    run_on_thread = loom_sqlite.transactions._run_on_thread
+
+    def counted(**kwargs: Any) -> Any:
+        batches.append(len(kwargs["batch"]))
+        return run_on_thread(**kwargs)
+
+    monkeypatch.setattr(loom_sqlite.transactions, "_run_on_thread", counted)
+    gate, running = threading.Event(), threading.Event()
+
+    def held(raw: sqlite3.Connection) -> int:
+        running.set()
+        gate.wait()
+        return threading.get_ident()
+
+    async def caller(first: Callable[[sqlite3.Connection], int]) -> list[int]:
+        answers = [await runner.read(first, doing="test")]
+        await asyncio.sleep(0)
+        answers.append(await runner.read(_ident, doing="test"))
+        return answers
+
+    occupied = threading.Event()
+    occupying = runner._occupy(occupied)  # so that none of the three runs on the loop
+    callers = [_in_background(caller(f)) for f in (held, _ident, _ident)]
+    await _until_queued(runner, 3)
+    occupied.set()
+    await occupying
+    await asyncio.to_thread(running.wait)  # the thread has taken the three
+    late = _in_background(runner.read(_ident, doing="test"))
+    await _until_queued(runner, 1)
+    gate.set()
+    answers = await asyncio.gather(*callers)
+    assert await late != LOOP
+    assert batches == [3, 4]
+    assert LOOP not in [ident for answer in answers for ident in answer]
+
+
+async def test_the_next_batch_waits_no_more_than_a_few_turns_for_callers_that_do_not_come(
+    storage: Storage,
+) -> None:
+    runner = _runner(storage)
+    gate = threading.Event()
+    occupying = runner._occupy(gate)
+    first = [_in_background(runner.read(_ident, doing="test")) for _ in range(3)]
+    await _until_queued(runner, 3)
+    gate.set()
+    await occupying
+    await asyncio.gather(*first)  # three answered; none of them asks again
+    late = _in_background(runner.read(_ident, doing="test"))
+    # A turn to submit, HOLD_TURNS held, one to run it, one for its task to finish.
+    for _ in range(HOLD_TURNS + 3):
+        await asyncio.sleep(0)
+    assert late.done()
+    assert await late == LOOP  # alone, so on the loop
 
 
 async def test_close_lets_queued_appends_commit_then_refuses(db_path: Path) -> None:
