@@ -18,7 +18,10 @@ import pytest
 # when it finds them in an installed distribution's file list, which an editable install
 # lacks, and a bare AssertionError tells a store author nothing.
 pytest.register_assert_rewrite(
-    "loom_conformance.suites", "loom_conformance.explorer", "loom_conformance.decorating"
+    "loom_conformance.suites",
+    "loom_conformance.explorer",
+    "loom_conformance.decorating",
+    "loom_conformance.drawn_workflows",
 )
 
 from loom_conformance.explorer import ExplorationReport, Violation, explore  # noqa: E402

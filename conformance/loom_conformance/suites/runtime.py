@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from loom_core.spi import OptionalMethod
 
 try:
+    from hypothesis import HealthCheck, given, settings
     from loom_runtime import (
         Context,
         ExecutionCancelledError,
@@ -52,10 +53,18 @@ try:
         ResumeRefusedError,
     )
     from loom_runtime.testing import VirtualClock, check_replay, crash_at
+
+    from loom_conformance.drawn_workflows import (
+        Plan,
+        check_plan,
+        drawn_app,
+        plans,
+        with_chosen_plans,
+    )
 except ImportError as missing:  # conformance/tests/test_runtime_suite.py runs this branch
     _reason = (
-        "the runtime contract suite (loom_conformance.suites.runtime) needs loom-runtime, "
-        f"which cannot be imported ({missing}); install it with the kit: "
+        "the runtime contract suite (loom_conformance.suites.runtime) needs loom-runtime "
+        f"and hypothesis, which cannot be imported ({missing}); install them with the kit: "
         "pip install 'loom-conformance[runtime]'"
     )
     if in_ci():
@@ -71,6 +80,10 @@ SEED: Final = 7
 RESULT_GUARD_SECONDS: Final = 30.0
 """How long a test waits for a result before calling the run hung. A guard against
 hanging the run, never an assertion about speed."""
+
+DRAWN_EXAMPLES: Final = 40
+"""Drawn workflows per run of the suite (the same ones every run)."""
+_DRAWN_IDS: Final = itertools.count()
 
 WITHOUT_CONDITIONAL: Final[tuple[OptionalMethod, ...]] = ("acquire_fence_if",)
 WITHOUT_FENCING: Final[tuple[OptionalMethod, ...]] = ("acquire_fence", "acquire_fence_if")
@@ -844,3 +857,32 @@ class TestRuntimeContract:
             assert await check_replay(app) == ["life-1", "nap-gone"]
             assert node.reported == []
         assert not any(seen.calls.get(m) for m in withheld), seen.calls
+
+    # -- drawn workflows ----------------------------------------------------------------
+
+    @settings(
+        max_examples=DRAWN_EXAMPLES,
+        deadline=None,  # never a duration: only what the run did is checked
+        derandomize=True,
+        database=None,
+        # Each example opens its own app on the store the fixture gave, and a project may
+        # run the suite under several classes (one per store): nothing carries over.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(plan=plans())
+    @with_chosen_plans
+    async def test_drawn_workflows_killed_at_drawn_points_finish_exactly_once(
+        self, loom_storage: Storage, plan: Plan
+    ) -> None:
+        """Workflows drawn by Hypothesis (steps, failing steps, sleeps, receives, gathers,
+        recorded values) killed at drawn points and recovered: each step runs once, each
+        message is consumed once, no timer fires early, the log is gapless and replays
+        (:mod:`loom_conformance.drawn_workflows`). Every example is a new execution on the
+        same store."""
+        execution_id = f"drawn-{next(_DRAWN_IDS)}"
+        async with drawn_app(loom_storage, node=NODE, services=False) as drawn:
+            await check_plan(drawn, plan, execution_id)

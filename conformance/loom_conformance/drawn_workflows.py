@@ -1,0 +1,488 @@
+"""Drawn workflows killed at drawn points: a Hypothesis strategy of plans, the workflow
+that plays one, the world around it, and the checks that it finished exactly once.
+
+A *plan* is a workflow, drawn as a list of operations (steps, failing steps, sleeps,
+receives whose message comes before the receive, while it waits, or never, gathers of
+steps and sleeps, recorded values handed to a step), and up to three crash points (before
+or after any step, before a park). :func:`check_plan` starts the workflow on an app made
+by :func:`drawn_app` and plays the world: it sends the messages, moves the virtual clock
+to the next wake and, after each crash, recovers as a restarted process would. When the
+execution ends it checks that
+
+- every step ran exactly once (a crash point fires where the step's record is durable or
+  its effect has not happened yet), a failing one once per attempt;
+- the result is what the workflow computes, the values it drew included, and every
+  message went to the receive a first-in-first-out inbox gives it, exactly once, though
+  some were sent twice under one key;
+- no timer or timeout was answered before its wake time;
+- the log is gapless, starts once, ends once with its last event, records each call once
+  and each recovery once per crash;
+- the log replays against the code without divergence, appending nothing.
+
+Used by the runtime suite (:mod:`loom_conformance.suites.runtime`, on the store under
+test) and by loom-runtime's own tests (with the app's background services). Needs
+``loom-runtime`` and ``hypothesis``: the kit's ``runtime`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from random import Random
+from typing import Any, Final, Literal, TypeAlias, TypeVar
+
+from hypothesis import example
+from hypothesis import strategies as st
+from loom_runtime import Context, Durable, Loom, Retry, StepFailedError
+from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
+
+from loom_core import Event, EventKind, JsonValue, Storage
+
+__all__ = [
+    "CHOSEN",
+    "Crash",
+    "DrawnApp",
+    "Op",
+    "Plan",
+    "check_plan",
+    "drawn_app",
+    "plans",
+    "with_chosen_plans",
+]
+
+Op: TypeAlias = list[Any]
+"""One operation of a drawn workflow, as JSON (the workflow's input is the list):
+``["step", k]``, ``["fail", k]``, ``["sleep", seconds]``, ``["recv", k, arrival,
+timeout, topic]`` (arrival ``"early"``, ``"late"`` or ``"never"``; its message is
+``{"m": k}``), ``["gather", [ops]]`` (steps and sleeps), ``["draw", kind, k]`` (``ctx.uuid``,
+``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given)."""
+
+Crash: TypeAlias = tuple[str, Literal["before", "after"]]
+"""A crash point: a step's name (``s<k>``) or ``"park"``, and when."""
+
+WORKFLOW: Final = "drawn"
+ATTEMPTS: Final = 2
+"""Attempts of a failing step."""
+ROUNDS: Final = 200
+"""How many moves of the world a plan may take before it is called stuck."""
+POLL: Final = 1.0
+"""The least the clock moves at a time: more than the timer service's poll interval."""
+SEED: Final = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    ops: list[Op]
+    crashes: list[Crash]
+
+
+CHOSEN: Final[tuple[Plan, ...]] = (
+    # A message sent while its receiver sleeps: it must not cut the sleep short.
+    Plan([["sleep", 5], ["recv", 0, "early", None, "t0"], ["step", 1]], [("park", "before")]),
+    # Two receives on one topic: the first takes the second's early message, the second
+    # times out.
+    Plan([["recv", 0, "never", 60, "t0"], ["recv", 1, "early", 60, "t0"]], [("park", "before")]),
+    # A gather of a step and a sleep, killed after the step.
+    Plan([["gather", [["step", 0], ["sleep", 10]]], ["step", 1]], [("s0", "after")]),
+    # A recorded uuid handed to a step killed before it runs; a failing step killed after
+    # its failure is recorded.
+    Plan([["draw", "uuid", 0], ["fail", 1]], [("s0", "before"), ("s1", "after")]),
+    # A step's result pending when the body parks in a gather, killed before that park.
+    Plan([["step", 0], ["gather", [["sleep", 0], ["sleep", 10]]]], [("park", "before")]),
+)
+"""Plans every run tries before the drawn ones, whatever Hypothesis draws."""
+
+T = TypeVar("T", bound=Callable[..., Any])
+
+
+def with_chosen_plans(test: T) -> T:
+    """Add :data:`CHOSEN` to a ``@given(plan=plans())`` test as explicit examples."""
+    for plan in reversed(CHOSEN):
+        test = example(plan=plan)(test)
+    return test
+
+
+# -- the drawn plans -----------------------------------------------------------------------
+
+
+@st.composite
+def _workflows(draw: st.DrawFn) -> list[Op]:
+    numbers = iter(range(1000))
+    ops: list[Op] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=7))):
+        kind = draw(st.sampled_from(["step", "fail", "sleep", "recv", "recv", "gather", "draw"]))
+        if kind in ("step", "fail"):
+            ops.append([kind, next(numbers)])
+        elif kind == "sleep":
+            ops.append(["sleep", draw(st.sampled_from([0, 0, 5, 30]))])
+        elif kind == "recv":
+            arrival = draw(st.sampled_from(["early", "late", "never"]))
+            topic = f"t{draw(st.integers(min_value=0, max_value=1))}"
+            ops.append(["recv", next(numbers), arrival, draw(st.sampled_from([None, 60])), topic])
+        elif kind == "gather":
+            branches: list[Op] = []
+            kinds = st.lists(st.sampled_from(["step", "sleep"]), min_size=1, max_size=3)
+            for branch in draw(kinds):
+                if branch == "step":
+                    branches.append(["step", next(numbers)])
+                else:
+                    branches.append(["sleep", draw(st.sampled_from([0, 10]))])
+            ops.append(["gather", branches])
+        else:
+            ops.append(["draw", draw(st.sampled_from(["uuid", "random", "now"])), next(numbers)])
+    # A receive that will get no message waits for its timeout: give it one.
+    for op, received in zip(ops, _messages(ops)[0], strict=True):
+        if op[0] == "recv" and received is None:
+            op[3] = 60
+    return ops
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> Plan:
+    ops = draw(_workflows())
+    targets = [f"s{k}" for k in _step_numbers(ops)]
+    if _parks(ops):
+        targets.append("park")
+    crashes: list[Crash] = []
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        target = draw(st.sampled_from(targets))
+        when: Literal["before", "after"] = (
+            "before" if target == "park" else draw(st.sampled_from(["before", "after"]))
+        )
+        crashes.append((target, when))
+    return Plan(ops, crashes)
+
+
+def plans() -> st.SearchStrategy[Plan]:
+    """Plans: a workflow of one to seven operations and up to three crash points."""
+    return _plans()
+
+
+def _step_numbers(ops: Sequence[Op]) -> list[int]:
+    """Every step the workflow makes, by number (failing ones included)."""
+    numbers: list[int] = []
+    for op in ops:
+        if op[0] in ("step", "fail"):
+            numbers.append(op[1])
+        elif op[0] == "draw":
+            numbers.append(op[2])
+        elif op[0] == "gather":
+            numbers.extend(branch[1] for branch in op[1] if branch[0] == "step")
+    return numbers
+
+
+def _parks(ops: Sequence[Op]) -> bool:
+    return any(
+        op[0] in ("sleep", "recv") or (op[0] == "gather" and any(b[0] == "sleep" for b in op[1]))
+        for op in ops
+    )
+
+
+def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonValue]]]:
+    """What each op's receive gets (None for other ops), and every message consumed, in
+    order. The early messages are all sent at the start, in the order of their receives;
+    a late one when its receive waits. Each topic is first in, first out."""
+    queues: dict[str, deque[JsonValue]] = {}
+    for op in ops:
+        if op[0] == "recv" and op[2] == "early":
+            queues.setdefault(op[4], deque()).append({"m": op[1]})
+    got: list[JsonValue] = []
+    consumed: list[tuple[str, JsonValue]] = []
+    for op in ops:
+        value: JsonValue = None
+        if op[0] == "recv":
+            queue = queues.get(op[4])
+            if queue:
+                value = queue.popleft()
+            elif op[2] == "late":
+                value = {"m": op[1]}
+            if value is not None:
+                consumed.append((op[4], value))
+        got.append(value)
+    return got, consumed
+
+
+def _receives(ops: Sequence[Op]) -> dict[tuple[int, ...], Op]:
+    """Each receive by the position its call takes: one per call, two for a draw (the
+    value and its step), and a gather's own after its branches'."""
+    found: dict[tuple[int, ...], Op] = {}
+    counter = 0
+    for op in ops:
+        if op[0] == "recv":
+            found[(counter,)] = op
+        if op[0] == "gather":
+            counter += len(op[1]) + 1
+        else:
+            counter += 2 if op[0] == "draw" else 1
+    return found
+
+
+def _expected(ops: Sequence[Op]) -> list[JsonValue]:
+    """The workflow's result, with each drawn value as None (the log decides it)."""
+    out: list[JsonValue] = []
+    for op, received in zip(ops, _messages(ops)[0], strict=True):
+        if op[0] == "step":
+            out.append(f"v{op[1]}")
+        elif op[0] == "fail":
+            out.append(f"failed:{op[1]}")
+        elif op[0] == "sleep":
+            out.append("slept")
+        elif op[0] == "recv":
+            out.append(received)
+        elif op[0] == "gather":
+            out.append([f"v{b[1]}" if b[0] == "step" else None for b in op[1]])
+        else:
+            out.append(None)
+    return out
+
+
+# -- the workflow and the world around it --------------------------------------------------
+
+
+class _World:
+    """The effects outside Loom: how often each step ran, and what each echo was given."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, int]] = Counter()
+        self.echoed: dict[tuple[str, int], list[JsonValue]] = {}
+
+    async def step(self, execution_id: str, k: int) -> str:
+        self.calls[execution_id, k] += 1
+        return f"v{k}"
+
+    async def fail(self, execution_id: str, k: int) -> str:
+        self.calls[execution_id, k] += 1
+        raise RuntimeError(f"step {k} always fails")
+
+    async def echo(self, execution_id: str, k: int, value: JsonValue) -> JsonValue:
+        self.calls[execution_id, k] += 1
+        self.echoed.setdefault((execution_id, k), []).append(value)
+        return value
+
+
+def _register(app: Loom, world: _World) -> None:
+    """Register the workflow that plays a drawn list of ops."""
+
+    def branch(ctx: Context, op: Op) -> Durable[Any]:
+        if op[0] == "step":
+            return ctx.step(world.step, ctx.execution_id, op[1], name=f"s{op[1]}")
+        return ctx.sleep(op[1])
+
+    @app.workflow(name=WORKFLOW)
+    async def drawn(ctx: Context, ops: list[Op]) -> list[JsonValue]:
+        me = ctx.execution_id
+        out: list[JsonValue] = []
+        for op in ops:
+            if op[0] == "step":
+                out.append(await ctx.step(world.step, me, op[1], name=f"s{op[1]}"))
+            elif op[0] == "fail":
+                retry = Retry(attempts=ATTEMPTS, initial_interval=0)
+                try:
+                    await ctx.step(world.fail, me, op[1], name=f"s{op[1]}", retry=retry)
+                except StepFailedError:
+                    out.append(f"failed:{op[1]}")
+            elif op[0] == "sleep":
+                await ctx.sleep(op[1])
+                out.append("slept")
+            elif op[0] == "recv":
+                out.append(await ctx.receive(op[4], timeout=op[3]))
+            elif op[0] == "gather":
+                out.append(list(await ctx.gather(*(branch(ctx, b) for b in op[1]))))
+            else:
+                value: JsonValue
+                if op[1] == "uuid":
+                    value = str(ctx.uuid())
+                elif op[1] == "random":
+                    value = ctx.random()
+                else:
+                    value = ctx.now().isoformat()
+                echoed = await ctx.step(world.echo, me, op[2], value, name=f"s{op[2]}")
+                out.append([value, echoed])
+        return out
+
+
+@dataclass(slots=True)
+class DrawnApp:
+    """An app that runs drawn plans, with its virtual clock and what its hooks saw."""
+
+    app: Loom
+    clock: VirtualClock
+    services: bool
+    world: _World = field(default_factory=_World)
+    reported: list[BaseException] = field(default_factory=list)
+    written_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    """The virtual time each event was durable at, by execution and sequence."""
+
+
+@contextlib.asynccontextmanager
+async def drawn_app(
+    storage: str | Storage, *, node: str, services: bool
+) -> AsyncIterator[DrawnApp]:
+    """``Loom(storage)`` entered, on a virtual clock and a seeded random, with the drawn
+    workflow registered. ``services``: the app's own timer loop and recovery on entry run
+    (else :func:`check_plan` polls the timer service itself once each time round, before
+    it looks at the execution, so a real store's I/O never races the clock)."""
+    clock = VirtualClock()
+    reported: list[BaseException] = []
+    written_at: dict[tuple[str, int], datetime] = {}
+
+    def durable(event: Event) -> None:
+        written_at[event.execution_id, event.sequence] = clock.now()
+
+    app = Loom(
+        storage,
+        node=node,
+        clock=clock,
+        random=Random(SEED),
+        on_error=reported.append,
+        on_durable_event=durable,
+        timers=services,
+        recover=services,
+    )
+    drawn = DrawnApp(app, clock, services, reported=reported, written_at=written_at)
+    _register(app, drawn.world)
+    async with app:
+        yield drawn
+
+
+async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[int, int]:
+    """Play ``plan`` as ``execution_id`` and check it (see the module docstring); returns
+    the crashes that fired and the parks the log holds."""
+    app = drawn.app
+    points = [
+        crash_at(app, step=target, when=when, execution_id=execution_id)
+        for target, when in plan.crashes
+    ]
+    fired = await _play(drawn, plan.ops, points, execution_id)
+    result = await app.get(execution_id).result()
+    assert isinstance(result, list), result
+    want = _expected(plan.ops)
+    for i, op in enumerate(plan.ops):
+        if op[0] == "draw":
+            # The body drew one value, live and on every replay, and the step saw it.
+            echoed = drawn.world.echoed[execution_id, op[2]]
+            assert len(echoed) == 1, echoed
+            assert result[i] == [echoed[0], echoed[0]], (result[i], echoed)
+            want[i] = result[i]
+    assert result == want
+    failing = {op[1] for op in plan.ops if op[0] == "fail"}
+    ran = {k: n for (e, k), n in drawn.world.calls.items() if e == execution_id}
+    assert ran == {k: ATTEMPTS if k in failing else 1 for k in _step_numbers(plan.ops)}
+    log = await app.storage.events.read(execution_id)
+    _check_log(log, plan.ops, fired)
+    _check_wakes(log, drawn.written_at)
+    assert await check_replay(app, [execution_id]) == [execution_id]
+    assert await app.storage.events.read(execution_id) == log
+    assert drawn.reported == []
+    return fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
+
+
+async def _play(drawn: DrawnApp, ops: list[Op], points: list[CrashAt], execution_id: str) -> int:
+    """Start the workflow and play the world until it ends; returns the crashes that
+    fired."""
+    app, clock = drawn.app, drawn.clock
+    receives = _receives(ops)
+    sent: set[int] = set()
+
+    async def send(op: Op) -> None:
+        # Twice under one key for an even k: the second send must change nothing.
+        for _ in range(2 if op[1] % 2 == 0 else 1):
+            await app.send(execution_id, op[4], {"m": op[1]}, key=f"m{op[1]}")
+        sent.add(op[1])
+
+    await app.start(WORKFLOW, ops, id=execution_id)
+    for op in ops:
+        if op[0] == "recv" and op[2] == "early":
+            await send(op)
+    for _ in range(ROUNDS):
+        if not drawn.services:
+            # The poll a timer loop would make now: what is due fires, nothing else may.
+            await app.timer_service.poll_once()
+        await app.drain()
+        view = await app.inspect(execution_id)
+        if view.terminal:
+            return sum(point.count for point in points)
+        if view.status == "running":
+            # Its run died at a crash point: what a restarted process does.
+            await app.recover()
+            continue
+        waits = view.pending_waits()
+        late = [
+            receives[w.position]
+            for w in waits
+            if w.call == "receive"
+            and receives[w.position][2] == "late"
+            and receives[w.position][1] not in sent
+        ]
+        if late:
+            for op in late:
+                await send(op)
+            continue
+        wakes = [w.wake_at for w in waits if w.wake_at is not None]
+        assert wakes, f"{execution_id} is parked with nothing that can wake it: {waits}"
+        await clock.advance(max((min(wakes) - clock.now()).total_seconds(), POLL))
+    raise AssertionError(f"not finished after {ROUNDS} rounds: {await app.inspect(execution_id)}")
+
+
+# -- the checks ----------------------------------------------------------------------------
+
+_TERMINAL: Final = frozenset(
+    {
+        EventKind.EXECUTION_COMPLETED,
+        EventKind.EXECUTION_FAILED,
+        EventKind.EXECUTION_CANCELLED,
+        EventKind.EXECUTION_CONTINUED,
+    }
+)
+
+
+def _check_log(log: Sequence[Event], ops: Sequence[Op], crashes: int) -> None:
+    kinds = [e.kind for e in log]
+    assert [e.sequence for e in log] == list(range(len(log))), "the log has gaps"
+    assert kinds.count(EventKind.EXECUTION_STARTED) == 1
+    assert kinds[0] == EventKind.EXECUTION_STARTED
+    assert [k for k in kinds if k in _TERMINAL] == [EventKind.EXECUTION_COMPLETED]
+    assert kinds[-1] == EventKind.EXECUTION_COMPLETED
+    recorded = [
+        tuple(_field(e, "position"))  # type: ignore[arg-type]
+        for e in log
+        if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
+    ]
+    assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
+    delivered = [
+        (_field(e, "topic"), _field(e, "value"))
+        for e in log
+        if e.kind == EventKind.MESSAGE_CONSUMED
+    ]
+    assert delivered == _messages(ops)[1]
+    assert kinds.count(EventKind.EXECUTION_RECOVERED) == crashes
+
+
+def _check_wakes(log: Sequence[Event], written_at: dict[tuple[str, int], datetime]) -> None:
+    """No timer or timeout was answered before its wake time (by the virtual clock when
+    the answer was durable)."""
+    for resumed in log:
+        if resumed.kind != EventKind.EXECUTION_RESUMED:
+            continue
+        answer = _field(resumed, "answer")
+        assert isinstance(answer, dict)
+        if answer["kind"] not in ("timer", "timeout"):
+            continue
+        park = log[_field(resumed, "park")]  # type: ignore[index]
+        assert park.kind == EventKind.EXECUTION_SUSPENDED
+        waits = _field(park, "waits")
+        assert isinstance(waits, list)
+        (wait,) = [
+            w for w in waits
+            if isinstance(w, dict) and w["position"] == _field(resumed, "position")
+        ]
+        wake_at = datetime.fromisoformat(str(wait["wake_at"]))
+        assert written_at[resumed.execution_id, resumed.sequence] >= wake_at, (resumed, wait)
+
+
+def _field(event: Event, key: str) -> JsonValue:
+    assert isinstance(event.payload, dict), f"event {event.sequence}: {event.payload!r}"
+    return event.payload.get(key)
