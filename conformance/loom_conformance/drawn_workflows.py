@@ -4,19 +4,21 @@ that plays one, the world around it, and the checks that it finished exactly onc
 A *plan* is a workflow, drawn as a list of operations (steps, failing steps, sleeps,
 receives whose message comes before the receive, while it waits, or never, gathers of
 steps and sleeps, recorded values handed to a step), and up to three crash points (before
-or after any step, before a park). :func:`check_plan` starts the workflow on an app made
-by :func:`drawn_app` and plays the world: it sends the messages, moves the virtual clock
-to the next wake and, after each crash, recovers as a restarted process would. When the
-execution ends it checks that
+or after any step, before a park), and whether the world cancels the execution (while it
+is parked, or instead of recovering it after a crash). :func:`check_plan` starts the
+workflow on an app made by :func:`drawn_app` and plays the world: it sends the messages,
+moves the virtual clock to the next wake and, after each crash, recovers as a restarted
+process would. When the execution ends it checks that
 
 - every step ran exactly once (a crash point fires where the step's record is durable or
-  its effect has not happened yet), a failing one once per attempt;
+  its effect has not happened yet), a failing one once per attempt, and none after a
+  cancel;
 - the result is what the workflow computes, the values it drew included, and every
   message went to the receive a first-in-first-out inbox gives it, exactly once, though
   some were sent twice under one key;
 - no timer or timeout was answered before its wake time;
-- the log is gapless, starts once, ends once with its last event, records each call once
-  and each recovery once per crash;
+- the log is gapless, starts once, ends once with its last event (completed, or
+  cancelled), records each call once and each recovery once per crash recovered;
 - the log replays against the code without divergence, appending nothing.
 
 Used by the runtime suite (:mod:`loom_conformance.suites.runtime`, on the store under
@@ -36,7 +38,14 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from hypothesis import example
 from hypothesis import strategies as st
-from loom_runtime import Context, Durable, Loom, Retry, StepFailedError
+from loom_runtime import (
+    Context,
+    Durable,
+    ExecutionCancelledError,
+    Loom,
+    Retry,
+    StepFailedError,
+)
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
 
 from loom_core import Event, EventKind, JsonValue, Storage
@@ -58,7 +67,13 @@ Op: TypeAlias = list[Any]
 ``["step", k]``, ``["fail", k]``, ``["sleep", seconds]``, ``["recv", k, arrival,
 timeout, topic]`` (arrival ``"early"``, ``"late"`` or ``"never"``; its message is
 ``{"m": k}``), ``["gather", [ops]]`` (steps and sleeps), ``["draw", kind, k]`` (``ctx.uuid``,
-``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given)."""
+``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given),
+``["cancel"]`` (a long sleep the world answers by cancelling the execution; what follows
+it never runs)."""
+
+Cancel: TypeAlias = Literal["never", "parked", "crashed"]
+"""When the world cancels the execution: never, at its ``["cancel"]`` op, or the first
+time it finds the run dead at a crash point (instead of recovering it)."""
 
 Crash: TypeAlias = tuple[str, Literal["before", "after"]]
 """A crash point: a step's name (``s<k>``) or ``"park"``, and when."""
@@ -71,12 +86,15 @@ ROUNDS: Final = 200
 POLL: Final = 1.0
 """The least the clock moves at a time: more than the timer service's poll interval."""
 SEED: Final = 7
+HOLD: Final = 3600
+"""Seconds a ``["cancel"]`` op sleeps: the world cancels it long before."""
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     ops: list[Op]
     crashes: list[Crash]
+    cancel: Cancel = "never"
 
 
 CHOSEN: Final[tuple[Plan, ...]] = (
@@ -92,6 +110,10 @@ CHOSEN: Final[tuple[Plan, ...]] = (
     Plan([["draw", "uuid", 0], ["fail", 1]], [("s0", "before"), ("s1", "after")]),
     # A step's result pending when the body parks in a gather, killed before that park.
     Plan([["step", 0], ["gather", [["sleep", 0], ["sleep", 10]]]], [("park", "before")]),
+    # Cancelled while parked, after a crash before that park; the step after never runs.
+    Plan([["step", 0], ["cancel"], ["step", 1]], [("park", "before")], "parked"),
+    # Cancelled instead of recovered after a crash that followed a recorded step.
+    Plan([["step", 0], ["step", 1], ["step", 2]], [("s1", "after")], "crashed"),
 )
 """Plans every run tries before the drawn ones, whatever Hypothesis draws."""
 
@@ -109,7 +131,7 @@ def with_chosen_plans(test: T) -> T:
 
 
 @st.composite
-def _workflows(draw: st.DrawFn) -> list[Op]:
+def _workflows(draw: st.DrawFn, cancel: Cancel) -> list[Op]:
     numbers = iter(range(1000))
     ops: list[Op] = []
     for _ in range(draw(st.integers(min_value=1, max_value=7))):
@@ -133,6 +155,8 @@ def _workflows(draw: st.DrawFn) -> list[Op]:
             ops.append(["gather", branches])
         else:
             ops.append(["draw", draw(st.sampled_from(["uuid", "random", "now"])), next(numbers)])
+    if cancel == "parked":
+        ops.insert(draw(st.integers(min_value=0, max_value=len(ops))), ["cancel"])
     # A receive that will get no message waits for its timeout: give it one.
     for op, received in zip(ops, _messages(ops)[0], strict=True):
         if op[0] == "recv" and received is None:
@@ -142,7 +166,8 @@ def _workflows(draw: st.DrawFn) -> list[Op]:
 
 @st.composite
 def _plans(draw: st.DrawFn) -> Plan:
-    ops = draw(_workflows())
+    cancel: Cancel = draw(st.sampled_from(["never", "never", "never", "parked", "crashed"]))
+    ops = draw(_workflows(cancel))
     targets = [f"s{k}" for k in _step_numbers(ops)]
     if _parks(ops):
         targets.append("park")
@@ -153,11 +178,12 @@ def _plans(draw: st.DrawFn) -> Plan:
             "before" if target == "park" else draw(st.sampled_from(["before", "after"]))
         )
         crashes.append((target, when))
-    return Plan(ops, crashes)
+    return Plan(ops, crashes, cancel)
 
 
 def plans() -> st.SearchStrategy[Plan]:
-    """Plans: a workflow of one to seven operations and up to three crash points."""
+    """Plans: a workflow of one to seven operations, up to three crash points, and whether
+    and when the world cancels it."""
     return _plans()
 
 
@@ -176,9 +202,18 @@ def _step_numbers(ops: Sequence[Op]) -> list[int]:
 
 def _parks(ops: Sequence[Op]) -> bool:
     return any(
-        op[0] in ("sleep", "recv") or (op[0] == "gather" and any(b[0] == "sleep" for b in op[1]))
+        op[0] in ("sleep", "recv", "cancel")
+        or (op[0] == "gather" and any(b[0] == "sleep" for b in op[1]))
         for op in ops
     )
+
+
+def _live(ops: Sequence[Op]) -> Sequence[Op]:
+    """The ops the body gets to: those before a ``["cancel"]``."""
+    for i, op in enumerate(ops):
+        if op[0] == "cancel":
+            return ops[:i]
+    return ops
 
 
 def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonValue]]]:
@@ -191,9 +226,10 @@ def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonV
             queues.setdefault(op[4], deque()).append({"m": op[1]})
     got: list[JsonValue] = []
     consumed: list[tuple[str, JsonValue]] = []
-    for op in ops:
+    live = len(_live(ops))
+    for i, op in enumerate(ops):
         value: JsonValue = None
-        if op[0] == "recv":
+        if op[0] == "recv" and i < live:
             queue = queues.get(op[4])
             if queue:
                 value = queue.popleft()
@@ -205,13 +241,13 @@ def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonV
     return got, consumed
 
 
-def _receives(ops: Sequence[Op]) -> dict[tuple[int, ...], Op]:
-    """Each receive by the position its call takes: one per call, two for a draw (the
-    value and its step), and a gather's own after its branches'."""
+def _waits(ops: Sequence[Op]) -> dict[tuple[int, ...], Op]:
+    """Each receive and cancel op by the position its call takes: one per call, two for a
+    draw (the value and its step), and a gather's own after its branches'."""
     found: dict[tuple[int, ...], Op] = {}
     counter = 0
     for op in ops:
-        if op[0] == "recv":
+        if op[0] in ("recv", "cancel"):
             found[(counter,)] = op
         if op[0] == "gather":
             counter += len(op[1]) + 1
@@ -291,6 +327,9 @@ def _register(app: Loom, world: _World) -> None:
                 out.append(await ctx.receive(op[4], timeout=op[3]))
             elif op[0] == "gather":
                 out.append(list(await ctx.gather(*(branch(ctx, b) for b in op[1]))))
+            elif op[0] == "cancel":
+                await ctx.sleep(HOLD)
+                out.append("not cancelled")
             else:
                 value: JsonValue
                 if op[1] == "uuid":
@@ -348,6 +387,20 @@ async def drawn_app(
         yield drawn
 
 
+@dataclass(slots=True)
+class _Played:
+    """What the world did while a plan ran."""
+
+    fired: int = 0
+    """Crash points that fired (each is recovered once: one EXECUTION_RECOVERED)."""
+    cancelled: bool = False
+    cancelled_dead: bool = False
+    """Cancelled instead of recovered: one crash fewer to recover, unless a run this app
+    had already recovered was what the world found running (with the app's own services,
+    a look can come between a run's crash and its recovery by an earlier look's
+    ``recover()``, and the cancel then stops a live run)."""
+
+
 async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[int, int]:
     """Play ``plan`` as ``execution_id`` and check it (see the module docstring); returns
     the crashes that fired and the parks the log holds."""
@@ -356,36 +409,62 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
         crash_at(app, step=target, when=when, execution_id=execution_id)
         for target, when in plan.crashes
     ]
-    fired = await _play(drawn, plan.ops, points, execution_id)
-    result = await app.get(execution_id).result()
-    assert isinstance(result, list), result
-    want = _expected(plan.ops)
-    for i, op in enumerate(plan.ops):
-        if op[0] == "draw":
-            # The body drew one value, live and on every replay, and the step saw it.
-            echoed = drawn.world.echoed[execution_id, op[2]]
-            assert len(echoed) == 1, echoed
-            assert result[i] == [echoed[0], echoed[0]], (result[i], echoed)
-            want[i] = result[i]
-    assert result == want
-    failing = {op[1] for op in plan.ops if op[0] == "fail"}
-    ran = {k: n for (e, k), n in drawn.world.calls.items() if e == execution_id}
-    assert ran == {k: ATTEMPTS if k in failing else 1 for k in _step_numbers(plan.ops)}
+    played = await _play(drawn, plan, points, execution_id)
     log = await app.storage.events.read(execution_id)
-    _check_log(log, plan.ops, fired)
+    ran = {k: n for (e, k), n in drawn.world.calls.items() if e == execution_id}
+    failing = {op[1] for op in plan.ops if op[0] == "fail"}
+    if played.cancelled:
+        try:
+            await app.get(execution_id).result()
+        except ExecutionCancelledError:
+            pass
+        else:
+            raise AssertionError(f"{execution_id} was cancelled and has a result")
+        if plan.cancel == "parked":
+            stepped = _step_numbers(_live(plan.ops))
+        else:
+            # Cut short by the cancel: the steps whose records the log holds ran, once.
+            # With the app's own services the cancel may have stopped a live run (see
+            # _Played), and one more step may have run before its record was refused.
+            stepped = [int(str(name)[1:]) for name in _recorded_steps(log)]
+            unrecorded = {k: n for k, n in ran.items() if k not in stepped}
+            assert len(unrecorded) <= (1 if drawn.services else 0), unrecorded
+            assert all(n <= (ATTEMPTS if k in failing else 1) for k, n in unrecorded.items())
+            ran = {k: n for k, n in ran.items() if k in stepped}
+        for op in plan.ops:
+            if op[0] == "draw" and (execution_id, op[2]) in drawn.world.echoed:
+                echoed = drawn.world.echoed[execution_id, op[2]]
+                assert len(echoed) == 1, echoed
+    else:
+        result = await app.get(execution_id).result()
+        assert isinstance(result, list), result
+        want = _expected(plan.ops)
+        for i, op in enumerate(plan.ops):
+            if op[0] == "draw":
+                # The body drew one value, live and on every replay, and the step saw it.
+                echoed = drawn.world.echoed[execution_id, op[2]]
+                assert len(echoed) == 1, echoed
+                assert result[i] == [echoed[0], echoed[0]], (result[i], echoed)
+                want[i] = result[i]
+        assert result == want
+        stepped = _step_numbers(plan.ops)
+    assert ran == {k: ATTEMPTS if k in failing else 1 for k in stepped}
+    _check_log(log, plan, played, drawn.services)
     _check_wakes(log, drawn.written_at)
     assert await check_replay(app, [execution_id]) == [execution_id]
     assert await app.storage.events.read(execution_id) == log
     assert drawn.reported == []
-    return fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
+    return played.fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
 
 
-async def _play(drawn: DrawnApp, ops: list[Op], points: list[CrashAt], execution_id: str) -> int:
-    """Start the workflow and play the world until it ends; returns the crashes that
-    fired."""
-    app, clock = drawn.app, drawn.clock
-    receives = _receives(ops)
+async def _play(
+    drawn: DrawnApp, plan: Plan, points: list[CrashAt], execution_id: str
+) -> _Played:
+    """Start the workflow and play the world until the execution ends."""
+    app, clock, ops = drawn.app, drawn.clock, plan.ops
+    waiting = _waits(ops)
     sent: set[int] = set()
+    played = _Played()
 
     async def send(op: Op) -> None:
         # Twice under one key for an even k: the second send must change nothing.
@@ -404,18 +483,30 @@ async def _play(drawn: DrawnApp, ops: list[Op], points: list[CrashAt], execution
         await app.drain()
         view = await app.inspect(execution_id)
         if view.terminal:
-            return sum(point.count for point in points)
+            played.fired = sum(point.count for point in points)
+            return played
         if view.status == "running":
-            # Its run died at a crash point: what a restarted process does.
+            fired = sum(point.count for point in points)
+            # A run that died at a crash point since the last look: what a restarted
+            # process does, unless the plan cancels it instead (and then recovery must
+            # leave it alone).
+            crashed, played.fired = fired > played.fired, fired
+            if crashed and plan.cancel == "crashed" and not played.cancelled:
+                assert await app.cancel(execution_id, reason="drawn") is True
+                played.cancelled = played.cancelled_dead = True
             await app.recover()
             continue
         waits = view.pending_waits()
+        if any(waiting.get(w.position, [""])[0] == "cancel" for w in waits):
+            assert await app.cancel(execution_id, reason="drawn") is True
+            played.cancelled = True
+            continue
         late = [
-            receives[w.position]
+            waiting[w.position]
             for w in waits
             if w.call == "receive"
-            and receives[w.position][2] == "late"
-            and receives[w.position][1] not in sent
+            and waiting[w.position][2] == "late"
+            and waiting[w.position][1] not in sent
         ]
         if late:
             for op in late:
@@ -439,13 +530,14 @@ _TERMINAL: Final = frozenset(
 )
 
 
-def _check_log(log: Sequence[Event], ops: Sequence[Op], crashes: int) -> None:
+def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool) -> None:
     kinds = [e.kind for e in log]
+    ending = EventKind.EXECUTION_CANCELLED if played.cancelled else EventKind.EXECUTION_COMPLETED
     assert [e.sequence for e in log] == list(range(len(log))), "the log has gaps"
     assert kinds.count(EventKind.EXECUTION_STARTED) == 1
     assert kinds[0] == EventKind.EXECUTION_STARTED
-    assert [k for k in kinds if k in _TERMINAL] == [EventKind.EXECUTION_COMPLETED]
-    assert kinds[-1] == EventKind.EXECUTION_COMPLETED
+    assert [k for k in kinds if k in _TERMINAL] == [ending]
+    assert kinds[-1] == ending
     recorded = [
         tuple(_field(e, "position"))  # type: ignore[arg-type]
         for e in log
@@ -457,8 +549,26 @@ def _check_log(log: Sequence[Event], ops: Sequence[Op], crashes: int) -> None:
         for e in log
         if e.kind == EventKind.MESSAGE_CONSUMED
     ]
-    assert delivered == _messages(ops)[1]
-    assert kinds.count(EventKind.EXECUTION_RECOVERED) == crashes
+    expected = _messages(plan.ops)[1]
+    if plan.cancel == "crashed" and played.cancelled:
+        expected = expected[: len(delivered)]  # cut short wherever the crash was
+    assert delivered == expected
+    recoveries = kinds.count(EventKind.EXECUTION_RECOVERED)
+    if played.cancelled_dead:
+        allowed = (played.fired - 1, played.fired) if services else (played.fired - 1,)
+        assert recoveries in allowed, (recoveries, played.fired)
+    else:
+        assert recoveries == played.fired
+
+
+def _recorded_steps(log: Sequence[Event]) -> list[JsonValue]:
+    """The names of the steps (``s<k>``) the log records a result or failure of."""
+    return [
+        _field(e, "name")
+        for e in log
+        if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
+        and _field(e, "call") == "step"
+    ]
 
 
 def _check_wakes(log: Sequence[Event], written_at: dict[tuple[str, int], datetime]) -> None:
