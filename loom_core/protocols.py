@@ -152,7 +152,8 @@ class EventStore(Protocol):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         """Append only if the token still equals ``observed_fence`` (StaleFenceError if
-        not); never presents or bumps a token, and stamps nothing."""
+        not); never presents or bumps a token, and stamps nothing. The token is checked
+        before the sequence: it is the guard this call exists for."""
         ...
 
     async def append_many(

@@ -55,6 +55,7 @@ The optional methods, decided:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
@@ -92,6 +93,8 @@ from loom_core.spi import (
 __all__ = ["AuditEventStore"]
 
 _PAGE: Final = 1000
+_UNREACHED: Final = 2**62
+"""A sequence no log reaches: an append at it can only be refused."""
 MIN_HEAD_KEY_BYTES: Final = 16
 
 
@@ -127,8 +130,15 @@ class AuditEventStore(EventStoreDecorator):
         self._head_key = head_key
         self._tips = ChainTips(tip_cache_size)
 
-    async def _prev(self, execution_id: str, expected_sequence: int) -> str | None:
-        """The hash an append at ``expected_sequence`` links to, read from the store."""
+    async def _prev(
+        self,
+        execution_id: str,
+        expected_sequence: int,
+        events: Sequence[NewEvent],
+        observed_fence: int | None,
+    ) -> str | None:
+        """The hash an append at ``expected_sequence`` links to, read from the store
+        (``observed_fence``: the append is an ``append_if_unchanged`` under it)."""
         if expected_sequence == 0:
             return GENESIS
         before = await self.inner.read(
@@ -143,8 +153,26 @@ class AuditEventStore(EventStoreDecorator):
         # which leaves nothing to link to.
         head = await self.inner.head(execution_id)
         if head != expected_sequence:
+            if observed_fence is not None:
+                await self._refuse_unlinkable(execution_id, events, observed_fence)
             raise SequenceConflictError(execution_id, expected_sequence, head)
         return None
+
+    async def _refuse_unlinkable(
+        self, execution_id: str, events: Sequence[NewEvent], observed_fence: int
+    ) -> None:
+        """An ``append_if_unchanged`` past the head: the store below checks the token
+        before the sequence, so a stale token must be what the caller hears. Ask the store
+        with a sequence no log reaches, which it can only refuse, and raise its
+        ``StaleFenceError`` (the caller then raises the sequence conflict)."""
+        with contextlib.suppress(SequenceConflictError):
+            await self.inner.append_if_unchanged(
+                execution_id, events, expected_sequence=_UNREACHED,
+                observed_fence=observed_fence,
+            )
+            raise AssertionError(
+                f"the store below accepted an append at sequence {_UNREACHED}"
+            )
 
     async def _chained(
         self,
@@ -155,17 +183,21 @@ class AuditEventStore(EventStoreDecorator):
         stamped: int | None,
         guarded_by: int | None,
         seen: Tip | None,
+        unchanged: bool = False,
     ) -> list[NewEvent]:
         """``events`` linked for an append that stamps ``stamped`` and that the store
         accepts only under the token ``guarded_by`` (None: no token check); ``seen`` is
-        the tip remembered when the append began."""
+        the tip remembered when the append began; ``unchanged``: an
+        ``append_if_unchanged``."""
         if (
             seen is not None and guarded_by is not None and seen.fence == guarded_by
             and seen.next_sequence == expected_sequence
         ):
             prev: str | None = seen.hash
         else:
-            prev = await self._prev(execution_id, expected_sequence)
+            prev = await self._prev(
+                execution_id, expected_sequence, events, guarded_by if unchanged else None
+            )
         return chain_events(execution_id, expected_sequence, events, prev, stamped)
 
     def _landed(
@@ -300,7 +332,7 @@ class AuditEventStore(EventStoreDecorator):
         try:
             chained = await self._chained(
                 execution_id, checked, expected_sequence, stamped=None,
-                guarded_by=observed_fence, seen=seen,
+                guarded_by=observed_fence, seen=seen, unchanged=True,
             )
             written = await self.inner.append_if_unchanged(
                 execution_id, chained, expected_sequence=expected_sequence,

@@ -35,6 +35,7 @@ from loom_core import (
     JsonValue,
     NewEvent,
     SequenceConflictError,
+    StaleFenceError,
     Unsupported,
 )
 from loom_core.memory import MemoryEventStore
@@ -127,6 +128,32 @@ async def test_an_append_at_a_wrong_sequence_is_refused_and_writes_nothing(
         await audit.append("e", [NewEvent("B")], expected_sequence=3)
     assert caught.value.actual_head == 1
     assert await audit.head("e") == 1
+
+
+@pytest.mark.parametrize(
+    ("observed", "refused"), [(1, StaleFenceError), (0, SequenceConflictError)]
+)
+async def test_an_append_if_unchanged_past_the_head_is_refused_as_the_store_refuses_it(
+    raw: MemoryEventStore, audit: AuditEventStore, observed: int,
+    refused: type[ConflictError],
+) -> None:
+    # The store below checks the observed token before the sequence: a stale token is what
+    # the caller hears, though there is no predecessor to link to either.
+    await audit.append("e", [NewEvent("A")], expected_sequence=0)
+    for store in (raw, audit):
+        with pytest.raises(refused) as caught:
+            await store.append_if_unchanged(
+                "e", [NewEvent("B")], expected_sequence=3, observed_fence=observed
+            )
+        if refused is StaleFenceError:
+            assert vars(caught.value) == {
+                "execution_id": "e", "presented_fence": 1, "current_fence": 0,
+            }
+        else:
+            assert vars(caught.value) == {
+                "execution_id": "e", "expected_sequence": 3, "actual_head": 1,
+            }
+    assert await raw.head("e") == 1
 
 
 async def test_concurrent_writers_link_to_the_actual_predecessor(raw: MemoryEventStore) -> None:
