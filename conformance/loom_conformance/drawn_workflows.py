@@ -23,7 +23,7 @@ process would. When the execution ends it checks that
 
 Used by the runtime suite (:mod:`loom_conformance.suites.runtime`, on the store under
 test) and by loom-runtime's own tests (with the app's background services). Needs
-``loom-runtime`` and ``hypothesis``: the kit's ``runtime`` extra.
+``loom-runtime``: the kit's ``runtime`` extra.
 """
 
 from __future__ import annotations

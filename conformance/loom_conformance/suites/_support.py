@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from loom_core import (
     Event,
@@ -155,3 +156,23 @@ async def close_iterator(iterator: AsyncIterator[Event]) -> None:
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def drawn_settings(examples: int) -> settings:
+    """Hypothesis settings of a kit test that draws its cases: ``examples`` of them, the
+    same on every run (``derandomize``, no example database), and no deadline, since
+    nothing in the kit is a duration. Each example works on executions of its own in the
+    store the fixture gave, and a project may run a suite under several classes (one per
+    store), so the health checks about function-scoped fixtures and executors do not
+    apply; neither does the one about slow data generation (a real store is slow)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.differing_executors,
+        ],
+    )

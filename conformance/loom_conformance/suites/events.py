@@ -6,6 +6,7 @@ import pytest
 
 from loom_conformance.suites.events_fencing import EventStoreFencingContract
 from loom_conformance.suites.events_optional import EventStoreOptionalContract
+from loom_conformance.suites.events_reference import EventStoreReferenceContract
 from loom_conformance.suites.events_refusals import EventStoreRefusalContract
 from loom_conformance.suites.events_required import EventStoreRequiredContract
 from loom_conformance.suites.explorer import ScheduleExplorerContract
@@ -18,10 +19,12 @@ class TestEventStoreContract(
     EventStoreFencingContract,
     EventStoreOptionalContract,
     EventStoreRefusalContract,
+    EventStoreReferenceContract,
     ScheduleExplorerContract,
 ):
     """Every required and optional method, every error with its data, the
-    conditional acquire's cases, the unchanged store after every refusal and the schedule explorer,
+    conditional acquire's cases, the unchanged store after every refusal, drawn programs of
+    calls answered as the in-memory reference answers them, and the schedule explorer,
     against ``loom_storage_factory``.
 
     Tests of an optional method run where the store offers it (``capabilities``) and are

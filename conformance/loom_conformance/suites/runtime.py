@@ -31,18 +31,18 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pytest
 import pytest_asyncio
+from hypothesis import given
 
 from loom_conformance.ci import in_ci
 from loom_conformance.requirements import requires
 from loom_conformance.suites._interposed import InterposedEventStore
-from loom_conformance.suites._support import guard, snapshot, token_of
+from loom_conformance.suites._support import drawn_settings, guard, snapshot, token_of
 from loom_core import Event, EventKind, EventStore, JsonValue, Storage, TimerRecord
 
 if TYPE_CHECKING:
     from loom_core.spi import OptionalMethod
 
 try:
-    from hypothesis import HealthCheck, given, settings
     from loom_runtime import (
         Context,
         ExecutionCancelledError,
@@ -63,8 +63,8 @@ try:
     )
 except ImportError as missing:  # conformance/tests/test_runtime_suite.py runs this branch
     _reason = (
-        "the runtime contract suite (loom_conformance.suites.runtime) needs loom-runtime "
-        f"and hypothesis, which cannot be imported ({missing}); install them with the kit: "
+        "the runtime contract suite (loom_conformance.suites.runtime) needs loom-runtime, "
+        f"which cannot be imported ({missing}); install it with the kit: "
         "pip install 'loom-conformance[runtime]'"
     )
     if in_ci():
@@ -860,19 +860,7 @@ class TestRuntimeContract:
 
     # -- drawn workflows ----------------------------------------------------------------
 
-    @settings(
-        max_examples=DRAWN_EXAMPLES,
-        deadline=None,  # never a duration: only what the run did is checked
-        derandomize=True,
-        database=None,
-        # Each example opens its own app on the store the fixture gave, and a project may
-        # run the suite under several classes (one per store): nothing carries over.
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.too_slow,
-            HealthCheck.differing_executors,
-        ],
-    )
+    @drawn_settings(DRAWN_EXAMPLES)
     @given(plan=plans())
     @with_chosen_plans
     async def test_drawn_workflows_killed_at_drawn_points_finish_exactly_once(
