@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import pytest
 
+from loom_conformance.suites.timers_reference import TimerStoreReferenceContract
 from loom_core import (
     InvalidExecutionIdError,
     InvalidInputError,
@@ -28,8 +29,9 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-class TestTimerStoreContract:
-    """Rows keyed by (execution_id, wake_at); re-drive rows upserted with coalesce."""
+class TestTimerStoreContract(TimerStoreReferenceContract):
+    """Rows keyed by (execution_id, wake_at); re-drive rows upserted with coalesce; drawn
+    programs of calls answered as the in-memory reference answers them."""
 
     pytestmark = pytest.mark.asyncio(loop_scope="function")
 
