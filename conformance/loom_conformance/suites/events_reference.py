@@ -6,11 +6,11 @@ kernel kind) at the head or beside it, under no fence, the current token or one 
 ``acquire_fence``, ``acquire_fence_if`` against the current token or another and a park
 sequence at or below the head; ``append_if_unchanged``, ``append_many`` across both,
 ``delete_execution``, ``copy_prefix``, ``truncate_prefix_keeping``, ``read`` with bounds,
-and ``head``. Each call is made on the store under test and on a fresh
-:class:`~loom_core.memory.MemoryEventStore` (the kernel's reference), and the two must
-answer alike: the same events (execution, sequence, kind, payload, fence), the same
-tokens, the same error class carrying the same data. At the end every log, head and token
-must be the same on both.
+``head`` and ``list_executions`` with a small limit. Each call is made on the store under
+test and on a fresh :class:`~loom_core.memory.MemoryEventStore` (the kernel's reference),
+and the two must answer alike: the same events (execution, sequence, kind, payload,
+fence), the same tokens, the same error class carrying the same data. At the end every
+log, head and token must be the same on both.
 
 A call the store does not offer (``capabilities``) is never drawn. A call over several
 executions (``append_many``, ``copy_prefix``) that the store refuses with an
@@ -88,6 +88,8 @@ def _calls(offered: frozenset[str]) -> st.SearchStrategy[Call]:
         st.tuples(st.just("read"), _ids, _below_head, st.one_of(st.none(), _at_head),
                   st.one_of(st.none(), st.integers(min_value=1, max_value=3))),
         st.tuples(st.just("head"), _ids),
+        st.tuples(st.just("list"), st.one_of(st.none(), _ids),
+                  st.integers(min_value=1, max_value=3)),
     ]
     optional: dict[OptionalMethod, st.SearchStrategy[Call]] = {
         "acquire_fence": st.tuples(st.just("acquire_fence"), _ids),
@@ -190,6 +192,11 @@ async def _resolve(pair: _Pair, call: Call) -> Call:
                 None if stop is None else await pair.sequence(i, stop), limit)
     if name in ("head", "acquire_fence", "delete_execution"):
         return (name, pair.id(call[1]))
+    if name == "list":
+        # After the example's prefix, or after one of its ids: its own executions come
+        # first in the store's order, before any other example's.
+        _, after, limit = call
+        return (name, pair.prefix if after is None else pair.id(after), limit, pair.prefix)
     if name == "acquire_fence_if":
         _, i, fence, park = call
         return (name, pair.id(i), await pair.token(i, fence), await pair.sequence(i, park))
@@ -231,6 +238,10 @@ async def _answer(store: EventStore, call: Call) -> object:
             ))
         if name == "head":
             return await store.head(args[0])
+        if name == "list":
+            after, limit, prefix = args
+            listed = await store.list_executions(after=after, limit=limit)
+            return tuple(i for i in listed if i.startswith(prefix))
         if name == "acquire_fence":
             return await store.acquire_fence(args[0])
         if name == "acquire_fence_if":
