@@ -110,6 +110,10 @@ CHOSEN: Final[tuple[Plan, ...]] = (
     Plan([["draw", "uuid", 0], ["fail", 1]], [("s0", "before"), ("s1", "after")]),
     # A step's result pending when the body parks in a gather, killed before that park.
     Plan([["step", 0], ["gather", [["sleep", 0], ["sleep", 10]]]], [("park", "before")]),
+    # A receive parked just before its early message is stored: with a real store's I/O,
+    # the task that parked it is still answering its own park when the world looks (the
+    # world must wait for it, as drain does).
+    Plan([["draw", "uuid", 0], ["recv", 1, "early", None, "t0"], ["step", 2]], [("s2", "before")]),
     # Cancelled while parked, after a crash before that park; the step after never runs.
     Plan([["step", 0], ["cancel"], ["step", 1]], [("park", "before")], "parked"),
     # Cancelled instead of recovered after a crash that followed a recorded step.

@@ -244,6 +244,9 @@ class Loom:
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
         self._runs: dict[str, asyncio.Task[Event | None]] = {}
+        # Every drive task until it ends: a task leaves _runs when its run parks or ends,
+        # and may then still answer its own park and drive on (see _drive).
+        self._driving: set[asyncio.Task[Event | None]] = set()
         self._drivers: dict[str, Run] = {}
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
@@ -347,12 +350,13 @@ class Loom:
         self._entered = False
         # Runs stop where they are, as a process that exits would: the log keeps them, and
         # the node's next start recovers what was running.
-        tasks = [*self._services, *self._runs.values()]
+        tasks = [*self._services, *self._driving]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._services.clear()
         self._runs.clear()
+        self._driving.clear()
         self._drivers.clear()
         for ends in self._ends.values():  # runs cancelled before they began
             for end in ends:
@@ -588,9 +592,10 @@ class Loom:
         return frozenset(self._runs)
 
     async def drain(self) -> None:
-        """Wait until this process drives nothing (every local run finished or parked)."""
-        while self._runs:
-            await asyncio.gather(*list(self._runs.values()), return_exceptions=True)
+        """Wait until this process drives nothing (every local run finished or parked, and
+        no parked run is answering its own park to drive on)."""
+        while self._driving:
+            await asyncio.gather(*list(self._driving), return_exceptions=True)
 
     # -- what the driver and the timer service call ------------------------------------------
 
@@ -794,6 +799,8 @@ class Loom:
         )
         self._runs[run.execution_id] = task
         self._drivers[run.execution_id] = run
+        self._driving.add(task)
+        task.add_done_callback(self._driving.discard)
 
     async def _drive(self, run: Run) -> Event | None:
         """Drive ``run``, and the run that answering its own park starts (in this task);

@@ -1,4 +1,5 @@
-"""Cancel, continue-as-new, refusals of bad input, and the observability hooks."""
+"""Cancel, continue-as-new, refusals of bad input, the observability hooks, and what
+``drain`` waits for."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from loom_runtime import (
     WorkflowNotFoundError,
 )
 from loom_runtime.testing import VirtualClock, check_replay
+from store_probes import wired
 
 from loom_core import Event, EventKind, InvalidInputError, NewEvent, open_storage
 
@@ -221,3 +223,35 @@ def test_options_are_checked_when_the_app_is_built() -> None:
         Loom("memory://", poll_interval=0)
     with pytest.raises(InvalidInputError):
         Loom(42)  # type: ignore[arg-type]
+
+
+async def test_drain_waits_for_a_parked_run_that_answers_its_own_park_and_drives_on() -> None:
+    # Two zero-length sleeps in a gather park the run with both waits due; the task that
+    # drove it then answers its own park and drives on. The conditional acquire of that
+    # answer is held until the test lets it go: drain must not return meanwhile.
+    async with wired() as w:
+
+        @w.app.workflow()
+        async def twice(ctx: Context) -> str:
+            await ctx.gather(ctx.sleep(0), ctx.sleep(0))
+            return "done"
+
+        reached, gate = asyncio.Event(), asyncio.Event()
+
+        async def hold(execution_id: str) -> None:
+            reached.set()
+            await gate.wait()
+
+        w.probe.before_acquire = hold
+        handle = await w.app.start(twice, id="twice")
+        await reached.wait()
+        assert [e.kind for e in await w.base.events.read("twice")][-1] == (
+            EventKind.EXECUTION_SUSPENDED
+        )
+        drained = asyncio.ensure_future(w.app.drain())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not drained.done(), "drain returned while the run was answering its own park"
+        gate.set()
+        await drained
+        assert await handle.status() == "completed"
