@@ -48,6 +48,7 @@ from loom_runtime import (
 )
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
 
+from loom_conformance.suites._support import field_of
 from loom_core import Event, EventKind, JsonValue, Storage
 
 __all__ = [
@@ -398,11 +399,11 @@ class _Played:
     fired: int = 0
     """Crash points that fired (each is recovered once: one EXECUTION_RECOVERED)."""
     cancelled: bool = False
-    cancelled_dead: bool = False
-    """Cancelled instead of recovered: one crash fewer to recover, unless a run this app
-    had already recovered was what the world found running (with the app's own services,
-    a look can come between a run's crash and its recovery by an earlier look's
-    ``recover()``, and the cancel then stops a live run)."""
+    """In a plan that cancels on a crash: cancelled instead of recovered, so one crash
+    fewer to recover, unless a run this app had already recovered was what the world
+    found running (with the app's own services, a look can come between a run's crash and
+    its recovery by an earlier look's ``recover()``, and the cancel then stops a live
+    run)."""
 
 
 async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[int, int]:
@@ -497,7 +498,7 @@ async def _play(
             crashed, played.fired = fired > played.fired, fired
             if crashed and plan.cancel == "crashed" and not played.cancelled:
                 assert await app.cancel(execution_id, reason="drawn") is True
-                played.cancelled = played.cancelled_dead = True
+                played.cancelled = True
             await app.recover()
             continue
         waits = view.pending_waits()
@@ -543,13 +544,13 @@ def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool
     assert [k for k in kinds if k in _TERMINAL] == [ending]
     assert kinds[-1] == ending
     recorded = [
-        tuple(_field(e, "position"))  # type: ignore[arg-type]
+        tuple(field_of(e, "position"))  # type: ignore[arg-type]
         for e in log
         if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
     ]
     assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
     delivered = [
-        (_field(e, "topic"), _field(e, "value"))
+        (field_of(e, "topic"), field_of(e, "value"))
         for e in log
         if e.kind == EventKind.MESSAGE_CONSUMED
     ]
@@ -558,7 +559,7 @@ def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool
         expected = expected[: len(delivered)]  # cut short wherever the crash was
     assert delivered == expected
     recoveries = kinds.count(EventKind.EXECUTION_RECOVERED)
-    if played.cancelled_dead:
+    if played.cancelled and plan.cancel == "crashed":
         allowed = (played.fired - 1, played.fired) if services else (played.fired - 1,)
         assert recoveries in allowed, (recoveries, played.fired)
     else:
@@ -568,10 +569,10 @@ def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool
 def _recorded_steps(log: Sequence[Event]) -> list[JsonValue]:
     """The names of the steps (``s<k>``) the log records a result or failure of."""
     return [
-        _field(e, "name")
+        field_of(e, "name")
         for e in log
         if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
-        and _field(e, "call") == "step"
+        and field_of(e, "call") == "step"
     ]
 
 
@@ -581,22 +582,18 @@ def _check_wakes(log: Sequence[Event], written_at: dict[tuple[str, int], datetim
     for resumed in log:
         if resumed.kind != EventKind.EXECUTION_RESUMED:
             continue
-        answer = _field(resumed, "answer")
+        answer = field_of(resumed, "answer")
         assert isinstance(answer, dict)
         if answer["kind"] not in ("timer", "timeout"):
             continue
-        park = log[_field(resumed, "park")]  # type: ignore[index]
+        park = log[field_of(resumed, "park")]  # type: ignore[index]
         assert park.kind == EventKind.EXECUTION_SUSPENDED
-        waits = _field(park, "waits")
+        waits = field_of(park, "waits")
         assert isinstance(waits, list)
         (wait,) = [
             w for w in waits
-            if isinstance(w, dict) and w["position"] == _field(resumed, "position")
+            if isinstance(w, dict) and w["position"] == field_of(resumed, "position")
         ]
         wake_at = datetime.fromisoformat(str(wait["wake_at"]))
         assert written_at[resumed.execution_id, resumed.sequence] >= wake_at, (resumed, wait)
 
-
-def _field(event: Event, key: str) -> JsonValue:
-    assert isinstance(event.payload, dict), f"event {event.sequence}: {event.payload!r}"
-    return event.payload.get(key)

@@ -176,3 +176,9 @@ def drawn_settings(examples: int) -> settings:
             HealthCheck.differing_executors,
         ],
     )
+
+
+def field_of(event: Event, key: str) -> JsonValue:
+    """``event.payload[key]`` of a runtime event (whose payload is a JSON object)."""
+    assert isinstance(event.payload, dict), f"event {event.sequence}: {event.payload!r}"
+    return event.payload.get(key)

@@ -169,11 +169,10 @@ class _Refused:
 
 
 def _refusal(exc: LoomError) -> _Refused:
-    data = vars(exc) if hasattr(exc, "__dict__") else {}
     return _Refused(
         type(exc).__name__,
         type(exc).__module__,
-        tuple(sorted((k, v) for k, v in data.items() if not k.startswith("_"))),
+        tuple(sorted((k, v) for k, v in vars(exc).items() if not k.startswith("_"))),
         isinstance(exc, InvalidInputError),
     )
 

@@ -36,8 +36,14 @@ from hypothesis import given
 from loom_conformance.ci import in_ci
 from loom_conformance.requirements import requires
 from loom_conformance.suites._interposed import InterposedEventStore
-from loom_conformance.suites._support import drawn_settings, guard, snapshot, token_of
-from loom_core import Event, EventKind, EventStore, JsonValue, Storage, TimerRecord
+from loom_conformance.suites._support import (
+    drawn_settings,
+    field_of,
+    guard,
+    snapshot,
+    token_of,
+)
+from loom_core import Event, EventKind, EventStore, Storage, TimerRecord
 
 if TYPE_CHECKING:
     from loom_core.spi import OptionalMethod
@@ -165,12 +171,6 @@ async def result(handle: Handle[Any]) -> Any:
 def assert_gapless(log: tuple[Event, ...]) -> None:
     sequences = [event.sequence for event in log]
     assert sequences == list(range(len(log))), f"the log has gaps: sequences {sequences}"
-
-
-def field_of(event: Event, key: str) -> JsonValue:
-    """``event.payload[key]`` of a runtime event (whose payload is a JSON object)."""
-    assert isinstance(event.payload, dict), f"event {event.sequence}: {event.payload!r}"
-    return event.payload.get(key)
 
 
 def answers(log: tuple[Event, ...]) -> list[Event]:

@@ -130,15 +130,8 @@ class AuditEventStore(EventStoreDecorator):
         self._head_key = head_key
         self._tips = ChainTips(tip_cache_size)
 
-    async def _prev(
-        self,
-        execution_id: str,
-        expected_sequence: int,
-        events: Sequence[NewEvent],
-        observed_fence: int | None,
-    ) -> str | None:
-        """The hash an append at ``expected_sequence`` links to, read from the store
-        (``observed_fence``: the append is an ``append_if_unchanged`` under it)."""
+    async def _prev(self, execution_id: str, expected_sequence: int) -> str | None:
+        """The hash an append at ``expected_sequence`` links to, read from the store."""
         if expected_sequence == 0:
             return GENESIS
         before = await self.inner.read(
@@ -153,8 +146,6 @@ class AuditEventStore(EventStoreDecorator):
         # which leaves nothing to link to.
         head = await self.inner.head(execution_id)
         if head != expected_sequence:
-            if observed_fence is not None:
-                await self._refuse_unlinkable(execution_id, events, observed_fence)
             raise SequenceConflictError(execution_id, expected_sequence, head)
         return None
 
@@ -164,7 +155,7 @@ class AuditEventStore(EventStoreDecorator):
         """An ``append_if_unchanged`` past the head: the store below checks the token
         before the sequence, so a stale token must be what the caller hears. Ask the store
         with a sequence no log reaches, which it can only refuse, and raise its
-        ``StaleFenceError`` (the caller then raises the sequence conflict)."""
+        ``StaleFenceError`` (the caller then re-raises its sequence conflict)."""
         with contextlib.suppress(SequenceConflictError):
             await self.inner.append_if_unchanged(
                 execution_id, events, expected_sequence=_UNREACHED,
@@ -183,21 +174,17 @@ class AuditEventStore(EventStoreDecorator):
         stamped: int | None,
         guarded_by: int | None,
         seen: Tip | None,
-        unchanged: bool = False,
     ) -> list[NewEvent]:
         """``events`` linked for an append that stamps ``stamped`` and that the store
         accepts only under the token ``guarded_by`` (None: no token check); ``seen`` is
-        the tip remembered when the append began; ``unchanged``: an
-        ``append_if_unchanged``."""
+        the tip remembered when the append began."""
         if (
             seen is not None and guarded_by is not None and seen.fence == guarded_by
             and seen.next_sequence == expected_sequence
         ):
             prev: str | None = seen.hash
         else:
-            prev = await self._prev(
-                execution_id, expected_sequence, events, guarded_by if unchanged else None
-            )
+            prev = await self._prev(execution_id, expected_sequence)
         return chain_events(execution_id, expected_sequence, events, prev, stamped)
 
     def _landed(
@@ -330,10 +317,14 @@ class AuditEventStore(EventStoreDecorator):
         refuse_chain_field(checked)
         seen = self._tips.get(execution_id)
         try:
-            chained = await self._chained(
-                execution_id, checked, expected_sequence, stamped=None,
-                guarded_by=observed_fence, seen=seen, unchanged=True,
-            )
+            try:
+                chained = await self._chained(
+                    execution_id, checked, expected_sequence, stamped=None,
+                    guarded_by=observed_fence, seen=seen,
+                )
+            except SequenceConflictError:
+                await self._refuse_unlinkable(execution_id, checked, observed_fence)
+                raise
             written = await self.inner.append_if_unchanged(
                 execution_id, chained, expected_sequence=expected_sequence,
                 observed_fence=observed_fence,
