@@ -503,17 +503,23 @@ class Loom:
     ) -> bool:
         """Cancel the execution: a parked one through the fence, a running one by fencing
         its driver out (it stops at its next durable call). False if it had finished."""
-        storage = self._running("app.cancel")
+        self._running("app.cancel")
         execution_id = _check_id(execution_id)
         if reason is not None and not isinstance(reason, str):
             raise InvalidInputError(f"reason= must be a str or None, not {reason!r}")
-        events = storage.events
         view = await self.inspect(execution_id)
         if view.status is None:
             raise ExecutionNotFoundError(execution_id)
         if view.terminal:
             return False
         await self._check_allowed(principal, "cancel", view)
+        return await self._cancel(view, reason)
+
+    async def _cancel(self, view: View, reason: str | None) -> bool:
+        """Append EXECUTION_CANCELLED to the execution ``view`` shows unfinished (see
+        :meth:`cancel`); False if it finished meanwhile."""
+        events = self.storage.events
+        execution_id = view.execution_id
         cancel_event = records.cancelled(reason, self.node)
         if view.park is not None:
             try:
@@ -756,10 +762,33 @@ class Loom:
             view = await self.inspect(execution_id)
             if view.status != "running" or view.node != self.node:
                 return None
+            if view.continued_from is not None and not await self._handed_on(view):
+                return None
             # Checked again after the read: a run of this process may have written it
             # meanwhile (its first write is in the log before its writer hears back).
             if execution_id not in self._claims:
                 return None if self._owned(execution_id) else view
+
+    async def _handed_on(self, view: View) -> bool:
+        """Whether the execution that continued as ``view``'s has recorded it. A successor
+        is created before its predecessor records EXECUTION_CONTINUED; after a crash in
+        between, both are running, and the predecessor's replay continues again and takes
+        the successor over: recovering the successor as well would drive it twice. So it
+        is the predecessor's until that record is written. One whose predecessor ended
+        otherwise meanwhile (cancelled) is never handed on: it is cancelled."""
+        assert view.continued_from is not None
+        predecessor = await self.inspect(view.continued_from)
+        if predecessor.status is None:
+            return True  # pruned: only a finished predecessor can be
+        if predecessor.status == "continued" and predecessor.successor == view.execution_id:
+            return True
+        if predecessor.terminal:
+            await self._cancel(
+                view,
+                f"{view.continued_from!r} ended {predecessor.status} without continuing as "
+                f"{view.execution_id!r}",
+            )
+        return False
 
     def _claim(self, execution_id: str) -> None:
         self._claims[execution_id] = self._claims.get(execution_id, 0) + 1

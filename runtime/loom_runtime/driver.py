@@ -256,8 +256,13 @@ class Run:
             assert isinstance(args, list)
             await self._flush()  # the successor's input is made of durable results
             successor = await self.app.create_successor(self._view, args)
+            crashable = bool(self.app.crash_points)
             try:
+                if crashable and self.app.crash_point(self, (), "continue", "before"):
+                    self._halt(SimulatedCrash("simulated crash before the continuation"))
                 await self._append([records.continued(successor.execution_id, args)])
+                if crashable and self.app.crash_point(self, (), "continue", "after"):
+                    self._halt(SimulatedCrash("simulated crash after the continuation"))
             except BaseException:
                 self.app.release_successor(successor.execution_id)
                 raise

@@ -90,10 +90,12 @@ class CrashAt:
     :meth:`Loom.recover` (what a restarted process does) drives it on.
 
     Match by ``step`` name (the step's name, or its last dotted part), or ``position`` (the
-    body's k-th call), or ``step="park"`` for the moment before a park is written;
-    ``when`` is ``"before"`` the call runs or ``"after"`` its record is durable (while a
-    crash point is armed, a step's result is written as the step returns, not with the
-    run's next write, so there is such a moment).
+    body's k-th call), or ``step="park"`` for the moment before a park is written, or
+    ``step="continue"`` for ``ctx.continue_as_new`` (``"before"``: its successor is
+    created and EXECUTION_CONTINUED not yet written; ``"after"``: written, and the
+    successor not yet driven); ``when`` is ``"before"`` the call runs or ``"after"`` its
+    record is durable (while a crash point is armed, a step's result is written as the
+    step returns, not with the run's next write, so there is such a moment).
     """
 
     step: str | None = None

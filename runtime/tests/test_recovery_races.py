@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from loom_runtime import Context
 from loom_runtime.records import started
+from loom_runtime.testing import crash_at
 from store_probes import Wired, kinds, wired
 
 from loom_core import EventKind, ExecutionAlreadyExistsError, NewEvent
@@ -147,6 +148,62 @@ async def test_a_start_refused_for_an_existing_id_does_not_keep_recovery_from_it
             await start
         assert [h.execution_id for h in await recovery] == ["y"]
         assert await w.app.get("y").result(timeout=5) == "recovered"
+        assert w.errors == []
+
+
+async def test_a_successor_whose_continuation_is_not_recorded_is_driven_once() -> None:
+    # Died after creating the successor, before recording the continuation: both are
+    # running, and the predecessor's replay continues again and takes the successor over.
+    # Recovering the successor as well would drive it twice (its step ran twice).
+    async with wired() as w:
+        ran, work = counting(w)
+        crash = crash_at(w.app, step="continue", when="before")
+        await w.app.start(work, 0, id="x")
+        await w.app.drain()
+        assert crash.count == 1
+        assert await kinds(w.base.events, "x#1") == [EventKind.EXECUTION_STARTED]
+        assert (await w.app.get("x").status(), await w.app.get("x#1").status()) == (
+            "running",
+            "running",
+        )
+        assert [h.execution_id for h in await w.app.recover()] == ["x"]
+        assert await w.app.get("x").result(timeout=5) == "x#1"
+        assert ran == ["x#1"]
+        assert (await kinds(w.base.events, "x"))[-1] == EventKind.EXECUTION_CONTINUED
+        assert w.errors == []
+
+
+async def test_a_successor_whose_continuation_is_recorded_is_recovered() -> None:
+    async with wired() as w:
+        ran, work = counting(w)
+        crash_at(w.app, step="continue", when="after")
+        await w.app.start(work, 0, id="x")
+        await w.app.drain()
+        assert await w.app.get("x").status() == "continued"
+        assert ran == []
+        assert [h.execution_id for h in await w.app.recover()] == ["x#1"]
+        assert await w.app.get("x").result(timeout=5) == "x#1"
+        assert ran == ["x#1"]
+        assert w.errors == []
+
+
+async def test_a_successor_whose_predecessor_was_cancelled_instead_is_cancelled() -> None:
+    async with wired() as w:
+        ran, work = counting(w)
+        crash_at(w.app, step="continue", when="before")
+        await w.app.start(work, 0, id="x")
+        await w.app.drain()
+        assert await w.app.cancel("x", reason="operator") is True
+        assert await w.app.recover() == []
+        assert await w.app.get("x#1").status() == "cancelled"
+        log = await w.base.events.read("x#1")
+        assert [e.kind for e in log] == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_CANCELLED,
+        ]
+        reason = log[-1].payload["reason"]  # type: ignore[index,call-overload]
+        assert reason == "'x' ended cancelled without continuing as 'x#1'"
+        assert ran == []
         assert w.errors == []
 
 
