@@ -52,7 +52,7 @@ from loom_runtime.errors import (
 )
 from loom_runtime.fold import Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
-from loom_runtime.inbox import Inbox
+from loom_runtime.inbox import Inbox, Message
 from loom_runtime.records import INBOX_PREFIX, Position, Wait, json_value
 from loom_runtime.resume import answer_park, read_tail
 from loom_runtime.timers import Fired, TimerService
@@ -453,25 +453,67 @@ class Loom:
     ) -> int:
         """Store a message for ``execution_id`` durably, then wake it if it waits on
         ``topic``; returns the message's id. With ``key`` a repeated send is a no-op
-        returning the first message's id."""
+        returning the first message's id. A message for an execution that continued as
+        new goes on to its successor (see docs/runtime.md, "Messages")."""
         storage = self._running("app.send")
         execution_id = _check_id(execution_id)
         if not isinstance(topic, str) or not topic:
             raise InvalidInputError(f"a topic must be a non-empty str, not {topic!r}")
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidInputError(f"key= must be a non-empty str or None, not {key!r}")
+        if key is not None and (not isinstance(key, str) or not key or key[0] == "$"):
+            raise InvalidInputError(
+                f"key= must be a non-empty str not starting with '$' (those are the keys "
+                f"of the messages Loom hands on), or None, not {key!r}"
+            )
         payload = json_value(value, f"the message on {topic!r}")
         if await storage.events.head(execution_id) == 0:
             raise ExecutionNotFoundError(execution_id)
+        stored, outcome = await self._post(execution_id, [(topic, payload, key)])
+        if outcome == "obsolete":
+            # Finished, perhaps by continuing as new: then the message is its successor's.
+            await self._hand_on(await self.inspect(execution_id), wake=True)
+        return stored[0].sequence
+
+    async def _post(
+        self, execution_id: str, messages: Sequence[tuple[str, JsonValue, str | None]]
+    ) -> tuple[list[Message], Fired]:
+        """Store ``messages`` (topic, value, key) in order, then wake the receiver."""
+        timers = self.storage.timers
         # The wake row comes first: a sender that dies after storing the message leaves a
         # due row behind, and the timer service delivers what it finds.
         wake = TimerRecord(execution_id, self.clock.now())
-        await storage.timers.schedule(wake)
-        stored = await self.inbox.put(execution_id, topic, payload, key)
+        await timers.schedule(wake)
+        stored = [await self.inbox.put(execution_id, *m) for m in messages]
         outcome = await self._deliver(wake)
         if outcome != "left":
-            await storage.timers.complete(wake.execution_id, wake.wake_at)
-        return stored.sequence
+            await timers.complete(wake.execution_id, wake.wake_at)
+        return stored, outcome
+
+    async def _hand_on(self, view: View, *, wake: bool) -> None:
+        """Hand what ``view``'s execution left unconsumed in its inbox, if it continued as
+        new, to its successor, in the order it was sent, each once, and so on down the
+        chain. Whoever may find a message left does this after storing or finding it: the
+        run that continued (after recording it), a recovery of the successor, a sender
+        who finds the receiver finished. Each hands on every message left, oldest first,
+        under a key naming the message, so the order holds and a message handed on twice
+        is stored once."""
+        while view.status == "continued" and view.successor is not None:
+            left = [
+                (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
+                for m in await self.inbox.messages(view.execution_id)
+                if m.sequence not in view.consumed
+            ]
+            if not left:
+                return
+            successor = view.successor
+            if not wake:
+                # No run of the successor has started yet: its receives read the inbox.
+                for message in left:
+                    await self.inbox.put(successor, *message)
+                return
+            _, outcome = await self._post(successor, left)
+            if outcome != "obsolete":
+                return
+            view = await self.inspect(successor)
 
     async def resume(
         self, execution_id: str, *, fence_if_parked_at: int, principal: object = None
@@ -579,6 +621,9 @@ class Loom:
         try:
             fn = self._body_of(view)
             taken = await self._take_over(view)
+            if taken is not None and view.continued_from is not None:
+                # The run that continued may have died before handing on its messages.
+                await self._hand_on(await self.inspect(view.continued_from), wake=False)
         except WorkflowNotFoundError as exc:
             self.hooks.error(exc)
             return None
@@ -896,6 +941,7 @@ class Loom:
             assert outcome.successor is not None
             successor = outcome.successor
             try:
+                await self._hand_on(run.final_view(), wake=False)
                 if successor.execution_id not in self._runs:
                     self._spawn(
                         Run(self, successor.view, successor.token, self._body_of(successor.view))

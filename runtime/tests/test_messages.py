@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 from loom_runtime import Context, Loom, NotJsonError, ReservedExecutionIdError
-from loom_runtime.testing import VirtualClock
+from loom_runtime.testing import VirtualClock, crash_at
 
-from loom_core import EventKind, ExecutionNotFoundError
+from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError
 
 
 async def consumed(app: Loom, execution_id: str) -> list[object]:
@@ -168,3 +168,136 @@ async def test_a_delivered_send_leaves_no_timer_row_behind(app: Loom) -> None:
     await app.send("rows", "m", "x")
     assert await handle.result(timeout=5) == "x"
     assert await app.storage.timers.pending("rows") == ()
+
+
+def _chain(app: Loom) -> None:
+    """``chain``: the first generation sleeps, takes one message and continues as new; the
+    second takes ``wanted`` more (None where one does not come within a minute)."""
+
+    @app.workflow(name="chain")
+    async def chain(ctx: Context, generation: int, got: list[object], wanted: int) -> object:
+        if generation == 0:
+            await ctx.sleep(10)
+            ctx.continue_as_new(1, [await ctx.receive("a")], wanted)
+        for _ in range(wanted):
+            got.append(await ctx.receive("a", timeout=60))
+        return got
+
+
+async def test_messages_an_execution_left_when_it_continued_go_to_its_successor(
+    app: Loom, clock: VirtualClock
+) -> None:
+    _chain(app)
+    handle = await app.start("chain", 0, [], 2, id="c")
+    await app.drain()
+    for n in (1, 2, 3):
+        await app.send("c", "a", n)
+    await clock.advance(10)
+    await app.drain()
+    assert await handle.result(timeout=5) == [1, 2, 3]
+    assert await consumed(app, "c") == [1]
+    assert await consumed(app, "c#1") == [2, 3]
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_a_message_sent_to_a_continued_execution_reaches_its_successor_once(
+    app: Loom, clock: VirtualClock
+) -> None:
+    _chain(app)
+    handle = await app.start("chain", 0, [], 3, id="c")
+    await app.drain()
+    await app.send("c", "a", 1)
+    await app.send("c", "a", 2)  # left unconsumed when it continues
+    await clock.advance(10)
+    await app.drain()
+    assert await app.get("c").status() == "continued"
+    assert await app.get("c#1").status() == "suspended"
+    # Sent to the first generation, after it continued: the successor gets it, once.
+    await app.send("c", "a", 3, key="three")
+    await app.send("c", "a", 3, key="three")
+    await app.drain()
+    assert await handle.status() == "continued"
+    await clock.advance(60)
+    await app.drain()
+    assert await handle.result(timeout=5) == [1, 2, 3, None]
+    assert await consumed(app, "c#1") == [2, 3]
+    assert await app.storage.timers.pending("c#1") == ()
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_a_message_sent_while_an_execution_continues_is_handed_on_in_order(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """The sender stores its message after the run that continued read what was left: both
+    hand on, each everything left, oldest first, and each message arrives once, in the
+    order it was sent."""
+    _chain(app)
+    handle = await app.start("chain", 0, [], 3, id="c")
+    await app.drain()
+    for n in (1, 2):
+        await app.send("c", "a", n)
+    await clock.advance(10)
+    await app.drain()
+    assert await consumed(app, "c#1") == [2]
+    await app.send("c", "a", 3)  # finds c continued and hands on 2 (again) and 3
+    await app.send("c", "a", 4)
+    await app.drain()
+    assert await handle.result(timeout=5) == [1, 2, 3, 4]
+    inbox = await app.inbox.messages("c#1")
+    assert [m.value for m in inbox] == [2, 3, 4]
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_messages_left_by_a_run_that_died_after_continuing_are_handed_on_by_recovery(
+    app: Loom, clock: VirtualClock
+) -> None:
+    _chain(app)
+    crash_at(app, step="continue", when="after")
+    handle = await app.start("chain", 0, [], 3, id="c")
+    await app.drain()
+    for n in (1, 2, 3):
+        await app.send("c", "a", n)
+    await clock.advance(10)
+    await app.drain()
+    assert await app.get("c").status() == "continued"
+    assert await app.inbox.messages("c#1") == []
+    await app.recover()
+    await app.drain()
+    await clock.advance(60)
+    await app.drain()
+    assert await handle.result(timeout=5) == [1, 2, 3, None]
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_a_sender_hands_on_what_was_left_before_its_own_message(
+    app: Loom, clock: VirtualClock
+) -> None:
+    _chain(app)
+    crash_at(app, step="continue", when="after")  # nothing handed on by the run
+    handle = await app.start("chain", 0, [], 3, id="c")
+    await app.drain()
+    for n in (1, 2, 3):
+        await app.send("c", "a", n)
+    await clock.advance(10)
+    await app.drain()
+    await app.send("c", "a", 4)
+    assert [m.value for m in await app.inbox.messages("c#1")] == [2, 3, 4]
+    await app.recover()
+    await app.drain()
+    assert await handle.result(timeout=5) == [1, 2, 3, 4]
+    assert [m.value for m in await app.inbox.messages("c#1")] == [2, 3, 4]
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_a_key_starting_with_a_dollar_is_refused_and_nothing_is_stored(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def idle(ctx: Context) -> object:
+        return await ctx.receive("x")
+
+    await app.start(idle, id="i")
+    await app.drain()
+    with pytest.raises(InvalidInputError, match="starting with '\\$'"):
+        await app.send("i", "x", 1, key="$from:i:0")
+    assert await app.storage.events.head("$inbox:i") == 0
