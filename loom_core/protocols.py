@@ -173,8 +173,9 @@ class EventStore(Protocol):
         ...
 
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
-        """Copy ``source``'s events up to ``through_sequence`` into a new ``target``;
-        returns the number copied."""
+        """Copy ``source``'s events up to ``through_sequence`` into a new ``target``, at
+        their own sequences; returns the number copied. The target's head is
+        ``through_sequence + 1`` even when the source has truncated some or all of them."""
         ...
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:

@@ -128,9 +128,10 @@ class _Log:
         """Whether an entry from list index ``i`` on answers a park."""
         return any(entry[5] for entry in self.entries[i:])
 
-    def prefix(self, end: int) -> _Log:
-        """A new log holding this one's first ``end`` entries."""
-        return _Log(self.first + end, self.first, self.entries[:end])
+    def prefix(self, head: int) -> _Log:
+        """A new log of the sequences below ``head``: the entries this one holds of them
+        (none when they were all truncated; its head is ``head`` all the same)."""
+        return _Log(head, min(self.first, head), self.entries[: self.index(head)])
 
     def drop(self, cut: int) -> None:
         """Forget the first ``cut`` entries."""
@@ -501,7 +502,7 @@ class MemoryEventStore(RefusesUnoffered):
         existing = self._logs.get(target)
         if existing is not None:
             raise ExecutionAlreadyExistsError(target, existing.head)
-        copy = log.prefix(log.index(through_sequence + 1))
+        copy = log.prefix(through_sequence + 1)
         self._logs[target] = copy
         self._wake(target)
         return len(copy.entries)

@@ -322,6 +322,30 @@ class EventStoreOptionalContract:
             await loom_events.append("exec-t", [app()], expected_sequence=0)
         assert (await loom_events.append("exec-t", [app()], expected_sequence=2))[0].sequence == 2
 
+    @requires.copy_prefix
+    @requires.truncate_prefix_keeping
+    async def test_a_copy_of_a_truncated_prefix_ends_where_it_was_asked_to(
+        self, loom_events: EventStore
+    ) -> None:
+        """The copy's head is ``through_sequence + 1`` whatever the source still holds:
+        the sequences it copies keep their numbers, and the next append goes after them."""
+        written = await loom_events.append(
+            "exec-t", [app(payload=i) for i in range(4)], expected_sequence=0
+        )
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=2) == 2
+        # Every sequence it asks for is gone: an empty log that ends after them.
+        assert await loom_events.copy_prefix("exec-t", "exec-none-left", through_sequence=0) == 0
+        assert await loom_events.read("exec-none-left") == ()
+        assert await loom_events.head("exec-none-left") == 1
+        appended = await loom_events.append("exec-none-left", [app()], expected_sequence=1)
+        assert appended[0].sequence == 1
+        # Some of them are gone: the rest, at their own sequences.
+        assert await loom_events.copy_prefix("exec-t", "exec-some-left", through_sequence=2) == 1
+        copied = await loom_events.read("exec-some-left")
+        assert [(e.sequence, e.payload) for e in copied] == [(2, written[2].payload)]
+        assert await loom_events.head("exec-some-left") == 3
+        assert await loom_events.head("exec-t") == 4
+
     @requires.truncate_prefix_keeping
     async def test_truncate_refusals_change_nothing(self, loom_events: EventStore) -> None:
         await loom_events.append("exec-t", [app(), app()], expected_sequence=0)
