@@ -33,7 +33,7 @@ from loom_runtime import records
 from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew
 from loom_runtime.errors import ReplayDivergedError, StepFailedError
 from loom_runtime.fold import Recorded, View, advance
-from loom_runtime.records import Position, Wait, json_value, position_text
+from loom_runtime.records import Position, Wait, fresh, json_value, position_text
 from loom_runtime.retry import NO_RETRY, Retry
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class Run:
         ctx = Context(self)
         reset = BRANCH.set(Branch())
         try:
-            result = await self._fn(ctx, *self._view.input)
+            result = await self._fn(ctx, *fresh(self._view.input))  # type: ignore[misc]
         except asyncio.CancelledError:
             await self._teardown()
             raise
@@ -349,7 +349,7 @@ class Run:
                     raise StepFailedError(
                         name, position_text(position), recorded.attempt, *recorded.error
                     )
-                return recorded.value
+                return fresh(recorded.value)
             self._go_live(position, "step", name, site)
         else:
             self._check_alive()  # a new run's call: nothing to match, only the run to be alive
@@ -392,7 +392,7 @@ class Run:
                 await self._flush()
                 if self.app.crash_point(self, position, name, "after"):
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
-            return result
+            return fresh(result)
 
     async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
         code = getattr(fn, "__code__", None)
@@ -426,7 +426,7 @@ class Run:
     ) -> JsonValue:
         recorded = self._recorded(position, "receive", topic, site)
         if recorded is not None:
-            return recorded.value
+            return fresh(recorded.value)
         earlier = self._earlier_wait(position, "receive", topic, site)
         self._go_live(position, "receive", topic, site, waits=True)
         if earlier is not None:
@@ -442,7 +442,7 @@ class Run:
             await self._append(
                 [records.consumed(position, topic, message.sequence, message.value)]
             )
-            return message.value
+            return fresh(message.value)
         return await self._wait(Wait(position, "receive", wake_at, topic, site))
 
     async def gather(self, position: Position, aws: Sequence[Awaitable[Any]]) -> tuple[Any, ...]:
@@ -636,7 +636,7 @@ class Run:
         self._start_from(view, set(view.records))  # every recorded call was made by this run
         self._parked_at = -1
         recorded = view.records.get(wait.position)
-        return None if recorded is None else recorded.value
+        return None if recorded is None else fresh(recorded.value)
 
     def _check_quiet(self) -> bool:
         if self._active == 0 and self._waits and not self._stopped and not self._quiet:

@@ -77,6 +77,22 @@ def json_value(value: object, where: str) -> JsonValue:
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
 
 
+def fresh(value: JsonValue) -> JsonValue:
+    """A copy of a JSON value sharing no list or dict with it. What a run hands its body
+    is fresh: a body that changes an argument, a step's result or a message must not
+    change what the runtime keeps (a result not yet written, the record a later replay in
+    this process serves), or a replay here would differ from one after a restart."""
+    kind = type(value)
+    if kind is dict:
+        return {
+            k: v if type(v) in _PLAIN else fresh(v)
+            for k, v in value.items()  # type: ignore[union-attr]  # a dict
+        }
+    if kind is list:
+        return [v if type(v) in _PLAIN else fresh(v) for v in value]  # type: ignore[union-attr]
+    return value
+
+
 def _json(value: object, where: str, depth: int) -> JsonValue:
     kind = type(value)
     if kind in _PLAIN:

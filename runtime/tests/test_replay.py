@@ -220,3 +220,51 @@ async def test_recorded_values_replay_identically(app: Loom, clock: VirtualClock
     assert len(seen) == 2  # ran once live, once replayed after the resume
     assert seen[0] == seen[1]
     assert out == list(seen[0])
+
+
+async def test_a_body_that_changes_what_it_was_given_replays_as_it_ran(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """A body changes its argument, a step's result before that result is written (it is
+    written with the run's next write), and a message; after a park, the run replayed in
+    this process is served what the log holds, as a replay after a restart would be."""
+
+    async def load() -> dict[str, list[str]]:
+        return {"items": ["a"]}
+
+    seen: list[tuple[str, list[str]]] = []
+
+    @app.workflow(name="mutating")
+    async def mutating(ctx: Context, order: dict[str, list[str]]) -> object:
+        seen.append(("input", [*order["lines"]]))
+        order["lines"].append("changed")
+        loaded = await ctx.step(load)
+        seen.append(("loaded", [*loaded["items"]]))
+        loaded["items"].append("changed")  # before the result is written
+        note = await ctx.receive("note")
+        assert isinstance(note, dict)
+        tags = note["tags"]
+        assert isinstance(tags, list)
+        seen.append(("note", [str(t) for t in tags]))
+        tags.append("changed")
+        await ctx.sleep(5)
+        return [order, loaded, note]
+
+    handle = await app.start(mutating, {"lines": ["l"]}, id="m")
+    await app.send("m", "note", {"tags": ["t"]})
+    await app.drain()
+    await clock.advance(5)
+    result = await handle.result(timeout=5)
+    assert result == [
+        {"lines": ["l", "changed"]},
+        {"items": ["a", "changed"]},
+        {"tags": ["t", "changed"]},
+    ]
+    # Every run, live or replayed, saw what the log holds, never an earlier run's changes.
+    logged = {"input": ["l"], "loaded": ["a"], "note": ["t"]}
+    assert [label for label, _ in seen].count("input") >= 2  # replayed at least once
+    assert [(label, logged[label]) for label, _ in seen] == seen
+    log = await app.storage.events.read("m")
+    step = next(e for e in log if e.payload.get("call") == "step")  # type: ignore[union-attr]
+    assert step.payload["result"] == {"items": ["a"]}  # type: ignore[index,call-overload]
+    assert await check_replay(app, ["m"]) == ["m"]
