@@ -3,23 +3,27 @@ that plays one, the world around it, and the checks that it finished exactly onc
 
 A *plan* is a workflow, drawn as a list of operations (steps, failing steps, sleeps,
 receives whose message comes before the receive, while it waits, or never, gathers of
-steps and sleeps, recorded values handed to a step), and up to three crash points (before
-or after any step, before a park), and whether the world cancels the execution (while it
-is parked, or instead of recovering it after a crash). :func:`check_plan` starts the
+steps and sleeps, recorded values handed to a step, continue-as-new), and up to three
+crash points (before or after any step or continuation, before a park), and whether the
+world cancels the execution (while it is parked, or instead of recovering it after a
+crash). The world knows the execution by the id it started: it sends there, and looks at
+and cancels whichever generation is live. :func:`check_plan` starts the
 workflow on an app made by :func:`drawn_app` and plays the world: it sends the messages,
 moves the virtual clock to the next wake and, after each crash, recovers as a restarted
 process would. When the execution ends it checks that
 
 - every step ran exactly once (a crash point fires where the step's record is durable or
   its effect has not happened yet), a failing one once per attempt, and none after a
-  cancel;
+  cancel, in whichever generation it fell;
 - the result is what the workflow computes, the values it drew included, and every
   message went to the receive a first-in-first-out inbox gives it, exactly once, though
   some were sent twice under one key;
 - no timer or timeout was answered before its wake time;
-- the log is gapless, starts once, ends once with its last event (completed, or
-  cancelled), records each call once and each recovery once per crash recovered;
-- the log replays against the code without divergence, appending nothing.
+- each log of the chain is gapless, starts once, ends once with its last event (continued,
+  then completed or cancelled), records each call once; the chain records a recovery once
+  per crash recovered (twice for a crash before a continuation is recorded: the
+  predecessor's, then its takeover of the successor);
+- every log replays against the code without divergence, appending nothing.
 
 Used by the runtime suite (:mod:`loom_conformance.suites.runtime`, on the store under
 test) and by loom-runtime's own tests (with the app's background services). Needs
@@ -45,8 +49,9 @@ from loom_runtime import (
     Loom,
     Retry,
     StepFailedError,
+    View,
 )
-from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
+from loom_runtime.testing import CrashAt, VirtualClock, check_replay
 
 from loom_conformance.suites._support import field_of
 from loom_core import Event, EventKind, JsonValue, Storage
@@ -70,14 +75,15 @@ timeout, topic]`` (arrival ``"early"``, ``"late"`` or ``"never"``; its message i
 ``{"m": k}``), ``["gather", [ops]]`` (steps and sleeps), ``["draw", kind, k]`` (``ctx.uuid``,
 ``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given),
 ``["cancel"]`` (a long sleep the world answers by cancelling the execution; what follows
-it never runs)."""
+it never runs), ``["continue"]`` (``ctx.continue_as_new`` with the ops left and the results
+so far)."""
 
 Cancel: TypeAlias = Literal["never", "parked", "crashed"]
 """When the world cancels the execution: never, at its ``["cancel"]`` op, or the first
 time it finds the run dead at a crash point (instead of recovering it)."""
 
 Crash: TypeAlias = tuple[str, Literal["before", "after"]]
-"""A crash point: a step's name (``s<k>``) or ``"park"``, and when."""
+"""A crash point: a step's name (``s<k>``), ``"park"`` or ``"continue"``, and when."""
 
 WORKFLOW: Final = "drawn"
 ATTEMPTS: Final = 2
@@ -119,6 +125,20 @@ CHOSEN: Final[tuple[Plan, ...]] = (
     Plan([["step", 0], ["cancel"], ["step", 1]], [("park", "before")], "parked"),
     # Cancelled instead of recovered after a crash that followed a recorded step.
     Plan([["step", 0], ["step", 1], ["step", 2]], [("s1", "after")], "crashed"),
+    # Killed between creating the successor and recording the continuation: the successor
+    # must run once, and the message left behind must reach it.
+    Plan(
+        [["recv", 0, "early", None, "t0"], ["continue"], ["recv", 1, "early", None, "t0"],
+         ["step", 2]],
+        [("continue", "before")],
+    ),
+    # Killed after the continuation, before handing on: a late message sent to the first
+    # generation, and one left in it.
+    Plan(
+        [["sleep", 5], ["continue"], ["recv", 0, "early", None, "t1"],
+         ["recv", 1, "late", None, "t1"]],
+        [("continue", "after")],
+    ),
 )
 """Plans every run tries before the drawn ones, whatever Hypothesis draws."""
 
@@ -140,8 +160,12 @@ def _workflows(draw: st.DrawFn, cancel: Cancel) -> list[Op]:
     numbers = iter(range(1000))
     ops: list[Op] = []
     for _ in range(draw(st.integers(min_value=1, max_value=7))):
-        kind = draw(st.sampled_from(["step", "fail", "sleep", "recv", "recv", "gather", "draw"]))
-        if kind in ("step", "fail"):
+        kind = draw(
+            st.sampled_from(["step", "fail", "sleep", "recv", "recv", "gather", "draw", "continue"])
+        )
+        if kind == "continue":
+            ops.append(["continue"])
+        elif kind in ("step", "fail"):
             ops.append([kind, next(numbers)])
         elif kind == "sleep":
             ops.append(["sleep", draw(st.sampled_from([0, 0, 5, 30]))])
@@ -176,6 +200,8 @@ def _plans(draw: st.DrawFn) -> Plan:
     targets = [f"s{k}" for k in _step_numbers(ops)]
     if _parks(ops):
         targets.append("park")
+    if any(op[0] == "continue" for op in ops):
+        targets.append("continue")
     crashes: list[Crash] = []
     for _ in range(draw(st.integers(min_value=0, max_value=3))):
         target = draw(st.sampled_from(targets))
@@ -275,9 +301,23 @@ def _expected(ops: Sequence[Op]) -> list[JsonValue]:
             out.append(received)
         elif op[0] == "gather":
             out.append([f"v{b[1]}" if b[0] == "step" else None for b in op[1]])
+        elif op[0] == "continue":
+            out.append("continued")
         else:
             out.append(None)
     return out
+
+
+def _generations(ops: Sequence[Op]) -> list[Sequence[Op]]:
+    """The ops each generation runs: split at every ``["continue"]``."""
+    split: list[Sequence[Op]] = []
+    start = 0
+    for i, op in enumerate(ops):
+        if op[0] == "continue":
+            split.append(ops[start:i])
+            start = i + 1
+    split.append(ops[start:])
+    return split
 
 
 # -- the workflow and the world around it --------------------------------------------------
@@ -309,15 +349,18 @@ def _register(app: Loom, world: _World) -> None:
 
     def branch(ctx: Context, op: Op) -> Durable[Any]:
         if op[0] == "step":
-            return ctx.step(world.step, ctx.execution_id, op[1], name=f"s{op[1]}")
+            me = ctx.execution_id.partition("#")[0]
+            return ctx.step(world.step, me, op[1], name=f"s{op[1]}")
         return ctx.sleep(op[1])
 
     @app.workflow(name=WORKFLOW)
-    async def drawn(ctx: Context, ops: list[Op]) -> list[JsonValue]:
-        me = ctx.execution_id
-        out: list[JsonValue] = []
-        for op in ops:
-            if op[0] == "step":
+    async def drawn(ctx: Context, ops: list[Op], done: list[JsonValue] | None = None) -> object:
+        me = ctx.execution_id.partition("#")[0]  # the world's id, in every generation
+        out: list[JsonValue] = [] if done is None else done
+        for i, op in enumerate(ops):
+            if op[0] == "continue":
+                ctx.continue_as_new(ops[i + 1 :], [*out, "continued"])
+            elif op[0] == "step":
                 out.append(await ctx.step(world.step, me, op[1], name=f"s{op[1]}"))
             elif op[0] == "fail":
                 retry = Retry(attempts=ATTEMPTS, initial_interval=0)
@@ -410,12 +453,10 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
     """Play ``plan`` as ``execution_id`` and check it (see the module docstring); returns
     the crashes that fired and the parks the log holds."""
     app = drawn.app
-    points = [
-        crash_at(app, step=target, when=when, execution_id=execution_id)
-        for target, when in plan.crashes
-    ]
+    points = [_arm(app, target, when, execution_id) for target, when in plan.crashes]
     played = await _play(drawn, plan, points, execution_id)
-    log = await app.storage.events.read(execution_id)
+    logs = await _chain(app, execution_id)
+    log = [e for generation in logs for e in generation]
     ran = {k: n for (e, k), n in drawn.world.calls.items() if e == execution_id}
     failing = {op[1] for op in plan.ops if op[0] == "fail"}
     if played.cancelled:
@@ -454,12 +495,51 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
         assert result == want
         stepped = _step_numbers(plan.ops)
     assert ran == {k: ATTEMPTS if k in failing else 1 for k in stepped}
-    _check_log(log, plan, played, drawn.services)
-    _check_wakes(log, drawn.written_at)
-    assert await check_replay(app, [execution_id]) == [execution_id]
-    assert await app.storage.events.read(execution_id) == log
+    taken_over = sum(
+        point.count
+        for point, crash in zip(points, plan.crashes, strict=True)
+        if crash == ("continue", "before")
+    )
+    _check_logs(logs, plan, played, drawn.services, taken_over)
+    for generation in logs:
+        _check_wakes(generation, drawn.written_at)
+    ids = [generation[0].execution_id for generation in logs]
+    assert await check_replay(app, ids) == ids
+    assert await _chain(app, execution_id) == logs
     assert drawn.reported == []
     return played.fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
+
+
+def _arm(app: Loom, target: str, when: Literal["before", "after"], root: str) -> CrashAt:
+    """A crash point at ``target`` in any generation of ``root``'s chain."""
+    point = CrashAt(target, None, when)
+
+    def fire(execution_id: str, position: tuple[int, ...], name: str, moment: str) -> bool:
+        return execution_id.partition("#")[0] == root and point(
+            execution_id, position, name, moment
+        )
+
+    app.crash_points.append(fire)
+    return point
+
+
+async def _chain(app: Loom, execution_id: str) -> list[tuple[Event, ...]]:
+    """The logs of ``execution_id`` and of each successor it continued as, in order."""
+    logs: list[tuple[Event, ...]] = []
+    while True:
+        log = await app.storage.events.read(execution_id)
+        logs.append(log)
+        if not log or log[-1].kind != EventKind.EXECUTION_CONTINUED:
+            return logs
+        execution_id = str(field_of(log[-1], "successor"))
+
+
+async def _live_view(app: Loom, execution_id: str) -> View:
+    """The view of the generation of ``execution_id``'s chain that has not continued."""
+    view = await app.inspect(execution_id)
+    while view.status == "continued" and view.successor is not None:
+        view = await app.inspect(view.successor)
+    return view
 
 
 async def _play(
@@ -467,7 +547,7 @@ async def _play(
 ) -> _Played:
     """Start the workflow and play the world until the execution ends."""
     app, clock, ops = drawn.app, drawn.clock, plan.ops
-    waiting = _waits(ops)
+    generations = [_waits(generation) for generation in _generations(ops)]
     sent: set[int] = set()
     played = _Played()
 
@@ -486,7 +566,8 @@ async def _play(
             # The poll a timer loop would make now: what is due fires, nothing else may.
             await app.timer_service.poll_once()
         await app.drain()
-        view = await app.inspect(execution_id)
+        view = await _live_view(app, execution_id)
+        waiting = generations[view.generation]
         if view.terminal:
             played.fired = sum(point.count for point in points)
             return played
@@ -497,13 +578,13 @@ async def _play(
             # leave it alone).
             crashed, played.fired = fired > played.fired, fired
             if crashed and plan.cancel == "crashed" and not played.cancelled:
-                assert await app.cancel(execution_id, reason="drawn") is True
+                assert await app.cancel(view.execution_id, reason="drawn") is True
                 played.cancelled = True
             await app.recover()
             continue
         waits = view.pending_waits()
         if any(waiting.get(w.position, [""])[0] == "cancel" for w in waits):
-            assert await app.cancel(execution_id, reason="drawn") is True
+            assert await app.cancel(view.execution_id, reason="drawn") is True
             played.cancelled = True
             continue
         late = [
@@ -520,7 +601,9 @@ async def _play(
         wakes = [w.wake_at for w in waits if w.wake_at is not None]
         assert wakes, f"{execution_id} is parked with nothing that can wake it: {waits}"
         await clock.advance(max((min(wakes) - clock.now()).total_seconds(), POLL))
-    raise AssertionError(f"not finished after {ROUNDS} rounds: {await app.inspect(execution_id)}")
+    raise AssertionError(
+        f"not finished after {ROUNDS} rounds: {await _live_view(app, execution_id)}"
+    )
 
 
 # -- the checks ----------------------------------------------------------------------------
@@ -535,20 +618,28 @@ _TERMINAL: Final = frozenset(
 )
 
 
-def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool) -> None:
-    kinds = [e.kind for e in log]
+def _check_logs(
+    logs: Sequence[Sequence[Event]], plan: Plan, played: _Played, services: bool, taken_over: int
+) -> None:
     ending = EventKind.EXECUTION_CANCELLED if played.cancelled else EventKind.EXECUTION_COMPLETED
-    assert [e.sequence for e in log] == list(range(len(log))), "the log has gaps"
-    assert kinds.count(EventKind.EXECUTION_STARTED) == 1
-    assert kinds[0] == EventKind.EXECUTION_STARTED
-    assert [k for k in kinds if k in _TERMINAL] == [ending]
-    assert kinds[-1] == ending
-    recorded = [
-        tuple(field_of(e, "position"))  # type: ignore[arg-type]
-        for e in log
-        if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
-    ]
-    assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
+    for i, generation in enumerate(logs):
+        kinds = [e.kind for e in generation]
+        assert [e.sequence for e in generation] == list(range(len(generation))), "gaps"
+        assert kinds.count(EventKind.EXECUTION_STARTED) == 1
+        assert kinds[0] == EventKind.EXECUTION_STARTED
+        last = ending if i == len(logs) - 1 else EventKind.EXECUTION_CONTINUED
+        assert [k for k in kinds if k in _TERMINAL] == [last]
+        assert kinds[-1] == last
+        recorded = [
+            tuple(field_of(e, "position"))  # type: ignore[arg-type]
+            for e in generation
+            if e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)
+        ]
+        assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
+    if not played.cancelled:
+        assert len(logs) == len(_generations(plan.ops))
+    log = [e for generation in logs for e in generation]
+    kinds = [e.kind for e in log]
     delivered = [
         (field_of(e, "topic"), field_of(e, "value"))
         for e in log
@@ -560,10 +651,14 @@ def _check_log(log: Sequence[Event], plan: Plan, played: _Played, services: bool
     assert delivered == expected
     recoveries = kinds.count(EventKind.EXECUTION_RECOVERED)
     if played.cancelled and plan.cancel == "crashed":
-        allowed = (played.fired - 1, played.fired) if services else (played.fired - 1,)
+        allowed = (
+            (played.fired - 1, played.fired, played.fired + taken_over)
+            if services
+            else (played.fired - 1,)
+        )
         assert recoveries in allowed, (recoveries, played.fired)
     else:
-        assert recoveries == played.fired
+        assert recoveries == played.fired + taken_over, (recoveries, played.fired, taken_over)
 
 
 def _recorded_steps(log: Sequence[Event]) -> list[JsonValue]:
