@@ -6,8 +6,11 @@ receives whose message comes before the receive, while it waits, or never, gathe
 steps and sleeps, recorded values handed to a step, continue-as-new), and up to three
 crash points (before or after any step or continuation, before a park), and whether the
 world cancels the execution (while it is parked, or instead of recovering it after a
-crash). The world knows the execution by the id it started: it sends there, and looks at
-and cancels whichever generation is live. :func:`check_plan` starts the
+crash), and whether a second node shares the store. The world knows the execution by the
+id it started: it sends there, and looks at and cancels whichever generation is live. With
+two nodes both poll the timers (so either may answer a park, and they race for it through
+the conditional fence), odd messages are sent through the second, a cancel comes from it,
+and after a crash each node recovers its own runs. :func:`check_plan` starts the
 workflow on an app made by :func:`drawn_app` and plays the world: it sends the messages,
 moves the virtual clock to the next wake and, after each crash, recovers as a restarted
 process would. When the execution ends it checks that
@@ -54,7 +57,7 @@ from loom_runtime import (
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay
 
 from loom_conformance.suites._support import field_of
-from loom_core import Event, EventKind, JsonValue, Storage
+from loom_core import Event, EventKind, JsonValue, Storage, open_storage
 
 __all__ = [
     "CHOSEN",
@@ -102,6 +105,8 @@ class Plan:
     ops: list[Op]
     crashes: list[Crash]
     cancel: Cancel = "never"
+    nodes: Literal[1, 2] = 1
+    """How many nodes (apps on the one store) serve the execution."""
 
 
 CHOSEN: Final[tuple[Plan, ...]] = (
@@ -138,6 +143,13 @@ CHOSEN: Final[tuple[Plan, ...]] = (
         [["sleep", 5], ["continue"], ["recv", 0, "early", None, "t1"],
          ["recv", 1, "late", None, "t1"]],
         [("continue", "after")],
+    ),
+    # Two nodes: the second answers a park the first wrote, then dies after a step; it
+    # recovers its own run, and the first answers the next park.
+    Plan(
+        [["sleep", 5], ["step", 0], ["recv", 1, "late", None, "t0"], ["sleep", 5]],
+        [("s0", "after")],
+        nodes=2,
     ),
 )
 """Plans every run tries before the drawn ones, whatever Hypothesis draws."""
@@ -196,6 +208,7 @@ def _workflows(draw: st.DrawFn, cancel: Cancel) -> list[Op]:
 @st.composite
 def _plans(draw: st.DrawFn) -> Plan:
     cancel: Cancel = draw(st.sampled_from(["never", "never", "never", "parked", "crashed"]))
+    nodes: Literal[1, 2] = draw(st.sampled_from([1, 2]))
     ops = draw(_workflows(cancel))
     targets = [f"s{k}" for k in _step_numbers(ops)]
     if _parks(ops):
@@ -209,12 +222,12 @@ def _plans(draw: st.DrawFn) -> Plan:
             "before" if target == "park" else draw(st.sampled_from(["before", "after"]))
         )
         crashes.append((target, when))
-    return Plan(ops, crashes, cancel)
+    return Plan(ops, crashes, cancel, nodes)
 
 
 def plans() -> st.SearchStrategy[Plan]:
-    """Plans: a workflow of one to seven operations, up to three crash points, and whether
-    and when the world cancels it."""
+    """Plans: a workflow of one to seven operations, up to three crash points, whether and
+    when the world cancels it, and on one node or two."""
     return _plans()
 
 
@@ -393,9 +406,11 @@ def _register(app: Loom, world: _World) -> None:
 
 @dataclass(slots=True)
 class DrawnApp:
-    """An app that runs drawn plans, with its virtual clock and what its hooks saw."""
+    """Two apps on one store (``app`` and a second node, ``peer``) that run drawn plans,
+    with their virtual clock and what their hooks saw."""
 
     app: Loom
+    peer: Loom
     clock: VirtualClock
     services: bool
     world: _World = field(default_factory=_World)
@@ -408,10 +423,13 @@ class DrawnApp:
 async def drawn_app(
     storage: str | Storage, *, node: str, services: bool
 ) -> AsyncIterator[DrawnApp]:
-    """``Loom(storage)`` entered, on a virtual clock and a seeded random, with the drawn
-    workflow registered. ``services``: the app's own timer loop and recovery on entry run
-    (else :func:`check_plan` polls the timer service itself once each time round, before
-    it looks at the execution, so a real store's I/O never races the clock)."""
+    """Two ``Loom(storage)`` apps entered (nodes ``node`` and ``node + "-2"``), on one
+    virtual clock and seeded randoms, with the drawn workflow registered on both (a URL is
+    opened once, for both). ``services``: the first app's own timer loop and recovery on
+    entry run (else :func:`check_plan` polls its timer service itself once each time
+    round, before it looks at the execution, so a real store's I/O never races the
+    clock). The second node's are always polled by :func:`check_plan`, and only in a plan
+    on two nodes."""
     clock = VirtualClock()
     reported: list[BaseException] = []
     written_at: dict[tuple[str, int], datetime] = {}
@@ -419,19 +437,27 @@ async def drawn_app(
     def durable(event: Event) -> None:
         written_at[event.execution_id, event.sequence] = clock.now()
 
-    app = Loom(
-        storage,
-        node=node,
-        clock=clock,
-        random=Random(SEED),
-        on_error=reported.append,
-        on_durable_event=durable,
-        timers=services,
-        recover=services,
-    )
-    drawn = DrawnApp(app, clock, services, reported=reported, written_at=written_at)
-    _register(app, drawn.world)
-    async with app:
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(storage, str):
+            storage = await stack.enter_async_context(open_storage(storage))
+        app, peer = (
+            Loom(
+                storage,
+                node=name,
+                clock=clock,
+                random=Random(SEED + i),
+                on_error=reported.append,
+                on_durable_event=durable,
+                timers=services and i == 0,
+                recover=services and i == 0,
+            )
+            for i, name in enumerate((node, f"{node}-2"))
+        )
+        drawn = DrawnApp(app, peer, clock, services, reported=reported, written_at=written_at)
+        _register(app, drawn.world)
+        _register(peer, drawn.world)
+        await stack.enter_async_context(app)
+        await stack.enter_async_context(peer)
         yield drawn
 
 
@@ -453,7 +479,7 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
     """Play ``plan`` as ``execution_id`` and check it (see the module docstring); returns
     the crashes that fired and the parks the log holds."""
     app = drawn.app
-    points = [_arm(app, target, when, execution_id) for target, when in plan.crashes]
+    points = [_arm(drawn, target, when, execution_id) for target, when in plan.crashes]
     played = await _play(drawn, plan, points, execution_id)
     logs = await _chain(app, execution_id)
     log = [e for generation in logs for e in generation]
@@ -510,8 +536,11 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
     return played.fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
 
 
-def _arm(app: Loom, target: str, when: Literal["before", "after"], root: str) -> CrashAt:
-    """A crash point at ``target`` in any generation of ``root``'s chain."""
+def _arm(
+    drawn: DrawnApp, target: str, when: Literal["before", "after"], root: str
+) -> CrashAt:
+    """A crash point at ``target`` in any generation of ``root``'s chain, on either node
+    (it fires once, wherever the run is)."""
     point = CrashAt(target, None, when)
 
     def fire(execution_id: str, position: tuple[int, ...], name: str, moment: str) -> bool:
@@ -519,7 +548,8 @@ def _arm(app: Loom, target: str, when: Literal["before", "after"], root: str) ->
             execution_id, position, name, moment
         )
 
-    app.crash_points.append(fire)
+    drawn.app.crash_points.append(fire)
+    drawn.peer.crash_points.append(fire)
     return point
 
 
@@ -547,14 +577,16 @@ async def _play(
 ) -> _Played:
     """Start the workflow and play the world until the execution ends."""
     app, clock, ops = drawn.app, drawn.clock, plan.ops
+    apps = [app, drawn.peer][: plan.nodes]
     generations = [_waits(generation) for generation in _generations(ops)]
     sent: set[int] = set()
     played = _Played()
 
     async def send(op: Op) -> None:
         # Twice under one key for an even k: the second send must change nothing.
+        sender = apps[op[1] % len(apps)]
         for _ in range(2 if op[1] % 2 == 0 else 1):
-            await app.send(execution_id, op[4], {"m": op[1]}, key=f"m{op[1]}")
+            await sender.send(execution_id, op[4], {"m": op[1]}, key=f"m{op[1]}")
         sent.add(op[1])
 
     await app.start(WORKFLOW, ops, id=execution_id)
@@ -562,10 +594,12 @@ async def _play(
         if op[0] == "recv" and op[2] == "early":
             await send(op)
     for _ in range(ROUNDS):
-        if not drawn.services:
-            # The poll a timer loop would make now: what is due fires, nothing else may.
-            await app.timer_service.poll_once()
-        await app.drain()
+        for node in apps:
+            if not drawn.services or node is drawn.peer:
+                # The poll a timer loop would make now: what is due fires, nothing else may.
+                await node.timer_service.poll_once()
+        for node in apps:
+            await node.drain()
         view = await _live_view(app, execution_id)
         waiting = generations[view.generation]
         if view.terminal:
@@ -578,13 +612,14 @@ async def _play(
             # leave it alone).
             crashed, played.fired = fired > played.fired, fired
             if crashed and plan.cancel == "crashed" and not played.cancelled:
-                assert await app.cancel(view.execution_id, reason="drawn") is True
+                assert await apps[-1].cancel(view.execution_id, reason="drawn") is True
                 played.cancelled = True
-            await app.recover()
+            for node in apps:
+                await node.recover()
             continue
         waits = view.pending_waits()
         if any(waiting.get(w.position, [""])[0] == "cancel" for w in waits):
-            assert await app.cancel(view.execution_id, reason="drawn") is True
+            assert await apps[-1].cancel(view.execution_id, reason="drawn") is True
             played.cancelled = True
             continue
         late = [

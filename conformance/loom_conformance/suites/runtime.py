@@ -867,10 +867,10 @@ class TestRuntimeContract:
         self, loom_storage: Storage, plan: Plan
     ) -> None:
         """Workflows drawn by Hypothesis (steps, failing steps, sleeps, receives, gathers,
-        recorded values) killed at drawn points and recovered: each step runs once, each
-        message is consumed once, no timer fires early, the log is gapless and replays
-        (:mod:`loom_conformance.drawn_workflows`). Every example is a new execution on the
-        same store."""
+        recorded values, continue-as-new) killed at drawn points and recovered, on one node
+        or two: each step runs once, each message is consumed once, no timer fires early,
+        each log is gapless and replays (:mod:`loom_conformance.drawn_workflows`). Every
+        example is a new execution on the same store."""
         execution_id = f"drawn-{next(_DRAWN_IDS)}"
         async with drawn_app(loom_storage, node=NODE, services=False) as drawn:
             await check_plan(drawn, plan, execution_id)
