@@ -144,6 +144,9 @@ CHOSEN: Final[tuple[Plan, ...]] = (
          ["recv", 1, "late", None, "t1"]],
         [("continue", "after")],
     ),
+    # Two nodes: the second sends while the first answers its own park; the send must not
+    # fail for the contention (the message is stored, and the timers deliver it).
+    Plan([["step", 0], ["recv", 1, "early", 60, "t0"]], [], nodes=2),
     # Two nodes: the second answers a park the first wrote, then dies after a step; it
     # recovers its own run, and the first answers the next park.
     Plan(

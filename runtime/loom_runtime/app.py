@@ -46,6 +46,7 @@ from loom_runtime.errors import (
     ReplayDivergedError,
     ReservedExecutionIdError,
     ResultTimeoutError,
+    ResumeContendedError,
     ResumeRefusedError,
     WorkflowFailedError,
     WorkflowNotFoundError,
@@ -483,7 +484,13 @@ class Loom:
         wake = TimerRecord(execution_id, self.clock.now())
         await timers.schedule(wake)
         stored = [await self.inbox.put(execution_id, *m) for m in messages]
-        outcome = await self._deliver(wake)
+        try:
+            outcome = await self._deliver(wake)
+        except ResumeContendedError:
+            # Stored: the sender's part is done. Raising would tell it the send failed (a
+            # send without a key, sent again, would be stored twice); the row stays due,
+            # and the timer service delivers, backing off while rivals hold the fence.
+            outcome = "left"
         if outcome != "left":
             await timers.complete(wake.execution_id, wake.wake_at)
         return stored, outcome

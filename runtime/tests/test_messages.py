@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from loom_runtime import Context, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.testing import VirtualClock, crash_at
+from store_probes import kinds, wired
 
 from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError
 
@@ -301,3 +302,32 @@ async def test_a_key_starting_with_a_dollar_is_refused_and_nothing_is_stored(
     with pytest.raises(InvalidInputError, match="starting with '\\$'"):
         await app.send("i", "x", 1, key="$from:i:0")
     assert await app.storage.events.head("$inbox:i") == 0
+
+
+async def test_a_send_whose_delivery_is_contended_returns_and_the_timer_delivers() -> None:
+    """The message is stored before delivery is tried: rivals taking the fence three times
+    over cannot make ``send`` raise (a sender told it failed would send again, and without
+    a key store it twice). The wake row stays due, and the timer service delivers."""
+    async with wired() as w:
+
+        @w.app.workflow(name="wait_note")
+        async def wait_note(ctx: Context) -> object:
+            return await ctx.receive("note")
+
+        await w.app.start("wait_note", id="r")
+        await w.app.drain()
+
+        async def rival(execution_id: str) -> None:
+            await w.base.events.acquire_fence(execution_id)  # and answers nothing
+
+        w.probe.before_acquire = rival
+        sent = await w.app.send("r", "note", "hello")
+        assert [m.sequence for m in await w.app.inbox.messages("r")] == [sent]
+        assert EventKind.MESSAGE_CONSUMED not in await kinds(w.base.events, "r")
+        assert len(await w.base.timers.pending("r")) == 1
+        w.probe.before_acquire = None
+        await w.app.timer_service.poll_once()
+        await w.app.drain()
+        assert await w.app.get("r").result(timeout=5) == "hello"
+        assert await w.base.timers.pending("r") == ()
+        assert w.errors == []
