@@ -615,14 +615,14 @@ async def _play(
             # leave it alone).
             crashed, played.fired = fired > played.fired, fired
             if crashed and plan.cancel == "crashed" and not played.cancelled:
-                assert await apps[-1].cancel(view.execution_id, reason="drawn") is True
+                assert await apps[-1].cancel(execution_id, reason="drawn") is True
                 played.cancelled = True
             for node in apps:
                 await node.recover()
             continue
         waits = view.pending_waits()
         if any(waiting.get(w.position, [""])[0] == "cancel" for w in waits):
-            assert await apps[-1].cancel(view.execution_id, reason="drawn") is True
+            assert await apps[-1].cancel(execution_id, reason="drawn") is True
             played.cancelled = True
             continue
         late = [

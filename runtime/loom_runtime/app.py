@@ -551,7 +551,8 @@ class Loom:
         self, execution_id: str, *, reason: str | None = None, principal: object = None
     ) -> bool:
         """Cancel the execution: a parked one through the fence, a running one by fencing
-        its driver out (it stops at its next durable call). False if it had finished."""
+        its driver out (it stops at its next durable call); one that continued as new, its
+        live successor. False if it had finished."""
         self._running("app.cancel")
         execution_id = _check_id(execution_id)
         if reason is not None and not isinstance(reason, str):
@@ -559,10 +560,15 @@ class Loom:
         view = await self.inspect(execution_id)
         if view.status is None:
             raise ExecutionNotFoundError(execution_id)
-        if view.terminal:
-            return False
-        await self._check_allowed(principal, "cancel", view)
-        return await self._cancel(view, reason)
+        while True:
+            while view.status == "continued" and view.successor is not None:
+                view = await self.inspect(view.successor)
+            if view.terminal:
+                return False
+            await self._check_allowed(principal, "cancel", view)
+            if await self._cancel(view, reason):
+                return True
+            view = await self.inspect(view.execution_id)  # finished meanwhile: how?
 
     async def _cancel(self, view: View, reason: str | None) -> bool:
         """Append EXECUTION_CANCELLED to the execution ``view`` shows unfinished (see

@@ -87,6 +87,26 @@ async def test_continue_as_new_names_its_successor_and_the_handle_follows(app: L
     assert sorted(await check_replay(app)) == ["cd", "cd#1", "cd#2"]
 
 
+async def test_cancelling_an_execution_that_continued_cancels_its_live_successor(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def rounds(ctx: Context, n: int) -> object:
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return await ctx.receive("stop")
+
+    handle = await app.start(rounds, 0, id="r")
+    await app.drain()
+    assert await app.get("r#2").status() == "suspended"
+    assert await app.cancel("r", reason="operator") is True  # the id the caller knows
+    assert await app.get("r#2").status() == "cancelled"
+    with pytest.raises(ExecutionCancelledError):
+        await handle.result(timeout=5)
+    assert await app.cancel("r") is False
+    assert [await app.get(i).status() for i in ("r", "r#1")] == ["continued", "continued"]
+
+
 async def test_bad_input_is_refused_with_a_typed_error_and_nothing_appended(
     app: Loom,
 ) -> None:
