@@ -3,7 +3,8 @@ that plays one, the world around it, and the checks that it finished exactly onc
 
 A *plan* is a workflow, drawn as a list of operations (steps, failing steps, sleeps,
 receives whose message comes before the receive, while it waits, or never, gathers of
-steps and sleeps, recorded values handed to a step, continue-as-new), and up to three
+steps and sleeps, recorded values handed to a step, continue-as-new, a body that raises),
+and up to three
 crash points (before or after any step or continuation, before a park), and whether the
 world cancels the execution (while it is parked, or instead of recovering it after a
 crash), and whether a second node shares the store. The world knows the execution by the
@@ -18,12 +19,14 @@ process would. When the execution ends it checks that
 - every step ran exactly once (a crash point fires where the step's record is durable or
   its effect has not happened yet), a failing one once per attempt, and none after a
   cancel, in whichever generation it fell;
-- the result is what the workflow computes, the values it drew included, and every
+- the result is what the workflow computes (or the failure it raised), the values it drew
+  included, and every
   message went to the receive a first-in-first-out inbox gives it, exactly once, though
   some were sent twice under one key;
 - no timer or timeout was answered before its wake time;
 - each log of the chain is gapless, starts once, ends once with its last event (continued,
-  then completed or cancelled), records each call once; the chain records a recovery once
+  then completed, failed or cancelled), records each call once; the chain records a
+  recovery once
   per crash recovered (twice for a crash before a continuation is recorded: the
   predecessor's, then its takeover of the successor);
 - every log replays against the code without divergence, appending nothing.
@@ -53,6 +56,7 @@ from loom_runtime import (
     Retry,
     StepFailedError,
     View,
+    WorkflowFailedError,
 )
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay
 
@@ -79,7 +83,8 @@ timeout, topic]`` (arrival ``"early"``, ``"late"`` or ``"never"``; its message i
 ``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given),
 ``["cancel"]`` (a long sleep the world answers by cancelling the execution; what follows
 it never runs), ``["continue"]`` (``ctx.continue_as_new`` with the ops left and the results
-so far)."""
+so far), ``["raise"]`` (the body raises: the execution fails, and what follows never
+runs)."""
 
 Cancel: TypeAlias = Literal["never", "parked", "crashed"]
 """When the world cancels the execution: never, at its ``["cancel"]`` op, or the first
@@ -176,10 +181,12 @@ def _workflows(draw: st.DrawFn, cancel: Cancel) -> list[Op]:
     ops: list[Op] = []
     for _ in range(draw(st.integers(min_value=1, max_value=7))):
         kind = draw(
-            st.sampled_from(["step", "fail", "sleep", "recv", "recv", "gather", "draw", "continue"])
+            st.sampled_from(
+                ["step", "fail", "sleep", "recv", "recv", "gather", "draw", "continue", "raise"]
+            )
         )
-        if kind == "continue":
-            ops.append(["continue"])
+        if kind in ("continue", "raise"):
+            ops.append([kind])
         elif kind in ("step", "fail"):
             ops.append([kind, next(numbers)])
         elif kind == "sleep":
@@ -219,7 +226,7 @@ def _plans(draw: st.DrawFn) -> Plan:
     if any(op[0] == "continue" for op in ops):
         targets.append("continue")
     crashes: list[Crash] = []
-    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+    for _ in range(draw(st.integers(min_value=0, max_value=3 if targets else 0))):
         target = draw(st.sampled_from(targets))
         when: Literal["before", "after"] = (
             "before" if target == "park" else draw(st.sampled_from(["before", "after"]))
@@ -256,11 +263,17 @@ def _parks(ops: Sequence[Op]) -> bool:
 
 
 def _live(ops: Sequence[Op]) -> Sequence[Op]:
-    """The ops the body gets to: those before a ``["cancel"]``."""
+    """The ops the body gets to: those before a ``["cancel"]`` or a ``["raise"]``."""
     for i, op in enumerate(ops):
-        if op[0] == "cancel":
+        if op[0] in ("cancel", "raise"):
             return ops[:i]
     return ops
+
+
+def _fails(ops: Sequence[Op]) -> bool:
+    """Whether the body gets to a ``["raise"]`` (before any ``["cancel"]``)."""
+    live = len(_live(ops))
+    return live < len(ops) and ops[live][0] == "raise"
 
 
 def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonValue]]]:
@@ -376,6 +389,8 @@ def _register(app: Loom, world: _World) -> None:
         for i, op in enumerate(ops):
             if op[0] == "continue":
                 ctx.continue_as_new(ops[i + 1 :], [*out, "continued"])
+            elif op[0] == "raise":
+                raise RuntimeError(f"drawn failure after {out!r}")
             elif op[0] == "step":
                 out.append(await ctx.step(world.step, me, op[1], name=f"s{op[1]}"))
             elif op[0] == "fail":
@@ -510,6 +525,18 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
             if op[0] == "draw" and (execution_id, op[2]) in drawn.world.echoed:
                 echoed = drawn.world.echoed[execution_id, op[2]]
                 assert len(echoed) == 1, echoed
+    elif _fails(plan.ops):
+        failure: WorkflowFailedError | None = None
+        try:
+            await app.get(execution_id).result()
+        except WorkflowFailedError as failed:
+            failure = failed
+        assert failure is not None, f"{execution_id} raised and has a result"
+        assert "drawn failure" in str(failure), failure
+        stepped = _step_numbers(_live(plan.ops))
+        for op in _live(plan.ops):
+            if op[0] == "draw":
+                assert len(drawn.world.echoed[execution_id, op[2]]) == 1
     else:
         result = await app.get(execution_id).result()
         assert isinstance(result, list), result
@@ -659,7 +686,13 @@ _TERMINAL: Final = frozenset(
 def _check_logs(
     logs: Sequence[Sequence[Event]], plan: Plan, played: _Played, services: bool, taken_over: int
 ) -> None:
-    ending = EventKind.EXECUTION_CANCELLED if played.cancelled else EventKind.EXECUTION_COMPLETED
+    ending = (
+        EventKind.EXECUTION_CANCELLED
+        if played.cancelled
+        else EventKind.EXECUTION_FAILED
+        if _fails(plan.ops)
+        else EventKind.EXECUTION_COMPLETED
+    )
     for i, generation in enumerate(logs):
         kinds = [e.kind for e in generation]
         assert [e.sequence for e in generation] == list(range(len(generation))), "gaps"
@@ -675,7 +708,7 @@ def _check_logs(
         ]
         assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
     if not played.cancelled:
-        assert len(logs) == len(_generations(plan.ops))
+        assert len(logs) == len(_generations(_live(plan.ops)))
     log = [e for generation in logs for e in generation]
     kinds = [e.kind for e in log]
     delivered = [
