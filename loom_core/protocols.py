@@ -159,7 +159,9 @@ class EventStore(Protocol):
     async def append_many(
         self, requests: Sequence[AppendRequest]
     ) -> tuple[tuple[Event, ...], ...]:
-        """Several executions' appends, all or nothing; refuses a repeated execution id."""
+        """Several executions' appends, all or nothing; refuses a repeated execution id.
+        The requests are checked in the order given, each as an append (sequence, then
+        token), and the first refused one's error is raised."""
         ...
 
     async def delete_execution(self, execution_id: str) -> bool:

@@ -103,6 +103,27 @@ class EventStoreOptionalContract:
         assert await snapshot(loom_events, "exec-a") == before
 
     @requires.append_many
+    @requires.fencing
+    async def test_append_many_is_refused_with_its_first_refused_request(
+        self, loom_events: EventStore
+    ) -> None:
+        """Requests are checked in the order given: the first refused one is what the
+        caller hears, whatever a later one does wrong."""
+        await loom_events.append("exec-a", [app()], expected_sequence=0)
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        token = await bump_token(loom_events, "exec-b")
+        before = await snapshot(loom_events, "exec-a")
+        stale = AppendRequest("exec-b", [app()], 1, fence=token - 1)
+        ahead = AppendRequest("exec-a", [app()], 3)
+        with pytest.raises(StaleFenceError) as stale_first:
+            await loom_events.append_many([stale, ahead])
+        assert stale_first.value.execution_id == "exec-b"
+        with pytest.raises(SequenceConflictError) as ahead_first:
+            await loom_events.append_many([ahead, stale])
+        assert (ahead_first.value.execution_id, ahead_first.value.actual_head) == ("exec-a", 1)
+        assert await snapshot(loom_events, "exec-a") == before
+
+    @requires.append_many
     async def test_append_many_with_one_bad_request_writes_nothing(
         self, loom_events: EventStore
     ) -> None:

@@ -165,6 +165,23 @@ class AuditEventStore(EventStoreDecorator):
                 f"the store below accepted an append at sequence {_UNREACHED}"
             )
 
+    async def _refuse_earlier(
+        self, chained: list[AppendRequest], request: AppendRequest, events: Sequence[NewEvent]
+    ) -> None:
+        """An ``append_many`` whose request ``request`` cannot be linked (past its head):
+        the store below takes the requests in order, so an earlier one's refusal (a stale
+        token) must be what the caller hears. Ask the store with the earlier requests and
+        this one at a sequence no log reaches, which it can only refuse, and raise what it
+        refuses an earlier request with (the caller then re-raises its sequence conflict)."""
+        probe = AppendRequest(request.execution_id, events, _UNREACHED, request.fence)
+        try:
+            await self.inner.append_many([*chained, probe])
+        except SequenceConflictError as refused:
+            if refused.execution_id == request.execution_id:
+                return
+            raise
+        raise AssertionError(f"the store below accepted an append at sequence {_UNREACHED}")
+
     async def _chained(
         self,
         execution_id: str,
@@ -345,19 +362,20 @@ class AuditEventStore(EventStoreDecorator):
         seen = {request.execution_id: self._tips.get(request.execution_id)
                 for request, _ in checked}
         try:
-            chained = [
-                AppendRequest(
-                    request.execution_id,
-                    await self._chained(
+            chained: list[AppendRequest] = []
+            for request, events in checked:
+                try:
+                    linked = await self._chained(
                         request.execution_id, events, request.expected_sequence,
                         stamped=request.fence, guarded_by=request.fence,
                         seen=seen[request.execution_id],
-                    ),
-                    request.expected_sequence,
-                    request.fence,
-                )
-                for request, events in checked
-            ]
+                    )
+                except SequenceConflictError:
+                    await self._refuse_earlier(chained, request, events)
+                    raise
+                chained.append(AppendRequest(
+                    request.execution_id, linked, request.expected_sequence, request.fence
+                ))
             written = await self.inner.append_many(chained)
         except BaseException:
             for execution_id, tip in seen.items():

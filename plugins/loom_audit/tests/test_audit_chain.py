@@ -28,6 +28,7 @@ from loom_core import (
     ConflictError,
     Event,
     ExecutionNotFoundError,
+    FenceNotIssuedError,
     InvalidEventError,
     InvalidInputError,
     InvalidOptionError,
@@ -154,6 +155,29 @@ async def test_an_append_if_unchanged_past_the_head_is_refused_as_the_store_refu
                 "execution_id": "e", "expected_sequence": 3, "actual_head": 1,
             }
     assert await raw.head("e") == 1
+
+
+async def test_an_append_many_is_refused_for_its_first_refused_request_as_the_store_does(
+    raw: MemoryEventStore, audit: AuditEventStore
+) -> None:
+    # The first request presents a token never issued; the second is past its head, with
+    # no predecessor to link to. The store below refuses the first (requests in order):
+    # so must the audit decorator, though it cannot link the second.
+    await audit.append("a", [NewEvent("A")], expected_sequence=0)
+    requests = [
+        AppendRequest("b", [NewEvent("B")], expected_sequence=0, fence=1),
+        AppendRequest("a", [NewEvent("A")], expected_sequence=2),
+    ]
+    for store in (raw, audit):
+        with pytest.raises(FenceNotIssuedError) as caught:
+            await store.append_many(requests)
+        assert vars(caught.value) == {
+            "execution_id": "b", "presented_fence": 1, "current_fence": 0,
+        }
+    with pytest.raises(SequenceConflictError) as conflict:
+        await audit.append_many(requests[1:])
+    assert vars(conflict.value) == {"execution_id": "a", "expected_sequence": 2, "actual_head": 1}
+    assert (await raw.head("a"), await raw.head("b")) == (1, 0)
 
 
 async def test_concurrent_writers_link_to_the_actual_predecessor(raw: MemoryEventStore) -> None:

@@ -137,6 +137,22 @@ class TestShardedSpreadEventStoreContract(kit.TestEventStoreContract):
             {"exec-a": 0, "exec-b": 1},
         )
 
+    @requires.append_many
+    @requires.fencing
+    async def test_append_many_is_refused_with_its_first_refused_request(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-a", [app()], expected_sequence=0)
+        await loom_events.append("exec-b", [app()], expected_sequence=0)
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.append_many(
+                [AppendRequest("exec-b", [app()], 1, fence=0),
+                 AppendRequest("exec-a", [app()], 3)]
+            ),
+            {"exec-a": 0, "exec-b": 1},
+        )
+
     @requires.copy_prefix
     async def test_copy_prefix_branches_a_new_execution(self, loom_events: EventStore) -> None:
         await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
@@ -145,6 +161,19 @@ class TestShardedSpreadEventStoreContract(kit.TestEventStoreContract):
             loom_events,
             lambda: loom_events.copy_prefix("exec-src", "exec-short", through_sequence=1),
             {"exec-src": 0, "exec-short": 1},
+        )
+
+    @requires.copy_prefix
+    @requires.truncate_prefix_keeping
+    async def test_a_copy_of_a_truncated_prefix_ends_where_it_was_asked_to(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-t", [app() for _ in range(4)], expected_sequence=0)
+        assert await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=2) == 2
+        await refused_unwritten(
+            loom_events,
+            lambda: loom_events.copy_prefix("exec-t", "exec-none-left", through_sequence=0),
+            {"exec-t": 2, "exec-none-left": 1},
         )
 
     @requires.copy_prefix
