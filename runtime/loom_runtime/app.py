@@ -568,7 +568,7 @@ class Loom:
             await self._check_allowed(principal, "cancel", view)
             if await self._cancel(view, reason):
                 return True
-            view = await self.inspect(view.execution_id)  # finished meanwhile: how?
+            view = await self.inspect(view.execution_id)  # finished meanwhile: continued?
 
     async def _cancel(self, view: View, reason: str | None) -> bool:
         """Append EXECUTION_CANCELLED to the execution ``view`` shows unfinished (see

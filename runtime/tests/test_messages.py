@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from loom_runtime import Context, Loom, NotJsonError, ReservedExecutionIdError
+from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.testing import VirtualClock, crash_at
 from store_probes import kinds, wired
 
-from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError
+from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError, JsonValue
 
 
 async def consumed(app: Loom, execution_id: str) -> list[object]:
@@ -171,9 +171,13 @@ async def test_a_delivered_send_leaves_no_timer_row_behind(app: Loom) -> None:
     assert await app.storage.timers.pending("rows") == ()
 
 
-def _chain(app: Loom) -> None:
-    """``chain``: the first generation sleeps, takes one message and continues as new; the
-    second takes ``wanted`` more (None where one does not come within a minute)."""
+async def _continued(
+    app: Loom, clock: VirtualClock, wanted: int, sent: tuple[int, ...]
+) -> Handle[JsonValue]:
+    """Start ``chain`` as ``c``: the first generation sleeps, takes one message and
+    continues as new; the second takes ``wanted`` more (None where one does not come
+    within a minute). ``sent`` is sent while the first sleeps; returns once the sleep is
+    over and the app is idle."""
 
     @app.workflow(name="chain")
     async def chain(ctx: Context, generation: int, got: list[object], wanted: int) -> object:
@@ -184,17 +188,19 @@ def _chain(app: Loom) -> None:
             got.append(await ctx.receive("a", timeout=60))
         return got
 
+    handle = await app.start("chain", 0, [], wanted, id="c")
+    await app.drain()
+    for n in sent:
+        await app.send("c", "a", n)
+    await clock.advance(10)
+    await app.drain()
+    return handle
+
 
 async def test_messages_an_execution_left_when_it_continued_go_to_its_successor(
     app: Loom, clock: VirtualClock
 ) -> None:
-    _chain(app)
-    handle = await app.start("chain", 0, [], 2, id="c")
-    await app.drain()
-    for n in (1, 2, 3):
-        await app.send("c", "a", n)
-    await clock.advance(10)
-    await app.drain()
+    handle = await _continued(app, clock, 2, (1, 2, 3))
     assert await handle.result(timeout=5) == [1, 2, 3]
     assert await consumed(app, "c") == [1]
     assert await consumed(app, "c#1") == [2, 3]
@@ -204,13 +210,7 @@ async def test_messages_an_execution_left_when_it_continued_go_to_its_successor(
 async def test_a_message_sent_to_a_continued_execution_reaches_its_successor_once(
     app: Loom, clock: VirtualClock
 ) -> None:
-    _chain(app)
-    handle = await app.start("chain", 0, [], 3, id="c")
-    await app.drain()
-    await app.send("c", "a", 1)
-    await app.send("c", "a", 2)  # left unconsumed when it continues
-    await clock.advance(10)
-    await app.drain()
+    handle = await _continued(app, clock, 3, (1, 2))  # 2 is left when it continues
     assert await app.get("c").status() == "continued"
     assert await app.get("c#1").status() == "suspended"
     # Sent to the first generation, after it continued: the successor gets it, once.
@@ -232,13 +232,7 @@ async def test_a_message_sent_while_an_execution_continues_is_handed_on_in_order
     """The sender stores its message after the run that continued read what was left: both
     hand on, each everything left, oldest first, and each message arrives once, in the
     order it was sent."""
-    _chain(app)
-    handle = await app.start("chain", 0, [], 3, id="c")
-    await app.drain()
-    for n in (1, 2):
-        await app.send("c", "a", n)
-    await clock.advance(10)
-    await app.drain()
+    handle = await _continued(app, clock, 3, (1, 2))
     assert await consumed(app, "c#1") == [2]
     await app.send("c", "a", 3)  # finds c continued and hands on 2 (again) and 3
     await app.send("c", "a", 4)
@@ -252,14 +246,8 @@ async def test_a_message_sent_while_an_execution_continues_is_handed_on_in_order
 async def test_messages_left_by_a_run_that_died_after_continuing_are_handed_on_by_recovery(
     app: Loom, clock: VirtualClock
 ) -> None:
-    _chain(app)
     crash_at(app, step="continue", when="after")
-    handle = await app.start("chain", 0, [], 3, id="c")
-    await app.drain()
-    for n in (1, 2, 3):
-        await app.send("c", "a", n)
-    await clock.advance(10)
-    await app.drain()
+    handle = await _continued(app, clock, 3, (1, 2, 3))
     assert await app.get("c").status() == "continued"
     assert await app.inbox.messages("c#1") == []
     await app.recover()
@@ -273,14 +261,8 @@ async def test_messages_left_by_a_run_that_died_after_continuing_are_handed_on_b
 async def test_a_sender_hands_on_what_was_left_before_its_own_message(
     app: Loom, clock: VirtualClock
 ) -> None:
-    _chain(app)
     crash_at(app, step="continue", when="after")  # nothing handed on by the run
-    handle = await app.start("chain", 0, [], 3, id="c")
-    await app.drain()
-    for n in (1, 2, 3):
-        await app.send("c", "a", n)
-    await clock.advance(10)
-    await app.drain()
+    handle = await _continued(app, clock, 3, (1, 2, 3))
     await app.send("c", "a", 4)
     assert [m.value for m in await app.inbox.messages("c#1")] == [2, 3, 4]
     await app.recover()

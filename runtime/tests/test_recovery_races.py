@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 import pytest
 from loom_runtime import Context
@@ -151,16 +152,23 @@ async def test_a_start_refused_for_an_existing_id_does_not_keep_recovery_from_it
         assert w.errors == []
 
 
+async def continued_until_a_crash(w: Wired, when: Literal["before", "after"]) -> list[str]:
+    """Start ``work`` as ``x``, continuing as new once, and kill its run ``when`` the
+    continuation is recorded; returns the list of steps run (empty so far)."""
+    ran, work = counting(w)
+    crash = crash_at(w.app, step="continue", when=when)
+    await w.app.start(work, 0, id="x")
+    await w.app.drain()
+    assert crash.count == 1
+    return ran
+
+
 async def test_a_successor_whose_continuation_is_not_recorded_is_driven_once() -> None:
     # Died after creating the successor, before recording the continuation: both are
     # running, and the predecessor's replay continues again and takes the successor over.
     # Recovering the successor as well would drive it twice (its step ran twice).
     async with wired() as w:
-        ran, work = counting(w)
-        crash = crash_at(w.app, step="continue", when="before")
-        await w.app.start(work, 0, id="x")
-        await w.app.drain()
-        assert crash.count == 1
+        ran = await continued_until_a_crash(w, "before")
         assert await kinds(w.base.events, "x#1") == [EventKind.EXECUTION_STARTED]
         assert (await w.app.get("x").status(), await w.app.get("x#1").status()) == (
             "running",
@@ -175,10 +183,7 @@ async def test_a_successor_whose_continuation_is_not_recorded_is_driven_once() -
 
 async def test_a_successor_whose_continuation_is_recorded_is_recovered() -> None:
     async with wired() as w:
-        ran, work = counting(w)
-        crash_at(w.app, step="continue", when="after")
-        await w.app.start(work, 0, id="x")
-        await w.app.drain()
+        ran = await continued_until_a_crash(w, "after")
         assert await w.app.get("x").status() == "continued"
         assert ran == []
         assert [h.execution_id for h in await w.app.recover()] == ["x#1"]
@@ -189,10 +194,7 @@ async def test_a_successor_whose_continuation_is_recorded_is_recovered() -> None
 
 async def test_a_successor_whose_predecessor_was_cancelled_instead_is_cancelled() -> None:
     async with wired() as w:
-        ran, work = counting(w)
-        crash_at(w.app, step="continue", when="before")
-        await w.app.start(work, 0, id="x")
-        await w.app.drain()
+        ran = await continued_until_a_crash(w, "before")
         assert await w.app.cancel("x", reason="operator") is True
         assert await w.app.recover() == []
         assert await w.app.get("x#1").status() == "cancelled"
