@@ -4,17 +4,17 @@ that plays one, the world around it, and the checks that it finished exactly onc
 A *plan* is a workflow, drawn as a list of operations (steps, failing steps, sleeps,
 receives whose message comes before the receive, while it waits, or never, gathers of
 steps and sleeps, recorded values handed to a step, continue-as-new, a body that raises),
-and up to three
-crash points (before or after any step or continuation, before a park), and whether the
-world cancels the execution (while it is parked, or instead of recovering it after a
-crash), and whether a second node shares the store. The world knows the execution by the
-id it started: it sends there, and looks at and cancels whichever generation is live. With
-two nodes both poll the timers (so either may answer a park, and they race for it through
-the conditional fence), odd messages are sent through the second, a cancel comes from it,
-and after a crash each node recovers its own runs. :func:`check_plan` starts the
-workflow on an app made by :func:`drawn_app` and plays the world: it sends the messages,
-moves the virtual clock to the next wake and, after each crash, recovers as a restarted
-process would. When the execution ends it checks that
+and up to three crash points (before or after any step or continuation, before a park),
+whether the world cancels the execution (while it is parked, or instead of recovering it
+after a crash), whether a second node shares the store, and whether a crashed node
+recovers in place or is stopped and replaced by a new app, as a restarted process is. The
+world knows the execution by the id it started: it sends there, and looks at and cancels
+whichever generation is live. With two nodes both poll the timers (so either may answer a
+park, and they race for it through the conditional fence), odd messages are sent through
+the second, a cancel comes from it, and after a crash each node recovers its own runs.
+:func:`check_plan` starts the workflow on an app made by :func:`drawn_app` and plays the
+world: it sends the messages, moves the virtual clock to the next wake and, after each
+crash, recovers. When the execution ends it checks that
 
 - every step ran exactly once (a crash point fires where the step's record is durable or
   its effect has not happened yet), a failing one once per attempt, and none after a
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from random import Random
@@ -112,6 +112,10 @@ class Plan:
     cancel: Cancel = "never"
     nodes: Literal[1, 2] = 1
     """How many nodes (apps on the one store) serve the execution."""
+    restart: bool = False
+    """After a crash, the node it hit is stopped and a new app is opened in its place (on
+    the same store, or on the same file: a SQLite URL is opened again), as a restarted
+    process would be; else the node recovers in place."""
 
 
 CHOSEN: Final[tuple[Plan, ...]] = (
@@ -158,6 +162,15 @@ CHOSEN: Final[tuple[Plan, ...]] = (
         [["sleep", 5], ["step", 0], ["recv", 1, "late", None, "t0"], ["sleep", 5]],
         [("s0", "after")],
         nodes=2,
+    ),
+    # Two nodes, each node restarted after a crash on it: a new app (on a new connection
+    # to a file store) takes over what the old one left, around a continuation too.
+    Plan(
+        [["sleep", 5], ["step", 0], ["recv", 1, "late", None, "t0"], ["continue"],
+         ["step", 2], ["recv", 3, "early", 60, "t1"]],
+        [("s0", "after"), ("continue", "before"), ("s2", "before")],
+        nodes=2,
+        restart=True,
     ),
 )
 """Plans every run tries before the drawn ones, whatever Hypothesis draws."""
@@ -232,12 +245,14 @@ def _plans(draw: st.DrawFn) -> Plan:
             "before" if target == "park" else draw(st.sampled_from(["before", "after"]))
         )
         crashes.append((target, when))
-    return Plan(ops, crashes, cancel, nodes)
+    restart = bool(crashes) and draw(st.booleans())
+    return Plan(ops, crashes, cancel, nodes, restart)
 
 
 def plans() -> st.SearchStrategy[Plan]:
     """Plans: a workflow of one to seven operations, up to three crash points, whether and
-    when the world cancels it, and on one node or two."""
+    when the world cancels it, on one node or two, and whether a crashed node recovers in
+    place or is restarted."""
     return _plans()
 
 
@@ -435,6 +450,31 @@ class DrawnApp:
     reported: list[BaseException] = field(default_factory=list)
     written_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
     """The virtual time each event was durable at, by execution and sequence."""
+    crashed: set[int] = field(default_factory=set)
+    """The nodes (0: ``app``, 1: ``peer``) a crash point fired on since the last restart."""
+    restarts: int = 0
+    _open: Callable[[int], Awaitable[Loom]] | None = None
+    _close: Callable[[int], Awaitable[None]] | None = None
+
+    @property
+    def nodes(self) -> tuple[Loom, Loom]:
+        return self.app, self.peer
+
+    async def restart(self, index: int) -> Loom:
+        """Stop node ``index`` as a killed process stops (its runs where they are) and open
+        a new app in its place, with the same options, crash points and hooks."""
+        assert self._open is not None
+        assert self._close is not None
+        points = self.nodes[index].crash_points
+        await self._close(index)
+        new = await self._open(index)
+        new.crash_points.extend(points)
+        if index == 0:
+            self.app = new
+        else:
+            self.peer = new
+        self.restarts += 1
+        return new
 
 
 @contextlib.asynccontextmanager
@@ -447,7 +487,9 @@ async def drawn_app(
     entry run (else :func:`check_plan` polls its timer service itself once each time
     round, before it looks at the execution, so a real store's I/O never races the
     clock). The second node's are always polled by :func:`check_plan`, and only in a plan
-    on two nodes."""
+    on two nodes. :meth:`DrawnApp.restart` replaces a node by a new app with the same
+    options; a SQLite (any file) URL is opened again for it, a ``memory://`` store or a
+    ``Storage`` given is shared."""
     clock = VirtualClock()
     reported: list[BaseException] = []
     written_at: dict[tuple[str, int], datetime] = {}
@@ -455,28 +497,52 @@ async def drawn_app(
     def durable(event: Event) -> None:
         written_at[event.execution_id, event.sequence] = clock.now()
 
+    world = _World()
+    url = storage if isinstance(storage, str) and not storage.startswith("memory:") else None
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(storage, str):
             storage = await stack.enter_async_context(open_storage(storage))
-        app, peer = (
-            Loom(
-                storage,
-                node=name,
+        shared = storage
+        running: dict[int, Loom] = {}
+        opened: dict[int, Storage] = {}
+        starts: Counter[int] = Counter()
+
+        async def start(index: int) -> Loom:
+            # A restarted node opens a file-backed URL again, as a new process would.
+            here = shared
+            if index in running and url is not None:
+                here = opened[index] = await open_storage(url)
+            app = Loom(
+                here,
+                node=node if index == 0 else f"{node}-2",
                 clock=clock,
-                random=Random(SEED + i),
+                random=Random(SEED + index + 2 * starts[index]),
                 on_error=reported.append,
                 on_durable_event=durable,
-                timers=services and i == 0,
-                recover=services and i == 0,
+                timers=services and index == 0,
+                recover=services and index == 0,
             )
-            for i, name in enumerate((node, f"{node}-2"))
-        )
-        drawn = DrawnApp(app, peer, clock, services, reported=reported, written_at=written_at)
-        _register(app, drawn.world)
-        _register(peer, drawn.world)
-        await stack.enter_async_context(app)
-        await stack.enter_async_context(peer)
-        yield drawn
+            _register(app, world)
+            await app.__aenter__()
+            running[index] = app
+            starts[index] += 1
+            return app
+
+        async def stop(index: int) -> None:
+            await running[index].__aexit__(None, None, None)
+            if index in opened:
+                await opened.pop(index).close()
+
+        try:
+            app = await start(0)
+            peer = await start(1)
+            yield DrawnApp(
+                app, peer, clock, services, world, reported, written_at,
+                _open=start, _close=stop,
+            )
+        finally:
+            for index in reversed(sorted(running)):
+                await stop(index)
 
 
 @dataclass(slots=True)
@@ -496,9 +562,9 @@ class _Played:
 async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[int, int]:
     """Play ``plan`` as ``execution_id`` and check it (see the module docstring); returns
     the crashes that fired and the parks the log holds."""
-    app = drawn.app
     points = [_arm(drawn, target, when, execution_id) for target, when in plan.crashes]
     played = await _play(drawn, plan, points, execution_id)
+    app = drawn.app  # a node restarted while it played is a new app
     logs = await _chain(app, execution_id)
     log = [e for generation in logs for e in generation]
     ran = {k: n for (e, k), n in drawn.world.calls.items() if e == execution_id}
@@ -573,13 +639,20 @@ def _arm(
     (it fires once, wherever the run is)."""
     point = CrashAt(target, None, when)
 
-    def fire(execution_id: str, position: tuple[int, ...], name: str, moment: str) -> bool:
-        return execution_id.partition("#")[0] == root and point(
-            execution_id, position, name, moment
-        )
+    for index, node in enumerate(drawn.nodes):
 
-    drawn.app.crash_points.append(fire)
-    drawn.peer.crash_points.append(fire)
+        def fire(
+            execution_id: str, position: tuple[int, ...], name: str, moment: str,
+            index: int = index,
+        ) -> bool:
+            if execution_id.partition("#")[0] == root and point(
+                execution_id, position, name, moment
+            ):
+                drawn.crashed.add(index)
+                return True
+            return False
+
+        node.crash_points.append(fire)
     return point
 
 
@@ -606,31 +679,34 @@ async def _play(
     drawn: DrawnApp, plan: Plan, points: list[CrashAt], execution_id: str
 ) -> _Played:
     """Start the workflow and play the world until the execution ends."""
-    app, clock, ops = drawn.app, drawn.clock, plan.ops
-    apps = [app, drawn.peer][: plan.nodes]
+    clock, ops = drawn.clock, plan.ops
+
+    def apps() -> tuple[Loom, ...]:
+        return drawn.nodes[: plan.nodes]
+
     generations = [_waits(generation) for generation in _generations(ops)]
     sent: set[int] = set()
     played = _Played()
 
     async def send(op: Op) -> None:
         # Twice under one key for an even k: the second send must change nothing.
-        sender = apps[op[1] % len(apps)]
+        sender = apps()[op[1] % plan.nodes]
         for _ in range(2 if op[1] % 2 == 0 else 1):
             await sender.send(execution_id, op[4], {"m": op[1]}, key=f"m{op[1]}")
         sent.add(op[1])
 
-    await app.start(WORKFLOW, ops, id=execution_id)
+    await drawn.app.start(WORKFLOW, ops, id=execution_id)
     for op in ops:
         if op[0] == "recv" and op[2] == "early":
             await send(op)
     for _ in range(ROUNDS):
-        for node in apps:
+        for node in apps():
             if not drawn.services or node is drawn.peer:
                 # The poll a timer loop would make now: what is due fires, nothing else may.
                 await node.timer_service.poll_once()
-        for node in apps:
+        for node in apps():
             await node.drain()
-        view = await _live_view(app, execution_id)
+        view = await _live_view(drawn.app, execution_id)
         waiting = generations[view.generation]
         if view.terminal:
             played.fired = sum(point.count for point in points)
@@ -642,14 +718,18 @@ async def _play(
             # leave it alone).
             crashed, played.fired = fired > played.fired, fired
             if crashed and plan.cancel == "crashed" and not played.cancelled:
-                assert await apps[-1].cancel(execution_id, reason="drawn") is True
+                assert await apps()[-1].cancel(execution_id, reason="drawn") is True
                 played.cancelled = True
-            for node in apps:
+            if crashed and plan.restart:
+                for index in sorted(drawn.crashed):
+                    await drawn.restart(index)
+                drawn.crashed.clear()
+            for node in apps():
                 await node.recover()
             continue
         waits = view.pending_waits()
         if any(waiting.get(w.position, [""])[0] == "cancel" for w in waits):
-            assert await apps[-1].cancel(execution_id, reason="drawn") is True
+            assert await apps()[-1].cancel(execution_id, reason="drawn") is True
             played.cancelled = True
             continue
         late = [
@@ -667,7 +747,7 @@ async def _play(
         assert wakes, f"{execution_id} is parked with nothing that can wake it: {waits}"
         await clock.advance(max((min(wakes) - clock.now()).total_seconds(), POLL))
     raise AssertionError(
-        f"not finished after {ROUNDS} rounds: {await _live_view(app, execution_id)}"
+        f"not finished after {ROUNDS} rounds: {await _live_view(drawn.app, execution_id)}"
     )
 
 

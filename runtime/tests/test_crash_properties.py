@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
 from loom_conformance.drawn_workflows import (
+    CHOSEN,
     Plan,
     check_plan,
     drawn_app,
@@ -60,3 +61,25 @@ def test_a_drawn_workflow_on_sqlite_finishes_exactly_once(tmp_path: Path, plan: 
     for leftover in tmp_path.glob("loom.db-*"):
         leftover.unlink()
     asyncio.run(run(f"sqlite:///{database}", plan))
+
+
+def test_a_node_restarted_after_each_crash_is_a_new_app_that_carries_on(tmp_path: Path) -> None:
+    """The chosen plan that restarts its nodes: every crash replaced the node it hit by a
+    new app (on SQLite, with the file opened again), and the checks held."""
+    (plan,) = [p for p in CHOSEN if p.restart]
+
+    async def play() -> tuple[int, int, set[int]]:
+        url = f"sqlite:///{tmp_path / 'loom.db'}"
+        # The test polls both nodes' timers, so which node answers each park, and so which
+        # one each crash hits, is the same on every run.
+        async with drawn_app(url, node=NODE, services=False) as drawn:
+            first = drawn.nodes
+            fired, _ = await check_plan(drawn, plan, "x")
+            pairs = enumerate(zip(first, drawn.nodes, strict=True))
+            replaced = {i for i, (was, now) in pairs if was is not now}
+            return fired, drawn.restarts, replaced
+
+    fired, restarts, replaced = asyncio.run(play())
+    assert fired == len(plan.crashes)
+    assert restarts == fired
+    assert replaced == {0, 1}
