@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from loom_conformance.drawn_workflows import (
     CHOSEN,
+    WORKFLOW,
     Plan,
+    _Killed,
     check_plan,
     drawn_app,
     plans,
     with_chosen_plans,
 )
+from loom_runtime import Loom
 
 NODE = "n1"
 
@@ -83,3 +87,44 @@ def test_a_node_restarted_after_each_crash_is_a_new_app_that_carries_on(tmp_path
     assert fired == len(plan.crashes)
     assert restarts == fired
     assert replaced == {0, 1}
+
+
+@pytest.mark.parametrize("plan", [p for p in CHOSEN if p.kill is not None])
+def test_a_node_killed_at_a_store_call_is_restarted_and_its_run_carried_on(plan: Plan) -> None:
+    async def play() -> tuple[bool, int]:
+        async with drawn_app("memory://", node=NODE, services=False) as drawn:
+            await check_plan(drawn, plan, "x")
+            return drawn.deaths.killed, drawn.restarts
+
+    killed, restarts = asyncio.run(play())
+    assert killed
+    assert restarts == 1
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_node_killed_at_a_store_call_reaches_the_store_no_more(when: str) -> None:
+    """The drawn plans' process death: the call that kills lands or not as drawn, and
+    nothing the dead node asks of its store reaches it."""
+
+    async def play() -> None:
+        async with drawn_app("memory://", node=NODE, services=False) as drawn:
+            dead, alive = drawn.app, drawn.peer
+            drawn.deaths.arm((0, "before" if when == "before" else "after"))
+            with pytest.raises(_Killed):
+                await dead.start(WORKFLOW, [["step", 0]], id="k")
+            assert drawn.dead() == [0]
+            landed = await alive.storage.events.read("k")
+            assert [e.kind for e in landed] == ([] if when == "before" else ["EXECUTION_STARTED"])
+            with pytest.raises(_Killed):
+                await dead.storage.events.read("k")
+            with pytest.raises(_Killed):
+                await dead.start(WORKFLOW, [["step", 0]], id="k2")
+            assert await alive.storage.events.read("k2") == ()
+            restarted = await drawn.restart(0)
+            assert isinstance(restarted, Loom)
+            assert drawn.dead() == []
+            if when == "after":
+                assert [h.execution_id for h in await restarted.recover()] == ["k"]
+                assert await restarted.get("k").result() == ["v0"]
+
+    asyncio.run(play())
