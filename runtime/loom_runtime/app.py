@@ -818,6 +818,9 @@ class Loom:
             if self._owned(execution_id):
                 return None
             view = await self.inspect(execution_id)
+            if view.status == "suspended" and view.node == self.node:
+                await self._rearm(view)
+                return None
             if view.status != "running" or view.node != self.node:
                 return None
             if view.continued_from is not None and not await self._handed_on(view):
@@ -826,6 +829,22 @@ class Loom:
             # meanwhile (its first write is in the log before its writer hears back).
             if execution_id not in self._claims:
                 return None if self._owned(execution_id) else view
+
+    async def _rearm(self, view: View) -> None:
+        """Schedule again the timer row of each pending timed wait of ``view``'s park that
+        has none. A row is keyed by execution and instant, so a wait at the instant of an
+        earlier one shares its row, and whoever retires that row for the earlier wait (a
+        timer service, another node) can take it from the later park just after the park
+        scheduled it. The run that parked answers a due wait itself; if it cannot (it died,
+        or lost the fence), this puts the row back (docs/design.md, "A timer row is retired
+        only when its own wait is answered")."""
+        wakes = {w.wake_at for w in view.pending_waits() if w.wake_at is not None}
+        if not wakes:
+            return
+        timers = self.storage.timers
+        have = {row.wake_at for row in await timers.pending(view.execution_id)}
+        for wake_at in sorted(wakes - have):
+            await timers.schedule(TimerRecord(view.execution_id, wake_at))
 
     async def _handed_on(self, view: View) -> bool:
         """Whether the execution that continued as ``view``'s has recorded it. A successor
@@ -1004,6 +1023,8 @@ class Loom:
             return None  # answered by someone else (a cancel, a resume), or nothing to answer
         except LoomError as exc:
             _log.debug("self-resume of %s left to the timer rows: %s", execution_id, exc)
+            with contextlib.suppress(LoomError):  # a store that failed may fail again
+                await self._rearm(view)
             return None
         if answered.wake_at is not None and answered.wake_at <= now:
             try:

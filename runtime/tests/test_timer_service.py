@@ -10,10 +10,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from loom_runtime import Context, RedriveExhaustedError, TimerService
+from loom_runtime import Context, Loom, RedriveExhaustedError, TimerService
+from loom_runtime.testing import VirtualClock
 from store_probes import Wired, kinds, token_of, wired
 
-from loom_core import EventKind, FenceAcquired, FenceStale, TimerRecord
+from loom_core import EventKind, FenceAcquired, FenceStale, TimerRecord, open_storage
 
 SEED = 11
 
@@ -365,3 +366,61 @@ async def test_the_backoff_memory_holds_1024_executions_and_forgets_the_oldest_f
         assert await kinds(w.base.events, "e0000") == [
             EventKind.EXECUTION_STARTED, EventKind.EXECUTION_SUSPENDED
         ]
+
+
+async def test_a_park_whose_row_was_taken_is_rearmed_when_its_node_restarts(url: str) -> None:
+    # Rows are keyed by execution and instant: a later wait at an earlier wait's instant
+    # shares its row, and whoever retires that row for the earlier wait can take it from
+    # the later park. Here the row is simply gone, as it is then: nothing wakes the park
+    # until its node starts again, whose recovery schedules the row once more.
+    clock = VirtualClock()
+    async with open_storage(url) as storage:
+        first = Loom(storage, node="a", clock=clock, timers=False, recover=False)
+
+        @first.workflow(name="nap")
+        async def nap(ctx: Context) -> str:
+            await ctx.sleep(60)
+            return "woke"
+
+        async with first:
+            await first.start(nap, id="n")
+            await first.drain()
+            (row,) = await storage.timers.pending("n")
+            assert await storage.timers.complete("n", row.wake_at)
+            await clock.advance(61)
+            assert await first.timer_service.poll_once() == {}
+            assert (await first.inspect("n")).status == "suspended"
+        again = Loom(storage, node="a", clock=clock, timers=False, recover=False)
+        again.workflow(name="nap")(nap)
+        async with again:
+            assert await again.recover() == []
+            assert [r.wake_at for r in await storage.timers.pending("n")] == [row.wake_at]
+            await again.timer_service.poll_once()
+            assert await again.get("n").result(timeout=5) == "woke"
+
+
+async def test_a_park_whose_row_was_taken_is_rearmed_when_its_own_answer_fails() -> None:
+    # A zero-length sleep parks with its wait due, and the run answers it itself. When
+    # that answer cannot be made (rivals keep taking the fence) and the row was taken,
+    # the run puts the row back for the timer service.
+    async with wired() as w:
+
+        @w.app.workflow(name="blink")
+        async def blink(ctx: Context) -> str:
+            await ctx.sleep(0)
+            return "done"
+
+        async def take_row_and_the_fence(execution_id: str) -> None:
+            for row in await w.base.timers.pending(execution_id):
+                await w.base.timers.complete(execution_id, row.wake_at)
+            await w.base.events.acquire_fence(execution_id)
+
+        w.probe.before_acquire = take_row_and_the_fence
+        await w.app.start(blink, id="b")
+        await w.app.drain()
+        assert (await w.app.inspect("b")).status == "suspended"
+        assert len(await w.base.timers.pending("b")) == 1
+        w.probe.before_acquire = None
+        await w.app.timer_service.poll_once()
+        await w.app.drain()
+        assert await w.app.get("b").result(timeout=5) == "done"
