@@ -468,10 +468,9 @@ class Loom:
         payload = json_value(value, f"the message on {topic!r}")
         if await storage.events.head(execution_id) == 0:
             raise ExecutionNotFoundError(execution_id)
-        stored, outcome = await self._post(execution_id, [(topic, payload, key)])
-        if outcome == "obsolete":
-            # Finished, perhaps by continuing as new: then the message is its successor's.
-            await self._hand_on(await self.inspect(execution_id), wake=True)
+        # Delivered, or left to its wake row; or the receiver finished, and if it continued
+        # as new, the delivery handed the message on to its successor (see _deliver).
+        stored, _ = await self._post(execution_id, [(topic, payload, key)])
         return stored[0].sequence
 
     async def _post(
@@ -499,28 +498,28 @@ class Loom:
         """Hand what ``view``'s execution left unconsumed in its inbox, if it continued as
         new, to its successor, in the order it was sent, each once, and so on down the
         chain. Whoever may find a message left does this after storing or finding it: the
-        run that continued (after recording it), a recovery of the successor, a sender
-        who finds the receiver finished. Each hands on every message left, oldest first,
-        under a key naming the message, so the order holds and a message handed on twice
-        is stored once."""
-        while view.status == "continued" and view.successor is not None:
-            left = [
-                (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
-                for m in await self.inbox.messages(view.execution_id)
-                if m.sequence not in view.consumed
-            ]
-            if not left:
-                return
-            successor = view.successor
-            if not wake:
-                # No run of the successor has started yet: its receives read the inbox.
-                for message in left:
-                    await self.inbox.put(successor, *message)
-                return
-            _, outcome = await self._post(successor, left)
-            if outcome != "obsolete":
-                return
-            view = await self.inspect(successor)
+        run that continued (after recording it), a recovery of the successor, a wake row
+        of the execution that continued (its sender's, who may have died before handing
+        the message on, or the delivery of a sender who finds the receiver continued).
+        Each hands on every message left, oldest first, under a key naming the message,
+        so the order holds and a message handed on twice is stored once. Down the chain:
+        the successor's own delivery hands on again if it continued too."""
+        if view.status != "continued" or view.successor is None:
+            return
+        left = [
+            (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
+            for m in await self.inbox.messages(view.execution_id)
+            if m.sequence not in view.consumed
+        ]
+        if not left:
+            return
+        successor = view.successor
+        if not wake:
+            # No run of the successor has started yet: its receives read the inbox.
+            for message in left:
+                await self.inbox.put(successor, *message)
+            return
+        await self._post(successor, left)
 
     async def resume(
         self, execution_id: str, *, fence_if_parked_at: int, principal: object = None
@@ -763,6 +762,10 @@ class Loom:
     async def _deliver(self, row: TimerRecord) -> Fired:
         view = await self.inspect(row.execution_id)
         if view.status is None or view.terminal:
+            if view.status == "continued":
+                # A sender that died between storing its message here and handing it on
+                # left this row: the message is the successor's (see _hand_on).
+                await self._hand_on(view, wake=True)
             return "obsolete"
         own = [w for w in view.waits.values() if w.wake_at == row.wake_at]
         # A message's wake row (written at the sender's now) can share the instant of an
