@@ -209,6 +209,9 @@ CHOSEN: Final[tuple[Plan, ...]] = (
         nodes=2,
         kill=("append:$inbox:", "after"),
     ),
+    # A sender killed after storing a message for an execution that has continued as
+    # new, before handing it on: the wake row it left must get it to the successor.
+    Plan([["continue"], ["recv", 1, "late", None, "t0"]], [], kill=("append:$inbox:", "after")),
     # Killed after it took the fence to deliver a message, before it delivered it.
     Plan(
         [["step", 0], ["sleep", 5], ["recv", 1, "late", None, "t0"], ["continue"], ["step", 2]],
@@ -741,6 +744,9 @@ class _Played:
     found running (with the app's own services, a look can come between a run's crash and
     its recovery by an earlier look's ``recover()``, and the cancel then stops a live
     run)."""
+    asked: bool = False
+    """Whether the world asked for the cancel (a cancel asked again after its node died
+    can find the execution finished by the restarted node)."""
 
 
 async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[int, int]:
@@ -941,9 +947,15 @@ async def _play_armed(
         sent.add(op[1])
 
     async def cancel() -> None:
+        played.asked = True
         cancelled, retried = await act(-1, lambda node: node.cancel(execution_id, reason="drawn"))
-        assert cancelled or retried  # a retried cancel may find its first attempt landed
-        played.cancelled = True
+        if not cancelled:
+            # Asked again after its node died: the first attempt may have landed, or the
+            # restarted node's recovery may have finished the execution meanwhile.
+            assert retried
+            view, _ = await act(0, lambda node: _live_view(node, execution_id))
+            cancelled = view.status == "cancelled"
+        played.cancelled = cancelled
 
     async def start(node: Loom) -> None:
         try:
@@ -973,7 +985,7 @@ async def _play_armed(
             # process does, unless the plan cancels it instead (and then recovery must
             # leave it alone).
             crashed, played.fired = fired > played.fired, fired
-            if crashed and plan.cancel == "crashed" and not played.cancelled:
+            if crashed and plan.cancel == "crashed" and not played.asked:
                 await cancel()
             if crashed and plan.restart:
                 for index in sorted(drawn.crashed):
