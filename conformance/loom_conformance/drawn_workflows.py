@@ -76,7 +76,6 @@ from loom_core import (
     ExecutionAlreadyExistsError,
     JsonValue,
     Storage,
-    TimerRecord,
     open_storage,
 )
 
@@ -113,7 +112,8 @@ Kill: TypeAlias = tuple[int | str, Literal["before", "after"]]
 """A death at a store call, and when: the plan's ``n``-th store call (counting both nodes'
 calls from the start), or the first call of a method (``"append"``), or of a method on an
 execution whose id contains a text (``"append:$inbox:"``: a message stored;
-``"append:#"``: a successor created)."""
+``"append:#"``: a successor created); ``@k`` after a name counts its ``k``-th call instead
+(``"append:$inbox:@2"``: the second message stored)."""
 """A crash point: a step's name (``s<k>``), ``"park"`` or ``"continue"``, and when."""
 
 WHEN: Final[tuple[Literal["before", "after"], ...]] = ("before", "after")
@@ -212,6 +212,13 @@ CHOSEN: Final[tuple[Plan, ...]] = (
     # A sender killed after storing a message for an execution that has continued as
     # new, before handing it on: the wake row it left must get it to the successor.
     Plan([["continue"], ["recv", 1, "late", None, "t0"]], [], kill=("append:$inbox:", "after")),
+    # The same with a message consumed before the continuation: the restarted node's timer
+    # loop has not polled when the world looks, and the wake row is the first generation's.
+    Plan(
+        [["recv", 0, "early", None, "t0"], ["continue"], ["recv", 1, "late", None, "t0"]],
+        [],
+        kill=("append:$inbox:@2", "after"),
+    ),
     # Killed after it took the fence to deliver a message, before it delivered it.
     Plan(
         [["step", 0], ["sleep", 5], ["recv", 1, "late", None, "t0"], ["continue"], ["step", 2]],
@@ -515,6 +522,8 @@ class _Deaths:
     at: int | str | None = None
     when: Literal["before", "after"] = "before"
     calls: int = 0
+    named: int = 0
+    """The calls so far that a named kill's name matches."""
     killed: bool = False
     """Whether the kill landed (a plan may end before the call it names)."""
     killed_at: datetime | None = None
@@ -523,7 +532,7 @@ class _Deaths:
 
     def arm(self, kill: Kill | None) -> None:
         self.at, self.when = kill if kill is not None else (None, "before")
-        self.calls, self.killed, self.killed_at, self.dying = 0, False, None, None
+        self.calls, self.named, self.killed, self.killed_at, self.dying = 0, 0, False, None, None
 
     def disarm(self) -> None:
         """No more kills (what they did is kept, for the checks)."""
@@ -541,15 +550,18 @@ class _Deaths:
             raise _Killed(f"killed before store call {n} ({method})")
         self.dying = life  # the call goes through; the node dies as it returns
 
-    @staticmethod
-    def _names(at: int | str, n: int, method: str, args: tuple[Any, ...]) -> bool:
+    def _names(self, at: int | str, n: int, method: str, args: tuple[Any, ...]) -> bool:
         if isinstance(at, int):
             return n == at
-        wanted, _, text = at.partition(":")
+        name, _, k = at.partition("@")
+        wanted, _, text = name.partition(":")
         if method != wanted:
             return False
         target = getattr(args[0], "execution_id", args[0]) if args else ""
-        return isinstance(target, str) and text in target
+        if not (isinstance(target, str) and text in target):
+            return False
+        self.named += 1
+        return self.named == int(k or 1)
 
     def leave(self, life: _Life) -> None:
         if self.dying is life:
@@ -1013,14 +1025,18 @@ async def _play_armed(
         if not wakes:
             # A message stored by a sender that died before it delivered: its wake row is
             # due, for a timer loop to fire (a restarted node's loop may not have polled
-            # yet).
-            live = view.execution_id
+            # yet). The row is the generation's the message was sent to, which may have
+            # continued since: its delivery hands the message on.
+            async def pending(node: Loom) -> list[datetime]:
+                found: list[datetime] = []
+                at: str | None = execution_id
+                while at is not None:
+                    found += [row.wake_at for row in await node.storage.timers.pending(at)]
+                    generation = await node.inspect(at)
+                    at = generation.successor if generation.status == "continued" else None
+                return found
 
-            def pending(node: Loom, live: str = live) -> Awaitable[tuple[TimerRecord, ...]]:
-                return node.storage.timers.pending(live)
-
-            rows, _ = await act(0, pending)
-            wakes = [row.wake_at for row in rows]
+            wakes, _ = await act(0, pending)
         assert wakes, f"{execution_id} is parked with nothing that can wake it: {waits}"
         await clock.advance(max((min(wakes) - clock.now()).total_seconds(), POLL))
     raise AssertionError(
