@@ -455,7 +455,8 @@ class Loom:
         """Store a message for ``execution_id`` durably, then wake it if it waits on
         ``topic``; returns the message's id. With ``key`` a repeated send is a no-op
         returning the first message's id. A message for an execution that continued as
-        new goes on to its successor (see docs/runtime.md, "Messages")."""
+        new goes on to its successor; one whose workflow this app does not register is
+        left to a node that does (see docs/runtime.md, "Messages")."""
         storage = self._running("app.send")
         execution_id = _check_id(execution_id)
         if not isinstance(topic, str) or not topic:
@@ -485,10 +486,12 @@ class Loom:
         stored = [await self.inbox.put(execution_id, *m) for m in messages]
         try:
             outcome = await self._deliver(wake)
-        except ResumeContendedError:
+        except (ResumeContendedError, WorkflowNotFoundError):
             # Stored: the sender's part is done. Raising would tell it the send failed (a
             # send without a key, sent again, would be stored twice); the row stays due,
-            # and the timer service delivers, backing off while rivals hold the fence.
+            # and the timer service delivers: backing off while rivals hold the fence, or
+            # on a node that has the workflow when this app does not (a sender beside the
+            # workers; it is refused before any token is taken).
             outcome = "left"
         if outcome != "left":
             await timers.complete(wake.execution_id, wake.wake_at)

@@ -313,3 +313,32 @@ async def test_a_send_whose_delivery_is_contended_returns_and_the_timer_delivers
         assert await w.app.get("r").result(timeout=5) == "hello"
         assert await w.base.timers.pending("r") == ()
         assert w.errors == []
+
+
+async def test_a_send_from_an_app_without_the_workflow_returns_and_a_worker_delivers(
+    app: Loom,
+) -> None:
+    """A sender that does not run the receiver's workflow (an API process beside the
+    workers, say) cannot drive the body on: the message is stored, ``send`` returns its
+    id, nothing of the receiver's log is touched, and a node that has the workflow delivers
+    it from the wake row."""
+
+    @app.workflow(name="wait_note")
+    async def wait_note(ctx: Context) -> object:
+        return await ctx.receive("note")
+
+    handle = await app.start("wait_note", id="r")
+    await app.drain()
+    before = await app.storage.events.read("r")
+    errors: list[BaseException] = []
+    sender = Loom(app.storage, node="api", timers=False, recover=False, on_error=errors.append)
+    async with sender:
+        sent = await sender.send("r", "note", "hello")
+        assert [m.sequence for m in await sender.inbox.messages("r")] == [sent]
+        assert await app.storage.events.read("r") == before
+        assert len(await app.storage.timers.pending("r")) == 1
+    assert errors == []
+    await app.timer_service.poll_once()
+    assert await handle.result(timeout=5) == "hello"
+    assert await consumed(app, "r") == ["hello"]
+    assert await app.storage.timers.pending("r") == ()
