@@ -495,6 +495,10 @@ class Loom:
             outcome = "left"
         if outcome != "left":
             await timers.complete(wake.execution_id, wake.wake_at)
+        else:
+            # A timer service that fired the row before the message was stored found
+            # nothing to answer and retired it: write it again, now that it has a message.
+            await timers.schedule(wake)
         return stored, outcome
 
     async def _hand_on(self, view: View, *, wake: bool) -> None:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.testing import VirtualClock, crash_at
 from store_probes import kinds, wired
 
-from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError, JsonValue
+from loom_core import (
+    EventKind,
+    ExecutionNotFoundError,
+    InvalidInputError,
+    JsonValue,
+    TimerRecord,
+)
 
 
 async def consumed(app: Loom, execution_id: str) -> list[object]:
@@ -342,3 +349,34 @@ async def test_a_send_from_an_app_without_the_workflow_returns_and_a_worker_deli
     assert await handle.result(timeout=5) == "hello"
     assert await consumed(app, "r") == ["hello"]
     assert await app.storage.timers.pending("r") == ()
+
+
+async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again() -> None:
+    """A sender writes the wake row, then stores the message. A worker's timer service that
+    fires the row in between finds nothing to answer and retires it; a sender that cannot
+    deliver itself (it does not run the workflow, or rivals hold the fence) must then write
+    the row again, or the stored message waits for nothing."""
+    async with wired() as w:
+
+        @w.app.workflow(name="wait_note")
+        async def wait_note(ctx: Context) -> object:
+            return await ctx.receive("note")
+
+        handle = await w.app.start("wait_note", id="r")
+        await w.app.drain()
+        fired: list[Mapping[TimerRecord, str]] = []
+
+        async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r" and not fired:
+                fired.append(await w.app.timer_service.poll_once())
+
+        w.probe.before_append = timers_fire_first
+        sender = Loom(w.app.storage, node="api", clock=w.clock, timers=False, recover=False)
+        async with sender:
+            await sender.send("r", "note", "hello")
+        w.probe.before_append = None
+        assert [list(f.values()) for f in fired] == [["obsolete"]]  # the window was hit
+        assert len(await w.base.timers.pending("r")) == 1
+        await w.app.timer_service.poll_once()
+        assert await handle.result(timeout=5) == "hello"
+        assert await w.base.timers.pending("r") == ()

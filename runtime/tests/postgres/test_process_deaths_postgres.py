@@ -1,5 +1,6 @@
 """Worker processes SIGKILLed at random points, on PostgreSQL: every execution completes
-exactly once, no recorded step runs again, the log stays gapless.
+exactly once, no recorded step runs again, the log stays gapless; and around a sleep and a
+message, with senders killed too (see :mod:`waits_kills`).
 
 The server is the harness's throwaway PostgreSQL (``loom_conformance.postgres``: started
 here, or ``LOOM_TEST_POSTGRES_URL``). Every trial gets a schema of its own in one fresh
@@ -18,6 +19,7 @@ import pytest
 from loom_conformance.postgres import PostgresServer, loom_postgres_server
 from loom_runtime.demo import run_trial, violations
 from random_kills import kill_at_random, seed_from_environment
+from waits_kills import kill_around_waits
 
 from loom_core import open_storage
 
@@ -41,6 +43,17 @@ async def test_a_worker_killed_30_times_at_random_points_completes_every_executi
         tmp_path,
         deaths=30,
         seed=seed_from_environment(),
+    )
+    with capsys.disabled():
+        print(summary.line("PostgreSQL"))
+
+
+async def test_workers_and_senders_killed_around_a_sleep_and_a_message_lose_and_repeat_nothing(
+    loom_postgres_server: PostgresServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = loom_postgres_server.fresh_database("loom_kill_waits")
+    summary = await kill_around_waits(
+        lambda index: schema_url(database), tmp_path, deaths=15, seed=seed_from_environment()
     )
     with capsys.disabled():
         print(summary.line("PostgreSQL"))

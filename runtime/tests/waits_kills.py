@@ -1,0 +1,460 @@
+"""Kill worker and sender processes around a durable timer and a message, at random points.
+
+The kill tests of the demo (``random_kills``) run a workflow of steps only. Here the
+workflow sleeps on a durable timer and waits for a message between its steps, and a second
+kind of process sends that message: a sender that does not register the workflow, as a
+web front end beside the workers would (its send stores the message and leaves the
+delivery to a worker's timer service, or delivers it itself when it can).
+
+A trial, on a storage of its own: worker 1 starts the execution; a random delay after it
+says ``started`` a sender is started, and worker 1 is SIGKILLed another random delay after
+its ``started``, or, in half the trials, after the sender says ``sent`` (the message stored:
+then the kill lands around its delivery). In some trials the sender is SIGKILLed too, a
+random delay after it was started, and a second sender sends the same message again under
+the same key, as a client that never heard back would. Worker 2 (the same node, so
+entering its app recovers what worker 1 ran) must then finish the execution. The checks
+hold wherever the kills land:
+
+- everything :func:`loom_runtime.demo.violations` checks of the log and the steps' traces
+  (gapless, one ending, each recorded step run once by its recorder and never again after);
+- the inbox holds the message once (the second sender's send found it under its key);
+- the log consumed it exactly once, with the value sent;
+- the sleep was answered no earlier than its wake time.
+
+Run as a script, this module is the worker (``worker URL ID DIRECTORY``) or the sender
+(``send URL ID``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Final, Literal
+
+from loom_runtime import Context, Loom
+from loom_runtime.demo import Trace, Trial, Worker, perform_step, violations
+
+from loom_core import Event, EventKind, JsonValue, open_storage
+
+WORKFLOW: Final = "kills.sleep-then-receive"
+NODE: Final = "w1"
+TOPIC: Final = "note"
+KEY: Final = "note-1"
+VALUE: Final[JsonValue] = {"note": "hello"}
+SLEEP: Final = 0.05
+"""Seconds the workflow sleeps between its steps."""
+LINE_TIMEOUT: Final = 60.0
+COMMAND: Final = (sys.executable, __file__)
+EARLY: Final = 3 * SLEEP
+"""Seconds after ``started`` that a kill not drawn from the message lands within."""
+LANES: Final = 2
+CALIBRATION_RUNS: Final = 3
+
+
+# -- the processes ---------------------------------------------------------------------------
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _report(error: BaseException) -> None:
+    print(f"loom error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+
+def build_worker(url: str) -> Loom:
+    """The worker's app: node :data:`NODE`, polling its timers every 10 ms."""
+    app = Loom(url, node=NODE, on_error=_report, poll_interval=0.01)
+
+    @app.workflow(name=WORKFLOW)
+    async def sleep_then_receive(ctx: Context, directory: str) -> list[JsonValue]:
+        first = await ctx.step(perform_step, directory, "step-1", 1.0, name="step-1")
+        await ctx.sleep(SLEEP)
+        await ctx.receive(TOPIC)
+        second = await ctx.step(perform_step, directory, "step-2", 1.0, name="step-2")
+        return [first, second]
+
+    return app
+
+
+async def _work(url: str, execution_id: str, directory: str) -> None:
+    app = build_worker(url)
+    async with app:
+        try:
+            handle = await app.start(WORKFLOW, directory, id=execution_id)
+            _say(f"started {os.getpid()}")
+        except Exception:
+            handle = app.get(execution_id)  # it exists: entering the app recovered it
+            _say(f"recovering {os.getpid()}")
+        result = await handle.result(timeout=LINE_TIMEOUT)
+        _say(f"completed {os.getpid()} {json.dumps(result, sort_keys=True)}")
+
+
+async def _send(url: str, execution_id: str) -> None:
+    # No workflow registered, no timers, no recovery: a process that only sends.
+    async with Loom(url, node="sender", on_error=_report, timers=False, recover=False) as app:
+        sent = await app.send(execution_id, TOPIC, VALUE, key=KEY)
+        _say(f"sent {os.getpid()} {sent}")
+
+
+def main(argv: list[str]) -> int:
+    role, url, execution_id, *rest = argv
+    if role == "worker":
+        asyncio.run(_work(url, execution_id, rest[0]))
+    else:
+        asyncio.run(_send(url, execution_id))
+    return 0
+
+
+# -- a trial ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Kills:
+    """When a trial's kills land, in seconds: the sender's start and worker 1's kill (None:
+    no kill) after worker 1 said ``started``, or worker 1's after a sender said ``sent``
+    (``from_sent``); the sender's kill after it was started."""
+
+    send_after: float
+    worker_after: float | None
+    sender_after: float | None
+    from_sent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WaitsTrial:
+    trial: Trial
+    messages: int
+    """Messages in the receiver's inbox."""
+    consumed: tuple[JsonValue, ...]
+    """The values of the log's MESSAGE_CONSUMED events."""
+    sleep: tuple[datetime, datetime] | None
+    """The sleep's wake time and when its answer was recorded."""
+    senders: int
+    sender_killed: bool
+    ran_for: float
+    """Seconds from worker 1's ``started`` to its ``completed`` (or its kill)."""
+    tail: float
+    """Seconds from the message's ``sent`` to worker 1's ``completed`` (or its kill)."""
+
+
+class _Process:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+
+    @classmethod
+    async def start(cls, *args: str, env: dict[str, str], stderr: Path) -> _Process:
+        with stderr.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *COMMAND,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                env=env,
+            )
+        return cls(proc)
+
+    async def line(self) -> str:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), LINE_TIMEOUT)
+        text = raw.decode().rstrip("\n")
+        if text:
+            self.lines.append(text)
+        return text
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+
+    async def finish(self) -> int:
+        assert self.proc.stdout is not None
+        rest = await asyncio.wait_for(self.proc.stdout.read(), LINE_TIMEOUT)
+        self.lines.extend(rest.decode().splitlines())
+        return await asyncio.wait_for(self.proc.wait(), LINE_TIMEOUT)
+
+    def worker(self, index: int, role: Literal["started", "recovering"], code: int) -> Worker:
+        result: JsonValue = None
+        for line in self.lines:
+            word, _, rest = line.partition(" ")
+            if word == "completed":
+                result = json.loads(rest.partition(" ")[2])
+        killed = code == -signal.SIGKILL
+        return Worker(index, self.proc.pid, role, killed, result, tuple(self.lines))
+
+
+def _checked(process: _Process, code: int, what: str, stderr: Path) -> None:
+    if code not in (0, -signal.SIGKILL):
+        text = stderr.read_text(errors="replace")[-4000:] if stderr.exists() else ""
+        raise AssertionError(f"{what} (pid {process.proc.pid}) exited {code}: {text}")
+
+
+async def run_waits_trial(
+    url: str, execution_id: str, directory: Path, kills: Kills, env: dict[str, str]
+) -> WaitsTrial:
+    """One trial (see the module's docstring)."""
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+    first = await _Process.start(
+        "worker", url, execution_id, str(directory), env=env, stderr=directory / "w1.err"
+    )
+    senders: list[_Process] = []
+    sender_killed = False
+    try:
+        line = await first.line()
+        assert line == f"started {first.proc.pid}", f"worker 1 said {line!r}"
+        began = time.perf_counter()
+        sent = asyncio.get_running_loop().create_future()
+
+        async def one_send(name: str, kill_after: float | None) -> int:
+            sender = await _Process.start(
+                "send", url, execution_id, env=env, stderr=directory / f"{name}.err"
+            )
+            senders.append(sender)
+            if kill_after is not None:
+                asyncio.get_running_loop().call_later(kill_after, sender.kill)
+            if (await sender.line()).startswith("sent") and not sent.done():
+                sent.set_result(time.perf_counter())
+            code = await sender.finish()
+            _checked(sender, code, name, directory / f"{name}.err")
+            return code
+
+        async def send() -> None:
+            nonlocal sender_killed
+            await asyncio.sleep(kills.send_after)
+            if await one_send("s1", kills.sender_after) == -signal.SIGKILL:
+                sender_killed = True
+                assert await one_send("s2", None) == 0
+
+        async def kill_worker() -> tuple[float, float]:
+            if kills.worker_after is None:
+                line = await first.line()
+                assert line.startswith("completed"), f"worker 1 said {line!r}"
+            else:
+                if kills.from_sent:
+                    await sent
+                await asyncio.sleep(kills.worker_after)
+                first.kill()
+            now = time.perf_counter()
+            return now - began, now - await sent
+
+        _, (ran_for, tail) = await asyncio.gather(send(), kill_worker())
+        code = await first.finish()
+    finally:
+        first.kill()
+        for sender in senders:
+            sender.kill()
+    _checked(first, code, "worker 1", directory / "w1.err")
+    workers = [first.worker(0, "started", code)]
+
+    second = await _Process.start(
+        "worker", url, execution_id, str(directory), env=env, stderr=directory / "w2.err"
+    )
+    try:
+        line = await second.line()
+        assert line == f"recovering {second.proc.pid}", f"worker 2 said {line!r}"
+        code = await second.finish()
+    finally:
+        second.kill()
+    assert code == 0, (directory / "w2.err").read_text(errors="replace")[-4000:]
+    workers.append(second.worker(1, "recovering", code))
+
+    async with open_storage(url) as storage:
+        log = await storage.events.read(execution_id)
+        inbox = await storage.events.read(f"$inbox:{execution_id}")
+    trial = Trial(
+        execution_id,
+        2,
+        tuple(workers),
+        log,
+        _traces(directory),
+        _counters(directory),
+        ran_for,
+    )
+    consumed = tuple(
+        e.payload.get("value")
+        for e in log
+        if e.kind == EventKind.MESSAGE_CONSUMED and isinstance(e.payload, dict)
+    )
+    return WaitsTrial(
+        trial, len(inbox), consumed, _sleep(log), len(senders), sender_killed, ran_for, tail
+    )
+
+
+def _traces(directory: Path) -> tuple[Trace, ...]:
+    path = directory / "trace.log"
+    if not path.exists():
+        return ()
+    traces = []
+    for line in path.read_text().splitlines():
+        step, pid, what = line.split()
+        assert what in ("start", "replayed")
+        traces.append(Trace(step, int(pid), "start" if what == "start" else "replayed"))
+    return tuple(traces)
+
+
+def _counters(directory: Path) -> dict[str, int]:
+    path = directory / "counters.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _sleep(log: tuple[Event, ...]) -> tuple[datetime, datetime] | None:
+    """The sleep's wake time, and when the resume that answered it was recorded."""
+    wake: datetime | None = None
+    for event in log:
+        kind, payload = event.kind, event.payload
+        if kind == EventKind.EXECUTION_SUSPENDED and isinstance(payload, dict) and wake is None:
+            waits = payload.get("waits")
+            for wait in waits if isinstance(waits, list) else []:
+                if isinstance(wait, dict) and wait.get("wake_at"):
+                    wake = datetime.fromisoformat(str(wait["wake_at"]))
+        elif kind == EventKind.EXECUTION_RESUMED and wake is not None:
+            return wake, event.recorded_at
+    return None
+
+
+def waits_violations(done: WaitsTrial) -> list[str]:
+    """Every way the trial broke its promises (see the module's docstring)."""
+    found = violations(done.trial)
+    if done.messages != 1:
+        found.append(f"the inbox holds {done.messages} messages, not the one sent")
+    if done.consumed != (VALUE,):
+        found.append(f"the log consumed {list(done.consumed)}, not {VALUE} once")
+    if done.sleep is None:
+        found.append("no resume answers the sleep")
+    elif done.sleep[1] < done.sleep[0]:
+        found.append(f"the sleep due at {done.sleep[0]} was answered at {done.sleep[1]}")
+    return found
+
+
+# -- trials at random points -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Summary:
+    """What the kills hit, for the test's report line (never asserted: timing)."""
+
+    seed: int
+    window: float = 0.0
+    tail: float = 0.0
+    trials: int = 0
+    deaths: int = 0
+    senders_killed: int = 0
+    landed: Counter[str] = field(default_factory=Counter)
+
+    def line(self, backend: str) -> str:
+        spread = ", ".join(f"{where}: {n}" for where, n in sorted(self.landed.items()))
+        return (
+            f"\n{backend}, a sleep and a message: seed {self.seed}; {self.deaths} workers "
+            f"and {self.senders_killed} senders SIGKILLed in {self.trials} trials over a "
+            f"{self.window * 1000:.0f} ms window ({self.tail * 1000:.0f} ms after the "
+            f"message was stored). Where worker 1 died: {spread}"
+        )
+
+
+def _landed(done: WaitsTrial) -> str:
+    """Where worker 1 died: parked, or running with so many steps recorded (and the
+    message consumed)."""
+    killed = done.trial.workers[0].pid
+    recorded = sum(
+        1
+        for e in done.trial.log
+        if e.kind == EventKind.STEP_COMPLETED
+        and isinstance(e.payload, dict)
+        and isinstance(result := e.payload.get("result"), dict)
+        and result.get("pid") == killed
+    )
+    kinds = [e.kind for e in done.trial.log]
+    recovered = (
+        kinds.index(EventKind.EXECUTION_RECOVERED)
+        if EventKind.EXECUTION_RECOVERED in kinds
+        else None
+    )
+    if recovered is None:
+        return "parked"  # nothing to recover: a worker's timers answered the park
+    consumed = EventKind.MESSAGE_CONSUMED in kinds[:recovered]
+    return f"{recorded} steps{', message consumed' if consumed and recorded < 2 else ''}"
+
+
+async def kill_around_waits(
+    url_for: Callable[[int], Awaitable[str]],
+    root: Path,
+    *,
+    deaths: int,
+    seed: int,
+) -> Summary:
+    """Run trials until ``deaths`` workers died of their kill; raise AssertionError with
+    every violation of every trial (and the seed) if any trial broke a promise."""
+    rng = random.Random(seed)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    summary = Summary(seed)
+    failures: dict[str, list[str]] = {}
+
+    async def trial(index: int, kills: Kills) -> WaitsTrial:
+        done = await run_waits_trial(
+            await url_for(index), f"waits-{index}", root / f"trial-{index}", kills, env
+        )
+        found = waits_violations(done)
+        if found:
+            failures[f"waits-{index} ({kills})"] = found
+        return done
+
+    calibration = [
+        await trial(-1 - n, Kills(0.0, None, None)) for n in range(CALIBRATION_RUNS)
+    ]
+    # The sender starts at once here: the window is the run with its message on time, the
+    # tail what is left of it once the message is stored.
+    summary.window = min(t.ran_for for t in calibration)
+    summary.tail = min(t.tail for t in calibration)
+    cap = deaths * 3
+    in_flight = 0
+
+    async def lane() -> None:
+        nonlocal in_flight
+        while summary.deaths + in_flight < deaths and summary.trials < cap:
+            index = summary.trials
+            summary.trials += 1
+            from_sent = rng.random() < 0.5
+            kills = Kills(
+                send_after=rng.uniform(0, summary.window),
+                # Not from the message: within its first step, its sleep and its park,
+                # before the sender (a process start away) can have stored anything.
+                worker_after=rng.uniform(0, summary.tail if from_sent else EARLY),
+                sender_after=rng.uniform(0, summary.window) if rng.random() < 0.5 else None,
+                from_sent=from_sent,
+            )
+            in_flight += 1
+            try:
+                done = await trial(index, kills)
+            finally:
+                in_flight -= 1
+            summary.senders_killed += done.sender_killed
+            if done.trial.workers[0].killed:
+                summary.deaths += 1
+                summary.landed[_landed(done)] += 1
+
+    await asyncio.gather(*(lane() for _ in range(LANES)))
+    assert not failures, f"seed {seed}: trials broke a promise: {failures}"
+    assert summary.deaths == deaths, (
+        f"seed {seed}: only {summary.deaths} of {summary.trials} kills landed before "
+        "worker 1 exited"
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
