@@ -766,6 +766,15 @@ class Loom:
         """What the timer service does with a due row (see loom_runtime.timers)."""
         return await self._deliver(row)
 
+    async def retired(self, row: TimerRecord) -> None:
+        """What the timer service does after it retired ``row`` as obsolete. A sender may
+        have stored a message after the look that found nothing to answer, and written
+        its row again before the retirement removed it: a look after the retirement puts
+        the row back (see docs/design.md, "Resuming a park")."""
+        view = await self.inspect(row.execution_id)
+        if view.park is not None and not view.terminal and await self._message_waiting(view):
+            await self.storage.timers.schedule(row)
+
     async def _deliver(self, row: TimerRecord) -> Fired:
         view = await self.inspect(row.execution_id)
         if view.status is None or view.terminal:

@@ -148,6 +148,8 @@ class TimerService:
         self._backoff.pop(row.execution_id, None)
         if outcome != "left":
             await timers.complete(row.execution_id, row.wake_at)
+        if outcome == "obsolete":
+            await self.app.retired(row)
         return outcome
 
     async def _contended(self, row: TimerRecord, *, count: bool = True) -> Fired:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import datetime
 
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.testing import VirtualClock, crash_at
+from loom_runtime.timers import Fired
 from store_probes import kinds, wired
 
 from loom_core import (
@@ -364,7 +366,7 @@ async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again
 
         handle = await w.app.start("wait_note", id="r")
         await w.app.drain()
-        fired: list[Mapping[TimerRecord, str]] = []
+        fired: list[Mapping[TimerRecord, Fired]] = []
 
         async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
             if execution_id == "$inbox:r" and not fired:
@@ -376,6 +378,48 @@ async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again
             await sender.send("r", "note", "hello")
         w.probe.before_append = None
         assert [list(f.values()) for f in fired] == [["obsolete"]]  # the window was hit
+        assert len(await w.base.timers.pending("r")) == 1
+        await w.app.timer_service.poll_once()
+        assert await handle.result(timeout=5) == "hello"
+        assert await w.base.timers.pending("r") == ()
+
+
+async def test_a_wake_row_retired_after_its_sender_wrote_it_again_is_put_back() -> None:
+    """The retirement of a row fired before its message was stored can land after the
+    sender wrote the row again (same key): the timer service looks again after retiring,
+    and puts the row back when a message waits."""
+    async with wired() as w:
+
+        @w.app.workflow(name="wait_note")
+        async def wait_note(ctx: Context) -> object:
+            return await ctx.receive("note")
+
+        handle = await w.app.start("wait_note", id="r")
+        await w.app.drain()
+        timers = w.app.storage.timers
+        complete = timers.complete
+        at_retire, go = asyncio.Event(), asyncio.Event()
+        poll: list[asyncio.Future[dict[TimerRecord, Fired]]] = []
+
+        async def held_complete(execution_id: str, wake_at: datetime) -> None:
+            at_retire.set()
+            await go.wait()
+            await complete(execution_id, wake_at)
+
+        async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r" and not poll:
+                poll.append(asyncio.ensure_future(w.app.timer_service.poll_once()))
+                await at_retire.wait()  # it found nothing to answer, and retires the row
+
+        w.probe.before_append = timers_fire_first
+        timers.complete = held_complete  # type: ignore[method-assign,assignment]
+        sender = Loom(w.app.storage, node="api", clock=w.clock, timers=False, recover=False)
+        async with sender:
+            await sender.send("r", "note", "hello")  # stored, and its row written again
+        w.probe.before_append = None
+        go.set()
+        assert list((await poll[0]).values()) == ["obsolete"]
+        timers.complete = complete  # type: ignore[method-assign]
         assert len(await w.base.timers.pending("r")) == 1
         await w.app.timer_service.poll_once()
         assert await handle.result(timeout=5) == "hello"
