@@ -856,12 +856,17 @@ class Loom:
         timer service, another node) can take it from the later park just after the park
         scheduled it. The run that parked answers a due wait itself; if it cannot (it died,
         or lost the fence), this puts the row back (docs/design.md, "A timer row is retired
-        only when its own wait is answered")."""
-        wakes = {w.wake_at for w in view.pending_waits() if w.wake_at is not None}
-        if not wakes:
+        only when its own wait is answered"). A message waiting for the park with no row
+        at all gets one too: a timer service that retired its row as having nothing to
+        answer can die before it looks again (docs/design.md, "Resuming a park")."""
+        waits = view.pending_waits()
+        wakes = {w.wake_at for w in waits if w.wake_at is not None}
+        if not wakes and all(w.topic is None for w in waits):
             return
         timers = self.storage.timers
         have = {row.wake_at for row in await timers.pending(view.execution_id)}
+        if not have and await self._message_waiting(view):
+            wakes.add(self.clock.now())
         for wake_at in sorted(wakes - have):
             await timers.schedule(TimerRecord(view.execution_id, wake_at))
 

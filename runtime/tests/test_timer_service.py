@@ -399,6 +399,33 @@ async def test_a_park_whose_row_was_taken_is_rearmed_when_its_node_restarts(url:
             assert await again.get("n").result(timeout=5) == "woke"
 
 
+async def test_a_message_left_without_a_row_is_rearmed_when_its_node_restarts(url: str) -> None:
+    # A timer service that retired a wake row as having nothing to answer looks again
+    # afterwards; one that dies in between leaves a stored message with no row. The
+    # parked receiver's node, restarted, puts a row back, and the message is delivered.
+    clock = VirtualClock()
+    async with open_storage(url) as storage:
+        first = Loom(storage, node="a", clock=clock, timers=False, recover=False)
+
+        @first.workflow(name="wait_note")
+        async def wait_note(ctx: Context) -> object:
+            return await ctx.receive("note")
+
+        async with first:
+            await first.start(wait_note, id="r")
+            await first.drain()
+            await first.inbox.put("r", "note", "hello", None)  # stored; its row is gone
+            assert await storage.timers.pending("r") == ()
+            assert await first.timer_service.poll_once() == {}
+        again = Loom(storage, node="a", clock=clock, timers=False, recover=False)
+        again.workflow(name="wait_note")(wait_note)
+        async with again:
+            assert await again.recover() == []
+            assert len(await storage.timers.pending("r")) == 1
+            await again.timer_service.poll_once()
+            assert await again.get("r").result(timeout=5) == "hello"
+
+
 async def test_a_park_whose_row_was_taken_is_rearmed_when_its_own_answer_fails() -> None:
     # A zero-length sleep parks with its wait due, and the run answers it itself. When
     # that answer cannot be made (rivals keep taking the fence) and the row was taken,
