@@ -57,10 +57,10 @@ class Summary:
         )
 
 
-def where_it_landed(trial: Trial) -> str:
-    """How far the killed worker got: steps it recorded, and whether a step was running."""
+def recorded_by_first(trial: Trial) -> int:
+    """How many steps the trial's first (killed) worker recorded."""
     killed = trial.workers[0].pid
-    recorded = sum(
+    return sum(
         1
         for e in trial.log
         if e.kind == EventKind.STEP_COMPLETED
@@ -68,6 +68,12 @@ def where_it_landed(trial: Trial) -> str:
         and isinstance(result := e.payload.get("result"), dict)
         and result.get("pid") == killed
     )
+
+
+def where_it_landed(trial: Trial) -> str:
+    """How far the killed worker got: steps it recorded, and whether a step was running."""
+    killed = trial.workers[0].pid
+    recorded = recorded_by_first(trial)
     if EventKind.EXECUTION_RECOVERED not in [e.kind for e in trial.log]:
         return "done"
     steps = {t.step for t in trial.traces if t.pid == killed and t.what == "start"}

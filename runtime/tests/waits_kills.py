@@ -44,6 +44,7 @@ from typing import Final, Literal
 
 from loom_runtime import Context, Loom
 from loom_runtime.demo import Trace, Trial, Worker, perform_step, violations
+from random_kills import recorded_by_first
 
 from loom_core import Event, EventKind, JsonValue, open_storage
 
@@ -368,15 +369,7 @@ class Summary:
 def _landed(done: WaitsTrial) -> str:
     """Where worker 1 died: parked, or running with so many steps recorded (and the
     message consumed)."""
-    killed = done.trial.workers[0].pid
-    recorded = sum(
-        1
-        for e in done.trial.log
-        if e.kind == EventKind.STEP_COMPLETED
-        and isinstance(e.payload, dict)
-        and isinstance(result := e.payload.get("result"), dict)
-        and result.get("pid") == killed
-    )
+    recorded = recorded_by_first(done.trial)
     kinds = [e.kind for e in done.trial.log]
     recovered = (
         kinds.index(EventKind.EXECUTION_RECOVERED)
