@@ -15,8 +15,8 @@ import types
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Generic, TypeAlias, TypeVar, cast, final, overload
+from datetime import datetime, timedelta
+from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
 
 from loom_core import (
     Event,
@@ -61,6 +61,10 @@ from loom_runtime.timers import Fired, TimerService
 __all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
 
 _log = logging.getLogger("loom_runtime")
+
+SENDER_GRACE: Final = timedelta(seconds=60)
+"""How long a timer service waits for the message of a sender's wake row to be stored
+before it retires the row as having nothing to answer (docs/design.md, "Resuming a park")."""
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -483,7 +487,9 @@ class Loom:
         # due row behind, and the timer service delivers what it finds.
         wake = TimerRecord(execution_id, self.clock.now())
         await timers.schedule(wake)
-        stored = [await self.inbox.put(execution_id, *m) for m in messages]
+        stored = [
+            await self.inbox.put(execution_id, *m, wake_at=wake.wake_at) for m in messages
+        ]
         try:
             outcome = await self._deliver(wake)
         except (ResumeContendedError, WorkflowNotFoundError):
@@ -764,7 +770,7 @@ class Loom:
 
     async def wake(self, row: TimerRecord) -> Fired:
         """What the timer service does with a due row (see loom_runtime.timers)."""
-        return await self._deliver(row)
+        return await self._deliver(row, patient=True)
 
     async def retired(self, row: TimerRecord) -> None:
         """What the timer service does after it retired ``row`` as obsolete. A sender may
@@ -775,7 +781,9 @@ class Loom:
         if view.park is not None and not view.terminal and await self._message_waiting(view):
             await self.storage.timers.schedule(row)
 
-    async def _deliver(self, row: TimerRecord) -> Fired:
+    async def _deliver(self, row: TimerRecord, *, patient: bool = False) -> Fired:
+        """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
+        itself) leaves a sender's row whose message is not stored yet (see _sending)."""
         view = await self.inspect(row.execution_id)
         if view.status is None or view.terminal:
             if view.status == "continued":
@@ -798,9 +806,11 @@ class Loom:
             answered, run = await self._answer(view, view.park.sequence, prefer=row.wake_at)
             self._spawn(run)
         except ResumeRefusedError as exc:
-            if exc.reason == "nothing-to-answer":
-                return "obsolete"
-            return "left"  # answered by someone else meanwhile: the next poll decides again
+            if exc.reason != "nothing-to-answer":
+                return "left"  # answered by someone else meanwhile: the next poll decides
+            if patient and not own and await self._sending(view, row):
+                return "left"
+            return "obsolete"
         # A row with no wait of its own (a send's wake) has done its work once the park is
         # answered; a timer's row only once its own wait is.
         return "resumed" if not own or answered.wake_at == row.wake_at else "left"
@@ -865,8 +875,9 @@ class Loom:
             return
         timers = self.storage.timers
         have = {row.wake_at for row in await timers.pending(view.execution_id)}
-        if not have and await self._message_waiting(view):
-            wakes.add(self.clock.now())
+        if not have and (waiting := await self._waiting_message(view)) is not None:
+            # At the instant its sender's row had, so the row names its message.
+            wakes.add(waiting.wake_at or self.clock.now())
         for wake_at in sorted(wakes - have):
             await timers.schedule(TimerRecord(view.execution_id, wake_at))
 
@@ -1058,14 +1069,31 @@ class Loom:
                 self.hooks.storage_error(execution_id, exc)
         return token, resumed
 
+    async def _sending(self, view: View, row: TimerRecord) -> bool:
+        """Whether ``row`` may be a sender's wake row whose message is not stored yet: it
+        is younger than SENDER_GRACE, the park waits for a message, and no message in the
+        inbox names the row. A sender writes the row, then stores the message naming it;
+        a row retired in between would leave a sender that dies after storing with its
+        message undelivered (docs/design.md, "Resuming a park")."""
+        if self.clock.now() - row.wake_at >= SENDER_GRACE:
+            return False
+        if all(wait.topic is None for wait in view.pending_waits()):
+            return False  # nothing in this park could take a message
+        messages = await self.inbox.messages(view.execution_id)
+        return all(m.wake_at != row.wake_at for m in messages)
+
     async def _message_waiting(self, view: View) -> bool:
         """Whether a receive of the open park has a message in the inbox."""
+        return await self._waiting_message(view) is not None
+
+    async def _waiting_message(self, view: View) -> Message | None:
+        """A message in the inbox for a receive of the open park, if there is one."""
         for wait in view.pending_waits():
-            if wait.topic is not None and await self.inbox.next(
-                view.execution_id, wait.topic, view.consumed
-            ):
-                return True
-        return False
+            if wait.topic is not None:
+                found = await self.inbox.next(view.execution_id, wait.topic, view.consumed)
+                if found is not None:
+                    return found
+        return None
 
     async def _answer(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final, final
 
 from loom_core import (
@@ -35,6 +36,9 @@ class Message:
     topic: str
     value: JsonValue
     key: str | None
+    wake_at: datetime | None = None
+    """The instant of the wake row its sender wrote before storing it (None when the
+    message was stored without one: handed on to a successor that had not run yet)."""
 
 
 def _message(event: Event) -> Message | None:
@@ -45,8 +49,13 @@ def _message(event: Event) -> Message | None:
     key = payload.get("key")
     if not isinstance(topic, str):
         return None
+    wake_at = payload.get("wake_at")
     return Message(
-        event.sequence, topic, payload.get("value"), key if isinstance(key, str) else None
+        event.sequence,
+        topic,
+        payload.get("value"),
+        key if isinstance(key, str) else None,
+        datetime.fromisoformat(wake_at) if isinstance(wake_at, str) else None,
     )
 
 
@@ -83,9 +92,16 @@ class Inbox:
         return None
 
     async def put(
-        self, execution_id: str, topic: str, value: JsonValue, key: str | None
+        self,
+        execution_id: str,
+        topic: str,
+        value: JsonValue,
+        key: str | None,
+        *,
+        wake_at: datetime | None = None,
     ) -> Message:
-        """Store a message durably; a second put with the same ``key`` returns the first."""
+        """Store a message durably; a second put with the same ``key`` returns the first.
+        ``wake_at`` names the wake row the sender wrote for it."""
         stream = inbox_of(execution_id)
         for _ in range(_PUT_ATTEMPTS):
             known = await self.messages(execution_id)
@@ -96,7 +112,7 @@ class Inbox:
             head, _known = self._cache[stream]
             try:
                 written = await self._events.append(
-                    stream, [message(topic, value, key)], expected_sequence=head
+                    stream, [message(topic, value, key, wake_at)], expected_sequence=head
                 )
             except (SequenceConflictError, ExecutionAlreadyExistsError):
                 continue  # another sender got there first: re-read, then decide again

@@ -312,5 +312,11 @@ def denied(action: str, principal: JsonValue) -> NewEvent:
     )
 
 
-def message(topic: str, value: JsonValue, key: str | None) -> NewEvent:
-    return build_new_event(MESSAGE_KIND, {"topic": topic, "value": value, "key": key}, {})
+def message(
+    topic: str, value: JsonValue, key: str | None, wake_at: datetime | None = None
+) -> NewEvent:
+    """A message; ``wake_at`` is the instant of the wake row its sender wrote first."""
+    payload: dict[str, JsonValue] = {"topic": topic, "value": value, "key": key}
+    if wake_at is not None:
+        payload["wake_at"] = _iso(wake_at)
+    return build_new_event(MESSAGE_KIND, payload, {})

@@ -9,7 +9,8 @@ Each poll asks the store for due rows and decides each one from the execution's 
 - the execution is parked: it is resumed through the conditional fence
   (``fence_if_parked_at``), answering a waiting message first, else the wait this row was
   written for, else another due wait; when nothing in the park can be answered the row is
-  retired.
+  retired, unless it is a sender's wake row whose message is not stored yet (younger than
+  ``SENDER_GRACE``, and no stored message names it): that row is left for a later poll.
 
 A contended resume (rivals keep taking the fence) backs off in process, per execution:
 exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``, at most

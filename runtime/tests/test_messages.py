@@ -8,9 +8,10 @@ from datetime import datetime
 
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
+from loom_runtime.app import SENDER_GRACE
 from loom_runtime.testing import VirtualClock, crash_at
 from loom_runtime.timers import Fired
-from store_probes import kinds, wired
+from store_probes import Wired, kinds, wired
 
 from loom_core import (
     EventKind,
@@ -353,11 +354,86 @@ async def test_a_send_from_an_app_without_the_workflow_returns_and_a_worker_deli
     assert await app.storage.timers.pending("r") == ()
 
 
+class SenderDied(Exception):
+    """Stands in for the death of a sender's process at a store call."""
+
+
+async def _parked_receiver(w: Wired) -> Handle[JsonValue]:
+    @w.app.workflow(name="wait_note")
+    async def wait_note(ctx: Context) -> object:
+        return await ctx.receive("note")
+
+    handle = await w.app.start("wait_note", id="r")
+    await w.app.drain()
+    return handle
+
+
+async def test_a_sender_that_dies_after_storing_is_delivered_from_the_row_it_wrote_first() -> (
+    None
+):
+    """A timer service fires a sender's wake row before the message is stored; the sender
+    then stores it and dies before it can deliver or write the row again. The row was not
+    retired (young, and no stored message names it), so a later poll delivers."""
+    async with wired() as w:
+        handle = await _parked_receiver(w)
+        fired: list[Mapping[TimerRecord, Fired]] = []
+
+        async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r" and not fired:
+                fired.append(await w.app.timer_service.poll_once())
+
+        async def die(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r":
+                raise SenderDied
+
+        w.probe.before_append = timers_fire_first
+        w.probe.after_append = die
+        sender = Loom(w.app.storage, node="api", clock=w.clock, timers=False, recover=False)
+        with pytest.raises(SenderDied):
+            async with sender:
+                await sender.send("r", "note", "hello")
+        w.probe.before_append = w.probe.after_append = None
+        assert [list(f.values()) for f in fired] == [["left"]]  # the window was hit
+        assert len(await w.app.inbox.messages("r")) == 1
+        assert len(await w.base.timers.pending("r")) == 1
+        await w.app.timer_service.poll_once()
+        assert await handle.result(timeout=5) == "hello"
+        assert await consumed(w.app, "r") == ["hello"]
+        assert await w.base.timers.pending("r") == ()
+
+
+async def test_a_senders_row_whose_message_never_came_is_retired_after_the_grace() -> None:
+    """A sender that dies between its row and its message leaves a row that names nothing:
+    timer services leave it while it is younger than SENDER_GRACE, then retire it, and the
+    receiver stays parked on its receive."""
+    async with wired() as w:
+        handle = await _parked_receiver(w)
+
+        async def die(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r":
+                raise SenderDied
+
+        w.probe.before_append = die
+        sender = Loom(w.app.storage, node="api", clock=w.clock, timers=False, recover=False)
+        with pytest.raises(SenderDied):
+            async with sender:
+                await sender.send("r", "note", "hello")
+        w.probe.before_append = None
+        assert await w.app.inbox.messages("r") == []
+        assert list((await w.app.timer_service.poll_once()).values()) == ["left"]
+        await w.clock.advance(SENDER_GRACE)
+        assert list((await w.app.timer_service.poll_once()).values()) == ["obsolete"]
+        assert await w.base.timers.pending("r") == ()
+        assert await handle.status() == "suspended"
+        assert EventKind.MESSAGE_CONSUMED not in await kinds(w.base.events, "r")
+
+
 async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again() -> None:
     """A sender writes the wake row, then stores the message. A worker's timer service that
-    fires the row in between finds nothing to answer and retires it; a sender that cannot
-    deliver itself (it does not run the workflow, or rivals hold the fence) must then write
-    the row again, or the stored message waits for nothing."""
+    fires the row in between, once the row is older than SENDER_GRACE (the sender stalled),
+    finds nothing to answer and retires it; a sender that cannot deliver itself (it does
+    not run the workflow, or rivals hold the fence) must then write the row again, or the
+    stored message waits for nothing."""
     async with wired() as w:
 
         @w.app.workflow(name="wait_note")
@@ -370,6 +446,7 @@ async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again
 
         async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
             if execution_id == "$inbox:r" and not fired:
+                await w.clock.advance(SENDER_GRACE)
                 fired.append(await w.app.timer_service.poll_once())
 
         w.probe.before_append = timers_fire_first
@@ -385,9 +462,9 @@ async def test_a_wake_row_retired_before_its_message_was_stored_is_written_again
 
 
 async def test_a_wake_row_retired_after_its_sender_wrote_it_again_is_put_back() -> None:
-    """The retirement of a row fired before its message was stored can land after the
-    sender wrote the row again (same key): the timer service looks again after retiring,
-    and puts the row back when a message waits."""
+    """The retirement of a row fired before its message was stored (once older than
+    SENDER_GRACE) can land after the sender wrote the row again (same key): the timer
+    service looks again after retiring, and puts the row back when a message waits."""
     async with wired() as w:
 
         @w.app.workflow(name="wait_note")
@@ -408,6 +485,7 @@ async def test_a_wake_row_retired_after_its_sender_wrote_it_again_is_put_back() 
 
         async def timers_fire_first(execution_id: str, kinds: tuple[str, ...]) -> None:
             if execution_id == "$inbox:r" and not poll:
+                await w.clock.advance(SENDER_GRACE)
                 poll.append(asyncio.ensure_future(w.app.timer_service.poll_once()))
                 await at_retire.wait()  # it found nothing to answer, and retires the row
 
