@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import hashlib
 import itertools
@@ -55,6 +54,7 @@ from loom_core import (
 )
 from loom_runtime.app import Loom
 from loom_runtime.context import Context
+from loom_runtime.testing import ChildProcess
 
 __all__ = [
     "NODE",
@@ -232,6 +232,18 @@ class Worker:
     result: JsonValue = None
     lines: tuple[str, ...] = ()
 
+    @classmethod
+    def of(
+        cls, index: int, process: ChildProcess, role: Literal["started", "recovering"]
+    ) -> Worker:
+        """What a reaped worker process said: its result is on its ``completed`` line."""
+        result: JsonValue = None
+        for line in process.lines:
+            word, _, rest = line.partition(" ")
+            if word == "completed":
+                result = json.loads(rest.partition(" ")[2])
+        return cls(index, process.pid, role, process.killed, result, tuple(process.lines))
+
 
 @dataclass(frozen=True, slots=True)
 class Trace:
@@ -258,61 +270,33 @@ class Trial:
     its kill, or its hold)."""
 
 
-class _Process:
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.proc = proc
-        self.stderr = stderr
-        self.lines: list[str] = []
+def _stderr(process: ChildProcess) -> str:
+    text = process.stderr_tail()
+    return f"; its stderr:\n{text}" if text else ""
 
-    async def line(self) -> str:
-        assert self.proc.stdout is not None
-        try:
-            raw = await asyncio.wait_for(self.proc.stdout.readline(), LINE_TIMEOUT)
-        except TimeoutError:
-            self.kill()
-            raise DemoError(
-                f"worker {self.proc.pid} said nothing for {LINE_TIMEOUT:.0f} s{self._stderr()}"
-            ) from None
-        if not raw:
-            await self.proc.wait()
-            raise DemoError(f"worker {self.proc.pid} exited {self.proc.returncode}{self._stderr()}")
-        text = raw.decode().rstrip("\n")
-        self.lines.append(text)
-        return text
 
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
+def _failure(process: ChildProcess, what: str) -> DemoError:
+    return DemoError(f"worker {process.pid} {what}{_stderr(process)}")
 
-    async def finish(self) -> int:
-        """Read the rest of stdout and reap the process; its exit code."""
-        assert self.proc.stdout is not None
-        rest = await asyncio.wait_for(self.proc.stdout.read(), LINE_TIMEOUT)
-        self.lines.extend(rest.decode().splitlines())
-        return await asyncio.wait_for(self.proc.wait(), LINE_TIMEOUT)
 
-    def _stderr(self) -> str:
-        text = self.stderr.read_text(errors="replace").strip() if self.stderr.exists() else ""
-        return f"; its stderr:\n{text[-4000:]}" if text else ""
-
-    def failure(self, what: str) -> DemoError:
-        return DemoError(f"worker {self.proc.pid} {what}{self._stderr()}")
+async def _line(process: ChildProcess) -> str:
+    """The worker's next line; a worker that says nothing, or exits, fails the trial."""
+    try:
+        text = await process.line()
+    except TimeoutError:
+        process.kill()
+        raise _failure(process, f"said nothing for {LINE_TIMEOUT:.0f} s") from None
+    if text is None:
+        raise _failure(process, f"exited {await process.finish()}")
+    return text
 
 
 async def _spawn(
     command: WorkerCommand, args: Sequence[str], stderr: Path, env: Mapping[str, str] | None
-) -> _Process:
-    with stderr.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=err,
-            env=env,
-        )
-    return _Process(proc, stderr)
+) -> ChildProcess:
+    return await ChildProcess.spawn(
+        *command, *args, stderr=stderr, env=env, line_timeout=LINE_TIMEOUT
+    )
 
 
 async def run_trial(
@@ -340,41 +324,41 @@ async def run_trial(
         env,
     )
     try:
-        line = await first.line()
-        if line != f"started {first.proc.pid}":
-            raise first.failure(f"said {line!r} instead of 'started'")
+        line = await _line(first)
+        if line != f"started {first.pid}":
+            raise _failure(first, f"said {line!r} instead of 'started'")
         began = time.perf_counter()
         if hold_at is not None:
-            line = await first.line()
-            if line != f"holding {hold_at} {first.proc.pid}":
-                raise first.failure(f"said {line!r} instead of holding at {hold_at}")
+            line = await _line(first)
+            if line != f"holding {hold_at} {first.pid}":
+                raise _failure(first, f"said {line!r} instead of holding at {hold_at}")
             first.kill()
         elif kill_after is not None:
             await asyncio.sleep(kill_after)
             first.kill()
         else:
-            line = await first.line()
-            if not line.startswith(f"completed {first.proc.pid} "):
-                raise first.failure(f"said {line!r} instead of 'completed'")
+            line = await _line(first)
+            if not line.startswith(f"completed {first.pid} "):
+                raise _failure(first, f"said {line!r} instead of 'completed'")
         ran_for = time.perf_counter() - began
         code = await first.finish()
     finally:
         first.kill()
     if code not in (0, -signal.SIGKILL):
-        raise first.failure(f"exited {code}")
-    workers = [_summarize(0, first, "started", killed=code == -signal.SIGKILL)]
+        raise _failure(first, f"exited {code}")
+    workers = [Worker.of(0, first, "started")]
 
     second = await _spawn(worker, args, directory / "worker-2.stderr", env)
     try:
-        line = await second.line()
-        if line != f"recovering {second.proc.pid}":
-            raise second.failure(f"said {line!r} instead of 'recovering'")
+        line = await _line(second)
+        if line != f"recovering {second.pid}":
+            raise _failure(second, f"said {line!r} instead of 'recovering'")
         code = await second.finish()
     finally:
         second.kill()
     if code != 0:
-        raise second.failure(f"exited {code}")
-    workers.append(_summarize(1, second, "recovering", killed=False))
+        raise _failure(second, f"exited {code}")
+    workers.append(Worker.of(1, second, "recovering"))
 
     async with open_storage(url) as storage:
         log = await storage.events.read(execution_id)
@@ -387,17 +371,6 @@ async def run_trial(
         _read_counters(directory),
         ran_for,
     )
-
-
-def _summarize(
-    index: int, process: _Process, role: Literal["started", "recovering"], *, killed: bool
-) -> Worker:
-    result: JsonValue = None
-    for line in process.lines:
-        word, _, rest = line.partition(" ")
-        if word == "completed":
-            result = json.loads(rest.partition(" ")[2])
-    return Worker(index, process.proc.pid, role, killed, result, tuple(process.lines))
 
 
 def _read_traces(directory: Path) -> tuple[Trace, ...]:

@@ -1,4 +1,5 @@
-"""A test kit for workflows: a virtual clock, crash injection, and a replay check.
+"""A test kit for workflows: a virtual clock, crash injection, a replay check, and a child
+process to SIGKILL.
 
 ::
 
@@ -21,11 +22,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
-from collections.abc import Iterable
+import math
+import os
+import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Literal, final
 
 from loom_core import InvalidInputError
@@ -33,7 +39,7 @@ from loom_runtime.app import Loom
 from loom_runtime.driver import Run
 from loom_runtime.records import Position
 
-__all__ = ["CrashAt", "VirtualClock", "check_replay", "crash_at"]
+__all__ = ["ChildProcess", "CrashAt", "VirtualClock", "check_replay", "crash_at"]
 
 
 @final
@@ -165,3 +171,118 @@ async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) ->
             raise outcome.reason
         replayed.append(execution_id)
     return replayed
+
+
+@final
+class ChildProcess:
+    """A process a kill test starts, reads line by line, SIGKILLs and reaps: a real death,
+    not a simulated one. Its stdout is read as lines; its stderr goes to a file, whose
+    tail a failing test can show (:meth:`stderr_tail`).
+
+    ::
+
+        worker = await ChildProcess.spawn(sys.executable, "worker.py", stderr=tmp / "w.err")
+        try:
+            assert await worker.line() == "started"
+            await asyncio.sleep(random.uniform(0, 0.2))
+            worker.kill()
+        finally:
+            worker.kill()
+        assert await worker.finish() in (0, -signal.SIGKILL)
+    """
+
+    __slots__ = ("_process", "line_timeout", "lines", "stderr")
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, stderr: Path, line_timeout: float
+    ) -> None:
+        self._process = process
+        self.stderr = stderr
+        self.line_timeout = line_timeout
+        self.lines: list[str] = []
+        """Every line read from its stdout so far."""
+
+    @classmethod
+    async def spawn(
+        cls,
+        *argv: str,
+        stderr: Path,
+        env: Mapping[str, str] | None = None,
+        line_timeout: float = 60.0,
+    ) -> ChildProcess:
+        """Start ``argv`` with stdin closed, stdout piped and stderr to the file
+        ``stderr``, in ``env`` (default: this process's environment). A line that takes
+        longer than ``line_timeout`` seconds raises TimeoutError."""
+        if not argv or not all(isinstance(a, str) and a for a in argv):
+            raise InvalidInputError(
+                f"argv must be one or more non-empty strs (the program, then its "
+                f"arguments), not {argv!r}"
+            )
+        if not isinstance(stderr, Path):
+            raise InvalidInputError(f"stderr= must be a pathlib.Path, not {stderr!r}")
+        if (
+            isinstance(line_timeout, bool)
+            or not isinstance(line_timeout, int | float)
+            or not math.isfinite(line_timeout)
+            or line_timeout <= 0
+        ):
+            raise InvalidInputError(
+                f"line_timeout= must be a finite number of seconds above 0, not "
+                f"{line_timeout!r}"
+            )
+        with stderr.open("wb") as err:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                env=None if env is None else dict(env),
+            )
+        return cls(process, stderr, float(line_timeout))
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; ``-signal.SIGKILL`` once reaped after :meth:`kill`."""
+        return self._process.returncode
+
+    @property
+    def killed(self) -> bool:
+        """Whether it was reaped after a SIGKILL."""
+        return self._process.returncode == -signal.SIGKILL
+
+    async def line(self) -> str | None:
+        """The next line of its stdout, without the newline; None once it is closed (the
+        process exited or was killed)."""
+        stdout = self._process.stdout
+        assert stdout is not None
+        raw = await asyncio.wait_for(stdout.readline(), self.line_timeout)
+        if not raw:
+            return None
+        text = raw.decode(errors="replace").rstrip("\n")
+        self.lines.append(text)
+        return text
+
+    def kill(self) -> None:
+        """SIGKILL it, unless it has already been reaped; never raises."""
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signal.SIGKILL)
+
+    async def finish(self) -> int:
+        """Read the rest of its stdout into :attr:`lines` and reap it; its exit code
+        (negative: the signal that ended it)."""
+        stdout = self._process.stdout
+        assert stdout is not None
+        rest = await asyncio.wait_for(stdout.read(), self.line_timeout)
+        self.lines.extend(rest.decode(errors="replace").splitlines())
+        return await asyncio.wait_for(self._process.wait(), self.line_timeout)
+
+    def stderr_tail(self, limit: int = 4000) -> str:
+        """The last ``limit`` characters of what it wrote to stderr ("" if nothing)."""
+        if not self.stderr.exists():
+            return ""
+        return self.stderr.read_text(errors="replace").strip()[-limit:]

@@ -28,7 +28,6 @@ Run as a script, this module is the worker (``worker URL ID DIRECTORY``) or the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -40,10 +39,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from loom_runtime import Context, Loom
 from loom_runtime.demo import Trace, Trial, Worker, perform_step, violations
+from loom_runtime.testing import ChildProcess
 from random_kills import recorded_by_first
 
 from loom_core import Event, EventKind, JsonValue, open_storage
@@ -151,57 +151,15 @@ class WaitsTrial:
     """Seconds from the message's ``sent`` to worker 1's ``completed`` (or its kill)."""
 
 
-class _Process:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-
-    @classmethod
-    async def start(cls, *args: str, env: dict[str, str], stderr: Path) -> _Process:
-        with stderr.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *COMMAND,
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=err,
-                env=env,
-            )
-        return cls(proc)
-
-    async def line(self) -> str:
-        assert self.proc.stdout is not None
-        raw = await asyncio.wait_for(self.proc.stdout.readline(), LINE_TIMEOUT)
-        text = raw.decode().rstrip("\n")
-        if text:
-            self.lines.append(text)
-        return text
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-
-    async def finish(self) -> int:
-        assert self.proc.stdout is not None
-        rest = await asyncio.wait_for(self.proc.stdout.read(), LINE_TIMEOUT)
-        self.lines.extend(rest.decode().splitlines())
-        return await asyncio.wait_for(self.proc.wait(), LINE_TIMEOUT)
-
-    def worker(self, index: int, role: Literal["started", "recovering"], code: int) -> Worker:
-        result: JsonValue = None
-        for line in self.lines:
-            word, _, rest = line.partition(" ")
-            if word == "completed":
-                result = json.loads(rest.partition(" ")[2])
-        killed = code == -signal.SIGKILL
-        return Worker(index, self.proc.pid, role, killed, result, tuple(self.lines))
+async def _start(*args: str, env: dict[str, str], stderr: Path) -> ChildProcess:
+    return await ChildProcess.spawn(
+        *COMMAND, *args, stderr=stderr, env=env, line_timeout=LINE_TIMEOUT
+    )
 
 
-def _checked(process: _Process, code: int, what: str, stderr: Path) -> None:
+def _checked(process: ChildProcess, code: int, what: str) -> None:
     if code not in (0, -signal.SIGKILL):
-        text = stderr.read_text(errors="replace")[-4000:] if stderr.exists() else ""
-        raise AssertionError(f"{what} (pid {process.proc.pid}) exited {code}: {text}")
+        raise AssertionError(f"{what} (pid {process.pid}) exited {code}: {process.stderr_tail()}")
 
 
 async def run_waits_trial(
@@ -209,28 +167,28 @@ async def run_waits_trial(
 ) -> WaitsTrial:
     """One trial (see the module's docstring)."""
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
-    first = await _Process.start(
+    first = await _start(
         "worker", url, execution_id, str(directory), env=env, stderr=directory / "w1.err"
     )
-    senders: list[_Process] = []
+    senders: list[ChildProcess] = []
     sender_killed = False
     try:
         line = await first.line()
-        assert line == f"started {first.proc.pid}", f"worker 1 said {line!r}"
+        assert line == f"started {first.pid}", f"worker 1 said {line!r}"
         began = time.perf_counter()
         sent = asyncio.get_running_loop().create_future()
 
         async def one_send(name: str, kill_after: float | None) -> int:
-            sender = await _Process.start(
+            sender = await _start(
                 "send", url, execution_id, env=env, stderr=directory / f"{name}.err"
             )
             senders.append(sender)
             if kill_after is not None:
                 asyncio.get_running_loop().call_later(kill_after, sender.kill)
-            if (await sender.line()).startswith("sent") and not sent.done():
+            if (await sender.line() or "").startswith("sent") and not sent.done():
                 sent.set_result(time.perf_counter())
             code = await sender.finish()
-            _checked(sender, code, name, directory / f"{name}.err")
+            _checked(sender, code, name)
             return code
 
         async def send() -> None:
@@ -243,7 +201,7 @@ async def run_waits_trial(
         async def kill_worker() -> tuple[float, float]:
             if kills.worker_after is None:
                 line = await first.line()
-                assert line.startswith("completed"), f"worker 1 said {line!r}"
+                assert (line or "").startswith("completed"), f"worker 1 said {line!r}"
             else:
                 if kills.from_sent:
                     await sent
@@ -258,20 +216,20 @@ async def run_waits_trial(
         first.kill()
         for sender in senders:
             sender.kill()
-    _checked(first, code, "worker 1", directory / "w1.err")
-    workers = [first.worker(0, "started", code)]
+    _checked(first, code, "worker 1")
+    workers = [Worker.of(0, first, "started")]
 
-    second = await _Process.start(
+    second = await _start(
         "worker", url, execution_id, str(directory), env=env, stderr=directory / "w2.err"
     )
     try:
         line = await second.line()
-        assert line == f"recovering {second.proc.pid}", f"worker 2 said {line!r}"
+        assert line == f"recovering {second.pid}", f"worker 2 said {line!r}"
         code = await second.finish()
     finally:
         second.kill()
-    assert code == 0, (directory / "w2.err").read_text(errors="replace")[-4000:]
-    workers.append(second.worker(1, "recovering", code))
+    assert code == 0, second.stderr_tail()
+    workers.append(Worker.of(1, second, "recovering"))
 
     async with open_storage(url) as storage:
         log = await storage.events.read(execution_id)
