@@ -10,10 +10,19 @@ A trial, on a storage of its own: worker 1 starts the execution; a random delay 
 says ``started`` a sender is started, and worker 1 is SIGKILLed another random delay after
 its ``started``, or, in half the trials, after the sender says ``sent`` (the message stored:
 then the kill lands around its delivery). In some trials the sender is SIGKILLed too, a
-random delay after it was started, and a second sender sends the same message again under
-the same key, as a client that never heard back would. Worker 2 (the same node, so
-entering its app recovers what worker 1 ran) must then finish the execution. The checks
-hold wherever the kills land:
+random delay after it said ``ready`` (its app open, its send about to begin), within about
+one and a half sends. If it died before it stored the message, a second sender sends the
+same message again under the same key, as a client that never heard back would; if it died
+after, nobody sends it again, and the wake row it wrote before storing must deliver it.
+
+In a quarter of the trials the sender is held instead: it pauses between its wake row and
+its message (the workers' timer services fire the row meanwhile and find nothing to
+answer), stops once the message is stored, and is SIGKILLed there. Worker 1 is left alive
+in those trials, so no restarted node puts a row back: only the row the sender wrote first
+can deliver the message.
+
+Worker 2 (the same node, so entering its app recovers what worker 1 ran) must then finish
+the execution. The checks hold wherever the kills land:
 
 - everything :func:`loom_runtime.demo.violations` checks of the log and the steps' traces
   (gapless, one ending, each recorded step run once by its recorder and never again after);
@@ -22,7 +31,7 @@ hold wherever the kills land:
 - the sleep was answered no earlier than its wake time.
 
 Run as a script, this module is the worker (``worker URL ID DIRECTORY``) or the sender
-(``send URL ID``).
+(``send URL ID [--hold]``).
 """
 
 from __future__ import annotations
@@ -39,14 +48,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal, TypeAlias, get_args
 
 from loom_runtime import Context, Loom
 from loom_runtime.demo import Trace, Trial, Worker, perform_step, violations
 from loom_runtime.testing import ChildProcess
 from random_kills import recorded_by_first
+from store_probes import ProbedEventStore
 
-from loom_core import Event, EventKind, JsonValue, open_storage
+from loom_core import Event, EventKind, JsonValue, Storage, open_storage
 
 WORKFLOW: Final = "kills.sleep-then-receive"
 NODE: Final = "w1"
@@ -59,7 +69,20 @@ LINE_TIMEOUT: Final = 60.0
 COMMAND: Final = (sys.executable, __file__)
 EARLY: Final = 3 * SLEEP
 """Seconds after ``started`` that a kill not drawn from the message lands within."""
+HOLD_PAUSE: Final = 0.05
+"""Seconds a held sender pauses between its wake row and its message: five polls of the
+workers' timer services."""
+HELD_SENDERS: Final = 0.25
+"""The share of trials whose sender is held once it stored the message, and killed there."""
 LANES: Final = 2
+SenderDeath: TypeAlias = Literal[
+    "before storing", "after storing", "held after storing", "after sent"
+]
+"""Where a sender's kill landed: before it stored the message (it is sent again), after
+(nobody sends it again), right after, where a held sender stops (nobody sends it again),
+or after it said ``sent``."""
+SEND_KILL_SPANS: Final = 1.5
+"""A sender's kill lands within this many sends after its ``ready``."""
 CALIBRATION_RUNS: Final = 3
 
 
@@ -103,11 +126,37 @@ async def _work(url: str, execution_id: str, directory: str) -> None:
         _say(f"completed {os.getpid()} {json.dumps(result, sort_keys=True)}")
 
 
-async def _send(url: str, execution_id: str) -> None:
-    # No workflow registered, no timers, no recovery: a process that only sends.
-    async with Loom(url, node="sender", on_error=_report, timers=False, recover=False) as app:
-        sent = await app.send(execution_id, TOPIC, VALUE, key=KEY)
-        _say(f"sent {os.getpid()} {sent}")
+async def _send(url: str, execution_id: str, *, hold: bool) -> None:
+    # No workflow registered, no timers, no recovery: a process that only sends. Held, it
+    # pauses between its wake row and its message (the workers' timer services fire the
+    # row meanwhile and find nothing), then stops once the message is stored and says so,
+    # for the trial to kill it there.
+    base = await open_storage(url)
+    probe = ProbedEventStore(base.events)
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    inbox = f"$inbox:{execution_id}"
+
+    async def pause(stream: str, kinds: tuple[str, ...]) -> None:
+        if stream == inbox:
+            await asyncio.sleep(HOLD_PAUSE)
+
+    async def stop(stream: str, kinds: tuple[str, ...]) -> None:
+        if stream == inbox:
+            _say(f"holding {os.getpid()}")
+            await asyncio.Event().wait()
+
+    if hold:
+        probe.before_append, probe.after_append = pause, stop
+    try:
+        async with Loom(
+            storage, node="sender", on_error=_report, timers=False, recover=False
+        ) as app:
+            _say(f"ready {os.getpid()}")
+            began = time.perf_counter()
+            sent = await app.send(execution_id, TOPIC, VALUE, key=KEY)
+            _say(f"sent {os.getpid()} {sent} {time.perf_counter() - began:.6f}")
+    finally:
+        await storage.close()
 
 
 def main(argv: list[str]) -> int:
@@ -115,7 +164,7 @@ def main(argv: list[str]) -> int:
     if role == "worker":
         asyncio.run(_work(url, execution_id, rest[0]))
     else:
-        asyncio.run(_send(url, execution_id))
+        asyncio.run(_send(url, execution_id, hold=rest == ["--hold"]))
     return 0
 
 
@@ -126,12 +175,14 @@ def main(argv: list[str]) -> int:
 class Kills:
     """When a trial's kills land, in seconds: the sender's start and worker 1's kill (None:
     no kill) after worker 1 said ``started``, or worker 1's after a sender said ``sent``
-    (``from_sent``); the sender's kill after it was started."""
+    (``from_sent``); the sender's kill after it said ``ready``, or (``hold_sender``) once it
+    stored the message and holds there."""
 
     send_after: float
     worker_after: float | None
     sender_after: float | None
     from_sent: bool = False
+    hold_sender: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +195,10 @@ class WaitsTrial:
     sleep: tuple[datetime, datetime] | None
     """The sleep's wake time and when its answer was recorded."""
     senders: int
-    sender_killed: bool
+    sender_death: SenderDeath | None
+    """Where the first sender's kill landed (None: it was not killed)."""
+    send_span: float | None
+    """Seconds a sender's send took (None: no sender finished one)."""
     ran_for: float
     """Seconds from worker 1's ``started`` to its ``completed`` (or its kill)."""
     tail: float
@@ -171,37 +225,78 @@ async def run_waits_trial(
         "worker", url, execution_id, str(directory), env=env, stderr=directory / "w1.err"
     )
     senders: list[ChildProcess] = []
-    sender_killed = False
+    sender_death: SenderDeath | None = None
     try:
         line = await first.line()
         assert line == f"started {first.pid}", f"worker 1 said {line!r}"
         began = time.perf_counter()
         sent = asyncio.get_running_loop().create_future()
+        spans: list[float] = []
 
-        async def one_send(name: str, kill_after: float | None) -> int:
+        async def one_send(name: str, kill_after: float | None, *, hold: bool = False) -> int:
             sender = await _start(
-                "send", url, execution_id, env=env, stderr=directory / f"{name}.err"
+                "send",
+                url,
+                execution_id,
+                *(["--hold"] if hold else []),
+                env=env,
+                stderr=directory / f"{name}.err",
             )
             senders.append(sender)
-            if kill_after is not None:
+            ready = await sender.line()
+            assert ready == f"ready {sender.pid}", f"{name} said {ready!r}"
+            if hold:
+                holding = await sender.line()
+                assert holding == f"holding {sender.pid}", f"{name} said {holding!r}"
+                sender.kill()
+            elif kill_after is not None:
                 asyncio.get_running_loop().call_later(kill_after, sender.kill)
-            if (await sender.line() or "").startswith("sent") and not sent.done():
-                sent.set_result(time.perf_counter())
+            said = (await sender.line() or "").split()
+            if said[:1] == ["sent"]:
+                spans.append(float(said[3]))  # how long its send took, by its own clock
+                if not sent.done():
+                    sent.set_result(time.perf_counter())
             code = await sender.finish()
             _checked(sender, code, name)
             return code
 
         async def send() -> None:
-            nonlocal sender_killed
+            nonlocal sender_death
             await asyncio.sleep(kills.send_after)
-            if await one_send("s1", kills.sender_after) == -signal.SIGKILL:
-                sender_killed = True
+            if kills.hold_sender:
+                # Killed where it stopped, its message stored, neither delivered nor its row
+                # written again; nobody sends it again.
+                assert await one_send("s1", None, hold=True) == -signal.SIGKILL
+                sender_death = "held after storing"
+                sent.set_result(time.perf_counter())
+                return
+            if await one_send("s1", kills.sender_after) != -signal.SIGKILL:
+                return
+            if sent.done():
+                sender_death = "after sent"
+                return
+            async with open_storage(url) as storage:
+                stored = bool(await storage.events.read(f"$inbox:{execution_id}"))
+            if stored:
+                # Nobody sends it again: the wake row it wrote first must deliver it.
+                sender_death = "after storing"
+                sent.set_result(time.perf_counter())
+            else:
+                sender_death = "before storing"
                 assert await one_send("s2", None) == 0
 
         async def kill_worker() -> tuple[float, float]:
             if kills.worker_after is None:
-                line = await first.line()
-                assert (line or "").startswith("completed"), f"worker 1 said {line!r}"
+                try:
+                    line = await first.line()
+                except TimeoutError:
+                    raise AssertionError(
+                        f"worker 1 did not complete in {LINE_TIMEOUT:.0f} s (a message "
+                        f"undelivered?); its stderr: {first.stderr_tail()}"
+                    ) from None
+                assert (line or "").startswith("completed"), (
+                    f"worker 1 said {line!r}; its stderr: {first.stderr_tail()}"
+                )
             else:
                 if kills.from_sent:
                     await sent
@@ -249,7 +344,15 @@ async def run_waits_trial(
         if e.kind == EventKind.MESSAGE_CONSUMED and isinstance(e.payload, dict)
     )
     return WaitsTrial(
-        trial, len(inbox), consumed, _sleep(log), len(senders), sender_killed, ran_for, tail
+        trial,
+        len(inbox),
+        consumed,
+        _sleep(log),
+        len(senders),
+        sender_death,
+        min(spans, default=None),
+        ran_for,
+        tail,
     )
 
 
@@ -309,16 +412,21 @@ class Summary:
     seed: int
     window: float = 0.0
     tail: float = 0.0
+    send_span: float = 0.0
     trials: int = 0
     deaths: int = 0
-    senders_killed: int = 0
+    senders_killed: Counter[SenderDeath] = field(default_factory=Counter)
     landed: Counter[str] = field(default_factory=Counter)
 
     def line(self, backend: str) -> str:
         spread = ", ".join(f"{where}: {n}" for where, n in sorted(self.landed.items()))
+        senders = ", ".join(
+            f"{where}: {self.senders_killed[where]}" for where in get_args(SenderDeath)
+        )
         return (
             f"\n{backend}, a sleep and a message: seed {self.seed}; {self.deaths} workers "
-            f"and {self.senders_killed} senders SIGKILLed in {self.trials} trials over a "
+            f"and {self.senders_killed.total()} senders SIGKILLed (within a "
+            f"{self.send_span * 1000:.1f} ms send: {senders}) in {self.trials} trials over a "
             f"{self.window * 1000:.0f} ms window ({self.tail * 1000:.0f} ms after the "
             f"message was stored). Where worker 1 died: {spread}"
         )
@@ -371,6 +479,7 @@ async def kill_around_waits(
     # tail what is left of it once the message is stored.
     summary.window = min(t.ran_for for t in calibration)
     summary.tail = min(t.tail for t in calibration)
+    summary.send_span = min(t.send_span or LINE_TIMEOUT for t in calibration)
     cap = deaths * 3
     in_flight = 0
 
@@ -380,20 +489,31 @@ async def kill_around_waits(
             index = summary.trials
             summary.trials += 1
             from_sent = rng.random() < 0.5
+            hold = rng.random() < HELD_SENDERS
             kills = Kills(
                 send_after=rng.uniform(0, summary.window),
                 # Not from the message: within its first step, its sleep and its park,
                 # before the sender (a process start away) can have stored anything.
-                worker_after=rng.uniform(0, summary.tail if from_sent else EARLY),
-                sender_after=rng.uniform(0, summary.window) if rng.random() < 0.5 else None,
+                # A held sender's trial leaves worker 1 alive: a restarted node would put
+                # the wake row back; here only the row the sender wrote first delivers.
+                worker_after=(
+                    None if hold else rng.uniform(0, summary.tail if from_sent else EARLY)
+                ),
+                sender_after=(
+                    rng.uniform(0, SEND_KILL_SPANS * summary.send_span)
+                    if not hold and rng.random() < 0.5
+                    else None
+                ),
                 from_sent=from_sent,
+                hold_sender=hold,
             )
             in_flight += 1
             try:
                 done = await trial(index, kills)
             finally:
                 in_flight -= 1
-            summary.senders_killed += done.sender_killed
+            if done.sender_death is not None:
+                summary.senders_killed[done.sender_death] += 1
             if done.trial.workers[0].killed:
                 summary.deaths += 1
                 summary.landed[_landed(done)] += 1
