@@ -13,7 +13,7 @@ import random as random_module
 import socket
 import types
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
@@ -61,6 +61,10 @@ from loom_runtime.timers import Fired, TimerService
 __all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
 
 _log = logging.getLogger("loom_runtime")
+
+CANCEL_AGAIN_AFTER: Final = 1.0
+"""Seconds an app leaving ``async with`` gives a cancelled task to end before it cancels it
+again (see _stop_tasks)."""
 
 SENDER_GRACE: Final = timedelta(seconds=60)
 """How long a timer service waits for the message of a sender's wake row to be stored
@@ -355,10 +359,7 @@ class Loom:
         self._entered = False
         # Runs stop where they are, as a process that exits would: the log keeps them, and
         # the node's next start recovers what was running.
-        tasks = [*self._services, *self._driving]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stop_tasks([*self._services, *self._driving])
         self._services.clear()
         self._runs.clear()
         self._driving.clear()
@@ -1290,6 +1291,25 @@ class _Answering:
 def _wake_order(wait: Wait) -> tuple[datetime, Position]:
     assert wait.wake_at is not None
     return wait.wake_at, wait.position
+
+
+async def _stop_tasks(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended; their exceptions are dropped.
+
+    A task can swallow a cancellation and run on: on Python 3.11, ``asyncio.wait_for``
+    returns a result that arrived together with the cancellation instead of raising it,
+    and a driver beneath the stores may wait that way (psycopg_pool waits so for a free
+    connection). The timer service would then poll on for ever, and leaving the app would
+    hang; so a task still running CANCEL_AGAIN_AFTER seconds after its cancellation is
+    cancelled again."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not report it as never retrieved
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:

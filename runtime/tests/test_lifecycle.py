@@ -21,7 +21,16 @@ from loom_runtime import (
 from loom_runtime.testing import VirtualClock, check_replay
 from store_probes import wired
 
-from loom_core import Event, EventKind, InvalidInputError, NewEvent, open_storage
+from loom_core import (
+    Event,
+    EventKind,
+    InvalidInputError,
+    NewEvent,
+    Storage,
+    TimerRecord,
+    TimerStore,
+    open_storage,
+)
 
 
 async def test_cancel_a_parked_execution_through_the_fence(app: Loom) -> None:
@@ -275,3 +284,61 @@ async def test_drain_waits_for_a_parked_run_that_answers_its_own_park_and_drives
         gate.set()
         await drained
         assert await handle.status() == "completed"
+
+
+class _SwallowingTimers:
+    """A timer store whose first ``due`` waits, and swallows the cancellation that reaches
+    it there and returns, as Python 3.11's ``asyncio.wait_for`` does when the result it
+    waits for (a free pooled connection, say) arrives together with the cancellation."""
+
+    def __init__(self, inner: TimerStore) -> None:
+        self.inner = inner
+        self.waiting = asyncio.Event()
+        self.swallowed = 0
+
+    async def schedule(self, record: TimerRecord) -> None:
+        await self.inner.schedule(record)
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        if not self.swallowed:
+            self.waiting.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.swallowed += 1
+        return await self.inner.due(now, limit=limit, redrive=redrive)
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        return await self.inner.pending(execution_id)
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        return await self.inner.complete(execution_id, wake_at)
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        return await self.inner.cancel(execution_id, wake_at)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_leaving_the_app_stops_a_service_that_swallowed_its_cancellation() -> None:
+    """The timer service swallows the cancellation of leaving the app (in a store call,
+    as a driver on Python 3.11 can) and polls on: leaving cancels it again until it ends,
+    rather than waiting for it for ever."""
+    base = await open_storage("memory://")
+    timers = _SwallowingTimers(base.timers)
+    storage = Storage(base.events, timers, base.leases, url=base.url, on_close=base.close)
+    app = Loom(storage, node="n1", recover=False, poll_interval=0.001)
+
+    async def serve_then_leave() -> None:
+        async with app:
+            await timers.waiting.wait()  # the service is inside the store call
+
+    try:
+        # A guard, not a measurement: without the second cancellation this never ends.
+        await asyncio.wait_for(serve_then_leave(), timeout=60)
+    finally:
+        await storage.close()
+    assert timers.swallowed == 1
