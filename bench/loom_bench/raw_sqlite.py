@@ -5,10 +5,11 @@ settings as the store under test, writing the same rows in the same transactions
 store must (SQLite has one writer, so a loop is the fastest honest way to drive it):
 
 - an append is one ``BEGIN IMMEDIATE`` transaction: read the execution's head and token
-  (one statement), refuse unless the head is the expected sequence (and, when fenced, the
-  token is the one presented), insert the event, move the head (an upsert of the
-  execution's row), ``COMMIT``. The head row is a write the store cannot do without:
-  prefix truncation removes events but keeps the head, so the head is not ``max(sequence)``;
+  (one statement; the head is one past the last event, never below the log's floor),
+  refuse unless the head is the expected sequence (and, when fenced, the token is the one
+  presented), insert the event, and, for a new log only, its row in ``logs`` (the floor,
+  which the store keeps because prefix truncation removes events but not the head),
+  ``COMMIT``;
 - ``acquire_fence`` is one upsert that bumps the token (one statement is its own
   transaction);
 - ``acquire_fence_if`` checks the token and scans for an answering event past the park in
@@ -37,9 +38,9 @@ __all__ = ["SCHEMA", "RawSqliteFloor", "Synchronous", "measure_raw_sqlite"]
 Synchronous = Literal["NORMAL", "FULL"]
 
 SCHEMA: Final = (
-    """CREATE TABLE IF NOT EXISTS executions (
+    """CREATE TABLE IF NOT EXISTS logs (
         execution_id TEXT NOT NULL PRIMARY KEY,
-        head INTEGER NOT NULL
+        floor INTEGER NOT NULL
     ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS events (
         execution_id TEXT NOT NULL,
@@ -61,17 +62,15 @@ PRAGMAS: Final[dict[Synchronous, tuple[str, ...]]] = {
 }
 BUSY_TIMEOUT: Final = "PRAGMA busy_timeout = 5000"
 STATE: Final = (
-    "SELECT (SELECT head FROM executions WHERE execution_id = ?1), "
+    "SELECT max(coalesce((SELECT floor FROM logs WHERE execution_id = ?1), 0), "
+    "coalesce((SELECT max(sequence) + 1 FROM events WHERE execution_id = ?1), 0)), "
     "(SELECT token FROM fences WHERE execution_id = ?1)"
 )
 INSERT: Final = (
     "INSERT INTO events (execution_id, sequence, kind, payload, metadata, recorded_at) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-MOVE_HEAD: Final = (
-    "INSERT INTO executions (execution_id, head) VALUES (?, ?) "
-    "ON CONFLICT (execution_id) DO UPDATE SET head = excluded.head"
-)
+NEW_LOG: Final = "INSERT INTO logs (execution_id, floor) VALUES (?, ?)"
 ACQUIRE: Final = (
     "INSERT INTO fences (execution_id, token) VALUES (?, 1) "
     "ON CONFLICT (execution_id) DO UPDATE SET token = token + 1 RETURNING token"
@@ -139,10 +138,11 @@ class RawSqliteFloor:
         db.execute("BEGIN IMMEDIATE")
         try:
             head, current = db.execute(STATE, (execution_id,)).fetchone()
-            if (head or 0) != sequence or (fence is not None and (current or 0) != fence):
+            if head != sequence or (fence is not None and (current or 0) != fence):
                 raise ScenarioError(f"raw append to {execution_id!r} at {sequence} refused")
+            if head == 0:
+                db.execute(NEW_LOG, (execution_id, 1))
             db.execute(INSERT, row)
-            db.execute(MOVE_HEAD, (execution_id, sequence + 1))
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -100,7 +100,7 @@ async def test_a_cut_tail_with_its_head_counter_needs_the_exported_head(
     try:
         database.execute("DELETE FROM loom_events WHERE execution_id = ? AND sequence >= 7",
                          ("e",))
-        database.execute("UPDATE loom_executions SET head = 7 WHERE execution_id = ?", ("e",))
+        database.execute("UPDATE loom_logs SET floor = 7 WHERE execution_id = ?", ("e",))
         database.commit()
     finally:
         database.close()

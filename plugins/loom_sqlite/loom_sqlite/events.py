@@ -11,10 +11,10 @@ write. The operation checks first and writes last; a refusal
 it was. Semantics match the in-memory reference
 store, :class:`loom_core.memory.MemoryEventStore`.
 
-The log of an execution is its rows below the head stored in ``loom_executions``: every
-read is bounded by that head in the same statement, so a row written into
-``loom_events`` at or past the head (outside Loom: an append moves both in one
-transaction) is never returned.
+The log of an execution is its rows in ``loom_events``; its head is one past the last
+of them, or the floor in ``loom_logs`` when prefix truncation removed them all. Only the
+first append of a log (and a truncation or a copy) writes a ``loom_logs`` row: every
+later append writes its events alone, one page of the file to commit rather than two.
 """
 
 from __future__ import annotations
@@ -62,10 +62,13 @@ from loom_sqlite.transactions import TransactionRunner
 
 __all__ = ["SqliteEventStore"]
 
-SELECT_HEAD: Final = "SELECT head FROM loom_executions WHERE execution_id = ?"
-UPSERT_HEAD: Final = """
-INSERT INTO loom_executions (execution_id, head) VALUES (?, ?)
-ON CONFLICT (execution_id) DO UPDATE SET head = excluded.head
+SELECT_HEAD: Final = """
+SELECT max(coalesce((SELECT floor FROM loom_logs WHERE execution_id = ?1), 0),
+           coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = ?1), 0))
+"""
+SET_FLOOR: Final = """
+INSERT INTO loom_logs (execution_id, floor) VALUES (?, ?)
+ON CONFLICT (execution_id) DO UPDATE SET floor = excluded.floor
 """
 INSERT_EVENT: Final = """
 INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, recorded_at)
@@ -74,15 +77,14 @@ VALUES (?, ?, ?, ?, ?, ?)
 SELECT_EVENTS: Final = """
 SELECT sequence, kind, payload, metadata, recorded_at FROM loom_events
 WHERE execution_id = ?1 AND sequence >= ?2 AND sequence <= ?3
-  AND sequence < (SELECT head FROM loom_executions WHERE execution_id = ?1)
 ORDER BY sequence
 LIMIT ?4
 """
 LIST_EXECUTIONS: Final = """
-SELECT execution_id FROM loom_executions WHERE execution_id > ?
+SELECT execution_id FROM loom_logs WHERE execution_id > ?
 ORDER BY execution_id LIMIT ?
 """
-DELETE_EXECUTION: Final = "DELETE FROM loom_executions WHERE execution_id = ?"
+DELETE_EXECUTION: Final = "DELETE FROM loom_logs WHERE execution_id = ?"
 DELETE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ?"
 COPY_EVENTS: Final = """
 INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata, recorded_at)
@@ -154,13 +156,15 @@ def _insert(
     raw: sqlite3.Connection, execution_id: str, head: int, rows: Sequence[_Row], now: int
 ) -> tuple[Event, ...]:
     recorded_at = from_micros(now)
+    if head == 0:
+        # A new log: its row in loom_logs, which lists it and outlives its events.
+        raw.execute(SET_FLOOR, (execution_id, len(rows)))
     if len(rows) == 1:
         # The usual append: one statement, no list (cheaper than executemany).
         (r,) = rows
         raw.execute(
             INSERT_EVENT, (execution_id, head, r.kind, r.payload_text, r.metadata_text, now)
         )
-        raw.execute(UPSERT_HEAD, (execution_id, head + 1))
         return (build_event(execution_id, head, r.kind, r.payload, r.metadata, recorded_at),)
     raw.executemany(
         INSERT_EVENT,
@@ -169,7 +173,6 @@ def _insert(
             for i, r in enumerate(rows)
         ],
     )
-    raw.execute(UPSERT_HEAD, (execution_id, head + len(rows)))
     return tuple(
         build_event(execution_id, head + i, r.kind, r.payload, r.metadata, recorded_at)
         for i, r in enumerate(rows)
@@ -269,8 +272,7 @@ def _read(
 
 
 def _head(raw: sqlite3.Connection, execution_id: str) -> int:
-    row = raw.execute(SELECT_HEAD, (execution_id,)).fetchone()
-    return 0 if row is None else int(row[0])
+    return int(raw.execute(SELECT_HEAD, (execution_id,)).fetchone()[0])
 
 
 def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
@@ -279,7 +281,7 @@ def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
 
 def _delete(raw: sqlite3.Connection, execution_id: str) -> bool:
     existed = raw.execute(DELETE_EXECUTION, (execution_id,)).rowcount > 0
-    raw.execute(DELETE_EVENTS, (execution_id,))
+    existed = raw.execute(DELETE_EVENTS, (execution_id,)).rowcount > 0 or existed
     if existed:
         fencing.fence_out_on_delete(raw, execution_id)
     return existed
@@ -291,11 +293,11 @@ def _copy_prefix(raw: sqlite3.Connection, source: str, target: str, through: int
         raise InvalidSequenceError(
             f"through_sequence {through} is past the head of {source!r} ({source_head})"
         )
-    target_head = raw.execute(SELECT_HEAD, (target,)).fetchone()
-    if target_head is not None:
-        raise ExecutionAlreadyExistsError(target, int(target_head[0]))
+    target_head = _head(raw, target)
+    if target_head:
+        raise ExecutionAlreadyExistsError(target, target_head)
     copied = raw.execute(COPY_EVENTS, (target, source, through)).rowcount
-    raw.execute(UPSERT_HEAD, (target, through + 1))
+    raw.execute(SET_FLOOR, (target, through + 1))
     return copied
 
 
@@ -305,14 +307,16 @@ def _truncate(raw: sqlite3.Connection, execution_id: str, keep_from: int) -> int
         raise InvalidSequenceError(
             f"keep_from_sequence {keep_from} is past the head of {execution_id!r} ({head})"
         )
+    # The head outlives the events: truncating them all leaves the floor to keep it.
+    raw.execute(SET_FLOOR, (execution_id, head))
     return raw.execute(TRUNCATE_EVENTS, (execution_id, keep_from)).rowcount
 
 
 def _head_or_missing(raw: sqlite3.Connection, execution_id: str) -> int:
-    row = raw.execute(SELECT_HEAD, (execution_id,)).fetchone()
-    if row is None:
+    head = _head(raw, execution_id)
+    if not head:
         raise ExecutionNotFoundError(execution_id)
-    return int(row[0])
+    return head
 
 
 # -- the store ----------------------------------------------------------------------------

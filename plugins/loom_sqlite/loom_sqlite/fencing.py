@@ -29,8 +29,7 @@ arrays, built from the kernel's own sets, so there is one classification. Nothin
 is stored: a flag written beside the event could be flipped in the file without touching
 the columns an audit chain covers, and the acquire would then win over an answered park.
 The scan reads the primary key from the park to the head: the events after a park are
-few (a denial, an annotation, the answer), and the head bounds it, so a row forged past
-the head is not part of the log here either.
+few (a denial, an annotation, the answer).
 """
 
 from __future__ import annotations
@@ -65,7 +64,8 @@ __all__ = [
 ]
 
 SELECT_STATE: Final = """
-SELECT (SELECT head FROM loom_executions WHERE execution_id = ?1),
+SELECT max(coalesce((SELECT floor FROM loom_logs WHERE execution_id = ?1), 0),
+           coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = ?1), 0)),
        (SELECT token FROM loom_fences WHERE execution_id = ?1)
 """
 SELECT_TOKEN: Final = "SELECT token FROM loom_fences WHERE execution_id = ?"
@@ -94,9 +94,12 @@ KERNEL_KINDS_JSON: Final = _json_list(KERNEL_KINDS)
 
 
 def state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
-    """The execution's head (0: no log) and token (0: never fenced), in one statement."""
+    """The execution's head (0: no log) and token (0: never fenced), in one statement.
+
+    The head is one past the last event, or the log's floor when truncation removed every
+    event (:mod:`loom_sqlite.schema`): two seeks of a primary key, no scan."""
     head, token = raw.execute(SELECT_STATE, (execution_id,)).fetchone()
-    return (0 if head is None else int(head)), (0 if token is None else int(token))
+    return int(head), (0 if token is None else int(token))
 
 
 def current_token(raw: sqlite3.Connection, execution_id: str) -> int:

@@ -4,11 +4,13 @@ Everything lives in one file, so one backup captures the log, the fence tokens, 
 timers and the leases together. Tables are prefixed ``loom_`` so the
 file can be shared with an application's own tables.
 
-- ``loom_executions``: one row per log; ``head`` is the next sequence (the number of events
-  ever appended), kept here because prefix truncation removes events but not the head.
-- ``loom_events``: the log, the rows of an execution below its head. Nothing derived
-  from an event is stored beside it: the answering classification is computed from
-  ``kind`` and ``metadata`` when the conditional fence scans (:mod:`loom_sqlite.fencing`).
+- ``loom_logs``: one row per log, written when the log is created and when a truncation
+  or a copy sets where it starts; ``floor`` is the head the log has at least. The head (the
+  next sequence) is one past the log's last event, or ``floor`` when prefix truncation
+  removed every event. An append after the first writes no row here, only its events.
+- ``loom_events``: the log. Nothing derived from an event is stored beside it: the
+  answering classification is computed from ``kind`` and ``metadata`` when the
+  conditional fence scans (:mod:`loom_sqlite.fencing`).
 - ``loom_fences``: one row per fenced execution; outlives the log when its token is > 0.
 - ``loom_timers``: keyed by (execution_id, wake_at); ``redrive`` is JSON.
 - ``loom_leases``: one row per held lease.
@@ -18,7 +20,7 @@ Times are INTEGER microseconds since the epoch (:mod:`loom_sqlite.clock`).
 Opening is safe when several processes open one file together: every change runs in one
 ``BEGIN IMMEDIATE`` transaction (one process at a time), is written to be a no-op when it
 is already done (``IF NOT EXISTS``), and each migration looks at the columns first, in
-that same transaction. There are two:
+that same transaction. There are three:
 
 - a timer table from before re-drives lacks ``redrive``: the column is added
   (tolerating a duplicate column in case a tool outside Loom added it meanwhile);
@@ -31,6 +33,11 @@ that same transaction. There are two:
   process of an older loom-sqlite still writing the file fails its appends with a
   ``StorageWriteError`` (no such column), writing nothing: upgrade every process that
   shares a file together.
+- a file of schema 2 keeps each log's head in ``loom_executions``, moved by every append:
+  the table is renamed ``loom_logs`` and its ``head`` column ``floor`` (a head that was
+  exact is a floor that holds). The rename is what keeps an older loom-sqlite from
+  misreading the file: its heads would have stopped moving, and it fails on the missing
+  table instead (a ``StorageReadError`` or ``StorageWriteError``, writing nothing).
 
 A file already at :data:`SCHEMA_VERSION` is not written at all, so a read-only copy opens.
 """
@@ -42,21 +49,25 @@ from typing import Final
 
 __all__ = ["SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """``PRAGMA user_version`` of a file whose schema is complete. 0 is a new file or one
 written before the version was recorded (possibly with an old-shape timer table); 1 has
-the derived ``answering`` column on ``loom_events``."""
+the derived ``answering`` column on ``loom_events``; 2 keeps every head, moved by each
+append, in ``loom_executions``."""
 
 READ_VERSION: Final = "PRAGMA user_version"
 # PRAGMA takes no bind parameters; the version is a constant of this module.
-WRITE_VERSION: Final = "PRAGMA user_version = 2"
+WRITE_VERSION: Final = "PRAGMA user_version = 3"
 
-CREATE_EXECUTIONS: Final = """
-CREATE TABLE IF NOT EXISTS loom_executions (
+CREATE_LOGS: Final = """
+CREATE TABLE IF NOT EXISTS loom_logs (
     execution_id TEXT NOT NULL PRIMARY KEY,
-    head INTEGER NOT NULL
+    floor INTEGER NOT NULL
 ) WITHOUT ROWID
 """
+TABLES: Final = "SELECT name FROM sqlite_schema WHERE type = 'table'"
+RENAME_EXECUTIONS: Final = "ALTER TABLE loom_executions RENAME TO loom_logs"
+RENAME_HEAD: Final = "ALTER TABLE loom_logs RENAME COLUMN head TO floor"
 
 CREATE_EVENTS: Final = """
 CREATE TABLE IF NOT EXISTS loom_events (
@@ -116,7 +127,7 @@ CREATE TABLE IF NOT EXISTS loom_leases (
 """
 
 _CREATE: Final = (
-    CREATE_EXECUTIONS,
+    CREATE_LOGS,
     CREATE_EVENTS,
     CREATE_FENCES,
     CREATE_TIMERS,
@@ -136,6 +147,14 @@ def _add_redrive_column(raw: sqlite3.Connection) -> None:
         # BEGIN IMMEDIATE, but a tool outside Loom might not take the lock first).
         if "duplicate column name" not in str(exc):
             raise
+
+
+def _rename_executions(raw: sqlite3.Connection) -> None:
+    # Before the tables are created: loom_logs must not exist yet for the rename.
+    tables = {row[0] for row in raw.execute(TABLES)}
+    if "loom_executions" in tables and "loom_logs" not in tables:
+        raw.execute(RENAME_EXECUTIONS)
+        raw.execute(RENAME_HEAD)
 
 
 def _drop_answering_column(raw: sqlite3.Connection) -> None:
@@ -158,6 +177,7 @@ def ensure_schema(raw: sqlite3.Connection) -> bool:
         if raw.execute(READ_VERSION).fetchone()[0] >= SCHEMA_VERSION:
             raw.execute("ROLLBACK")
             return False
+        _rename_executions(raw)
         for statement in _CREATE:
             raw.execute(statement)
         _add_redrive_column(raw)

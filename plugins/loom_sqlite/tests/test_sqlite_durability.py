@@ -31,7 +31,11 @@ def _check(path: Path, acked: dict[str, int]) -> dict[str, int]:
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        heads = dict(raw.execute("SELECT execution_id, head FROM loom_executions").fetchall())
+        heads = dict(raw.execute(
+            "SELECT execution_id, max(floor, coalesce((SELECT max(sequence) + 1 "
+            "FROM loom_events AS e WHERE e.execution_id = l.execution_id), 0)) "
+            "FROM loom_logs AS l"
+        ).fetchall())
         for execution_id, head in heads.items():
             rows = raw.execute(
                 "SELECT sequence, json_extract(payload, '$.n'), json_extract(payload, '$.of') "

@@ -41,7 +41,7 @@ from loom_core import (
     open_storage,
 )
 
-TABLES = ("loom_executions", "loom_events", "loom_fences", "loom_timers", "loom_leases")
+TABLES = ("loom_logs", "loom_events", "loom_fences", "loom_timers", "loom_leases")
 HUGE = 2**63  # one past the largest position (a signed 64-bit integer)
 
 
