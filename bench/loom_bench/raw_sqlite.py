@@ -7,9 +7,8 @@ store must (SQLite has one writer, so a loop is the fastest honest way to drive 
 - an append is one ``BEGIN IMMEDIATE`` transaction: read the execution's head and token
   (one statement; the head is one past the last event, never below the log's floor),
   refuse unless the head is the expected sequence (and, when fenced, the token is the one
-  presented), insert the event, and, for a new log only, its row in ``logs`` (the floor,
-  which the store keeps because prefix truncation removes events but not the head),
-  ``COMMIT``;
+  presented), insert the event, ``COMMIT``. The head read includes the log's floor (the
+  head a truncation keeps when it removes every event), which no append writes;
 - ``acquire_fence`` is one upsert that bumps the token (one statement is its own
   transaction);
 - ``acquire_fence_if`` checks the token and scans for an answering event past the park in
@@ -70,7 +69,6 @@ INSERT: Final = (
     "INSERT INTO events (execution_id, sequence, kind, payload, metadata, recorded_at) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-NEW_LOG: Final = "INSERT INTO logs (execution_id, floor) VALUES (?, ?)"
 ACQUIRE: Final = (
     "INSERT INTO fences (execution_id, token) VALUES (?, 1) "
     "ON CONFLICT (execution_id) DO UPDATE SET token = token + 1 RETURNING token"
@@ -140,8 +138,6 @@ class RawSqliteFloor:
             head, current = db.execute(STATE, (execution_id,)).fetchone()
             if head != sequence or (fence is not None and (current or 0) != fence):
                 raise ScenarioError(f"raw append to {execution_id!r} at {sequence} refused")
-            if head == 0:
-                db.execute(NEW_LOG, (execution_id, 1))
             db.execute(INSERT, row)
         except BaseException:
             db.execute("ROLLBACK")

@@ -372,11 +372,6 @@ async def _verify_agrees_with_read(storage: Storage, execution_id: str) -> Verif
     return result
 
 
-def _floor(sql: sqlite3.Connection, execution_id: str) -> int:
-    row = sql.execute("SELECT floor FROM loom_logs WHERE execution_id = ?", (execution_id,))
-    return int(row.fetchone()[0])
-
-
 async def test_a_row_forged_past_the_head_is_never_passed_as_intact(
     on_sqlite: Storage, sql: sqlite3.Connection
 ) -> None:
@@ -416,8 +411,9 @@ async def test_the_floor_cannot_hide_events_and_above_them_is_a_missing_tail(
 ) -> None:
     await on_sqlite.events.append("e", [NewEvent("X", {"n": i}) for i in range(3)],
                                   expected_sequence=0)
-    assert _floor(sql, "e") == 3
-    sql.execute("UPDATE loom_logs SET floor = 2 WHERE execution_id = 'e'")
+    # Appends write no floor; a truncation or a copy would.
+    assert sql.execute("SELECT count(*) FROM loom_logs").fetchone() == (0,)
+    sql.execute("INSERT INTO loom_logs VALUES ('e', 2)")
     assert await on_sqlite.events.head("e") == 3
     assert (await _verify_agrees_with_read(on_sqlite, "e")).ok
     # Moved forward instead, the chain ends before the head: its tail is missing.
@@ -427,16 +423,18 @@ async def test_the_floor_cannot_hide_events_and_above_them_is_a_missing_tail(
     assert (moved_on.sequence, moved_on.reason) == (3, "tail")
 
 
-async def test_rows_without_their_log_row_are_still_the_log(
+async def test_rows_without_their_floor_are_still_the_log(
     on_sqlite: Storage, sql: sqlite3.Connection
 ) -> None:
-    await on_sqlite.events.append("e", [NewEvent("X", {"n": i}) for i in range(2)],
+    await on_sqlite.events.append("e", [NewEvent("X", {"n": i}) for i in range(4)],
                                   expected_sequence=0)
+    await on_sqlite.events.truncate_prefix_keeping("e", keep_from_sequence=2)
     sql.execute("DELETE FROM loom_logs WHERE execution_id = 'e'")
-    assert await on_sqlite.events.head("e") == 2
-    result = await _verify_agrees_with_read(on_sqlite, "e")
+    assert await on_sqlite.events.head("e") == 4
+    result = await find_audit_store(on_sqlite).verify("e", allow_truncated_prefix=True)
     assert result.ok
     assert result.events == 2
+    assert [e.sequence for e in await on_sqlite.events.read("e")] == [2, 3]
 
 
 async def _park_and_answer(storage: Storage) -> int:

@@ -12,9 +12,9 @@ it was. Semantics match the in-memory reference
 store, :class:`loom_core.memory.MemoryEventStore`.
 
 The log of an execution is its rows in ``loom_events``; its head is one past the last
-of them, or the floor in ``loom_logs`` when prefix truncation removed them all. Only the
-first append of a log (and a truncation or a copy) writes a ``loom_logs`` row: every
-later append writes its events alone, one page of the file to commit rather than two.
+of them, and never below the floor a truncation or a copy wrote in ``loom_logs`` (a log
+truncated to nothing keeps its head there). An append writes its events and nothing
+else: one page of the file to commit, where a head row moved by every append made two.
 """
 
 from __future__ import annotations
@@ -80,9 +80,22 @@ WHERE execution_id = ?1 AND sequence >= ?2 AND sequence <= ?3
 ORDER BY sequence
 LIMIT ?4
 """
+# The ids that have events, one primary-key seek each (the next id after the last one:
+# a log's events are never scanned), merged with those that have only a floor.
 LIST_EXECUTIONS: Final = """
-SELECT execution_id FROM loom_logs WHERE execution_id > ?
-ORDER BY execution_id LIMIT ?
+WITH RECURSIVE ids (execution_id) AS (
+    SELECT (SELECT min(execution_id) FROM loom_events WHERE execution_id > ?1)
+    UNION ALL
+    SELECT (SELECT min(execution_id) FROM loom_events WHERE execution_id > ids.execution_id)
+    FROM ids WHERE ids.execution_id IS NOT NULL
+    LIMIT ?2
+)
+SELECT execution_id FROM ids WHERE execution_id IS NOT NULL
+UNION
+SELECT execution_id FROM (
+    SELECT execution_id FROM loom_logs WHERE execution_id > ?1 ORDER BY execution_id LIMIT ?2
+)
+ORDER BY execution_id LIMIT ?2
 """
 DELETE_EXECUTION: Final = "DELETE FROM loom_logs WHERE execution_id = ?"
 DELETE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ?"
@@ -156,9 +169,6 @@ def _insert(
     raw: sqlite3.Connection, execution_id: str, head: int, rows: Sequence[_Row], now: int
 ) -> tuple[Event, ...]:
     recorded_at = from_micros(now)
-    if head == 0:
-        # A new log: its row in loom_logs, which lists it and outlives its events.
-        raw.execute(SET_FLOOR, (execution_id, len(rows)))
     if len(rows) == 1:
         # The usual append: one statement, no list (cheaper than executemany).
         (r,) = rows

@@ -4,10 +4,11 @@ Everything lives in one file, so one backup captures the log, the fence tokens, 
 timers and the leases together. Tables are prefixed ``loom_`` so the
 file can be shared with an application's own tables.
 
-- ``loom_logs``: one row per log, written when the log is created and when a truncation
-  or a copy sets where it starts; ``floor`` is the head the log has at least. The head (the
-  next sequence) is one past the log's last event, or ``floor`` when prefix truncation
-  removed every event. An append after the first writes no row here, only its events.
+- ``loom_logs``: a row for a log whose head its events alone may not give, written when a
+  truncation or a copy sets where the log starts; ``floor`` is the head the log has at
+  least. The head (the next sequence) is one past the log's last event, and never below
+  ``floor`` (a log truncated to nothing keeps its head there). An append writes no row
+  here, only its events; a log exists while it has events or a row here.
 - ``loom_events``: the log. Nothing derived from an event is stored beside it: the
   answering classification is computed from ``kind`` and ``metadata`` when the
   conditional fence scans (:mod:`loom_sqlite.fencing`).

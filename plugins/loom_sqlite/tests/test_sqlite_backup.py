@@ -78,7 +78,7 @@ async def test_a_backup_does_not_wait_for_a_writer_and_leaves_its_write_out(
     writer = sqlite3.connect(db_path, isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        writer.execute("UPDATE loom_logs SET floor = 99 WHERE execution_id = 'e'")
+        writer.execute("INSERT INTO loom_logs VALUES ('e', 99)")
         await loom_sqlite.backup(storage, tmp_path / "copy.db")
         writer.execute("COMMIT")
     finally:

@@ -32,9 +32,11 @@ def _check(path: Path, acked: dict[str, int]) -> dict[str, int]:
     try:
         assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         heads = dict(raw.execute(
-            "SELECT execution_id, max(floor, coalesce((SELECT max(sequence) + 1 "
-            "FROM loom_events AS e WHERE e.execution_id = l.execution_id), 0)) "
-            "FROM loom_logs AS l"
+            "SELECT id, max("
+            "coalesce((SELECT floor FROM loom_logs WHERE execution_id = id), 0), "
+            "coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = id), 0)"
+            ") FROM (SELECT execution_id AS id FROM loom_events "
+            "UNION SELECT execution_id FROM loom_logs)"
         ).fetchall())
         for execution_id, head in heads.items():
             rows = raw.execute(

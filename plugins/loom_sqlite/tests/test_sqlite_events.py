@@ -8,7 +8,9 @@ round trip through JSON text, the fence table, the answered-park scan, group com
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -329,6 +331,54 @@ async def test_truncate_keeps_the_head(storage: Storage) -> None:
         await storage.events.truncate_prefix_keeping("e", keep_from_sequence=7)
     with pytest.raises(ExecutionNotFoundError):
         await storage.events.truncate_prefix_keeping("nope", keep_from_sequence=0)
+
+
+def _floors(path: Path) -> list[tuple[str, int]]:
+    raw = sqlite3.connect(path)
+    try:
+        return raw.execute("SELECT execution_id, floor FROM loom_logs ORDER BY 1").fetchall()
+    finally:
+        raw.close()
+
+
+async def test_an_append_writes_its_events_and_no_floor(storage: Storage, db_path: Path) -> None:
+    events = storage.events
+    await events.append("e", [NewEvent("S") for _ in range(3)], expected_sequence=0)
+    await events.append("e", [NewEvent("S")], expected_sequence=3, fence=None)
+    token = await events.acquire_fence("e")
+    await events.append("e", [NewEvent("S")], expected_sequence=4, fence=token)
+    await events.append_many([AppendRequest("f", [NewEvent("S")], expected_sequence=0)])
+    assert (await events.head("e"), await events.head("f")) == (5, 1)
+    assert _floors(db_path) == []
+    # A truncation and a copy write the floor that keeps the head where events may not.
+    await events.truncate_prefix_keeping("e", keep_from_sequence=5)
+    await events.copy_prefix("f", "g", through_sequence=0)
+    assert _floors(db_path) == [("e", 5), ("g", 1)]
+    assert (await events.head("e"), await events.head("g")) == (5, 1)
+
+
+async def test_logs_with_events_and_logs_with_only_a_floor_are_listed_together(
+    storage: Storage,
+) -> None:
+    events = storage.events
+    for execution_id in ("a", "b", "c", "d", "e"):
+        await events.append(execution_id, [NewEvent("S"), NewEvent("S")], expected_sequence=0)
+    for execution_id in ("b", "d"):  # only their floors are left
+        await events.truncate_prefix_keeping(execution_id, keep_from_sequence=2)
+    await events.truncate_prefix_keeping("c", keep_from_sequence=1)  # events and a floor
+    assert await events.list_executions() == ("a", "b", "c", "d", "e")
+    pages, after = [], None
+    while page := await events.list_executions(after=after, limit=2):
+        pages.append(page)
+        after = page[-1]
+    assert pages == [("a", "b"), ("c", "d"), ("e",)]
+    assert await events.list_executions(after="b", limit=1) == ("c",)
+    assert await events.list_executions(after="c", limit=1) == ("d",)
+    assert await events.delete_execution("b") is True  # a floor alone is a log
+    assert await events.delete_execution("a") is True
+    assert await events.delete_execution("a") is False
+    assert await events.list_executions() == ("c", "d", "e")
+    assert await events.head("b") == 0
 
 
 async def test_concurrent_appends_share_commits_but_keep_their_own_results(
