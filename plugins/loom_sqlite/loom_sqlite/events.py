@@ -190,14 +190,15 @@ def _insert(
 
 
 def _append(
-    raw: sqlite3.Connection,
-    *,
     execution_id: str,
     rows: tuple[_Row, ...],
     expected: int,
     fence: int | None,
     clock: Clock,
+    raw: sqlite3.Connection,
 ) -> tuple[Event, ...]:
+    # Positional, the connection last: the partial that carries the rest calls it without
+    # building a dict of keywords (this is every append's path).
     head, token = fencing.state(raw, execution_id)
     _check_head(execution_id, expected, head)
     if fence is not None:
@@ -373,12 +374,8 @@ class SqliteEventStore(RefusesUnoffered):
         if fence is not None:
             fence = check_fence(fence)
         op = functools.partial(
-            _append,
-            execution_id=execution_id,
-            rows=_prepare(checked, fence, texts),
-            expected=expected_sequence,
-            fence=fence,
-            clock=self._clock,
+            _append, execution_id, _prepare(checked, fence, texts), expected_sequence, fence,
+            self._clock,
         )
         written = await self._open().write(op, doing=f"appending to {execution_id!r}")
         self._subscriptions.wake(execution_id)
