@@ -62,10 +62,6 @@ from loom_sqlite.transactions import TransactionRunner
 
 __all__ = ["SqliteEventStore"]
 
-SELECT_HEAD: Final = """
-SELECT max(coalesce((SELECT floor FROM loom_logs WHERE execution_id = ?1), 0),
-           coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = ?1), 0))
-"""
 SET_FLOOR: Final = """
 INSERT INTO loom_logs (execution_id, floor) VALUES (?, ?)
 ON CONFLICT (execution_id) DO UPDATE SET floor = excluded.floor
@@ -283,7 +279,8 @@ def _read(
 
 
 def _head(raw: sqlite3.Connection, execution_id: str) -> int:
-    return int(raw.execute(SELECT_HEAD, (execution_id,)).fetchone()[0])
+    head, _ = fencing.state(raw, execution_id)  # the one place the head is derived
+    return head
 
 
 def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
