@@ -4,8 +4,9 @@ Every SQLite call of a storage runs on one of two connections, opened and config
 
 - the **thread connection**, owned by the storage's :class:`~loom_sqlite.writer.WriterThread`
   and used only there. It waits up to ``busy_timeout_ms`` for another process's write
-  lock, and it runs every checkpoint of this storage (SQLite's automatic one: the only
-  writes that sync the disk under ``synchronous = NORMAL``);
+  lock, and it runs every checkpoint of this storage (SQLite's automatic one, and those
+  :mod:`loom_sqlite.transactions` runs behind a lone writer: the only writes that sync
+  the disk under ``synchronous = NORMAL``);
 - the **loop connection** (``synchronous = NORMAL`` only), which the event loop uses for
   an operation that is alone (see :mod:`loom_sqlite.transactions`). Its busy timeout is
   zero, so it never waits for a lock, and its automatic checkpoints are off, so none of

@@ -44,11 +44,17 @@ Checkpoints (the writes that sync the disk under ``NORMAL``) run only on the thr
 thread connection checkpoints as SQLite does by default (a commit that leaves 1 000 pages
 or more in the ``-wal`` file copies them back), the loop connection never does. So that the
 ``-wal`` file does not grow without end at one writer, after ``CHECKPOINT_ROWS`` rows
-written on the loop the next write batch goes to the thread, where its commit
-checkpoints. The write after any thread write goes to the thread as well: the first
-commit after a checkpoint starts the ``-wal`` file over and syncs its header, and that
-sync belongs on the thread too. (If another connection holds a read transaction over that
-commit, SQLite starts the file over at a later commit, which may then run on the loop.)
+written on the loop the thread copies the file back *behind* the writer: a passive
+checkpoint, which takes no lock a writer needs, so the loop goes on writing meanwhile
+(again while the frames written during a pass are many, at most ``BEHIND_PASSES`` times).
+Only then does the next write batch go to the thread, where it first copies what was
+written since (a few frames) and then finds the file copied back and starts it over,
+syncing its header there. A lone writer so waits for a few frames' copy instead of the
+whole file's. The write after any other thread write goes to the thread as well: that
+commit may have checkpointed (the thread's own 1 000-page rule), and the first commit
+after a checkpoint starts the ``-wal`` file over and syncs its header, a sync that belongs
+on the thread too. (If another connection holds a read transaction over that commit,
+SQLite starts the file over at a later commit, which may then run on the loop.)
 
 Every operation that was in the queue at the same time was concurrent with the others, so
 running them in this order is a valid serial order, and each caller's result is delivered
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import sqlite3
 import threading
@@ -84,6 +91,7 @@ Operation: TypeAlias = Callable[[sqlite3.Connection], T]
 BEGIN: Final = "BEGIN IMMEDIATE"
 COMMIT: Final = "COMMIT"
 ROLLBACK: Final = "ROLLBACK"
+CHECKPOINT: Final = "PRAGMA wal_checkpoint(PASSIVE)"
 # Failures one operation's own values can cause. A full disk is here too: the operation
 # that did not fit is dropped and the smaller ones are tried again (on a disk that is
 # really full each retry fails at its first write, so that stays cheap).
@@ -93,11 +101,15 @@ _OP_SPECIFIC: Final = frozenset(
 )
 _BUSY: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 MAX_BATCH: Final = 256  # keeps one transaction (and another process's wait) short
-CHECKPOINT_ROWS: Final = 1000  # an append is two rows in two pages: about 1 000 pages
+CHECKPOINT_ROWS: Final = 1000  # a row is a page or two of the -wal file (three rows: 2.7)
 # A lone append takes about 0.1 ms on the loop. One that takes 20 times that may only
 # have been preempted by another process (a busy machine does that now and then); three
 # in a row is the disk (or the machine) being slow right now.
 INLINE_STALL_SECONDS: Final = 0.002
+BEHIND_PASSES: Final = 4
+"""The most passes of one checkpoint behind the loop's writes (see ``_checkpoint_behind``)."""
+FEW_FRAMES: Final = 64
+"""Frames few enough for the write owed to the thread to copy while its callers wait."""
 HOLD_TURNS: Final = 2
 """After a batch, the next one waits at most this many more turns of the loop for the
 callers just answered to queue their next operations (see ``_dispatch``)."""
@@ -109,6 +121,19 @@ STALLS_TO_COOL_OFF: Final = 3
 COOL_OFF_SECONDS: Final = 5.0
 
 _Outcome: TypeAlias = tuple[object, BaseException | None]
+
+
+class _Checkpoint(enum.Enum):
+    """Where the checkpoint of the loop's writes stands (see the module docstring)."""
+
+    IDLE = "none is running or owed"
+    RUNNING = "copying the -wal file back on the thread while the loop writes"
+    OWED = "copied: the next write goes to the thread, to copy the rest and start over"
+
+
+_IDLE: Final = _Checkpoint.IDLE
+_RUNNING: Final = _Checkpoint.RUNNING
+_OWED: Final = _Checkpoint.OWED
 
 
 @dataclass(slots=True)
@@ -135,6 +160,7 @@ class TransactionRunner:
 
     __slots__ = (
         "_busy",
+        "_checkpoint",
         "_checkpoint_rows",
         "_clock",
         "_closing",
@@ -169,6 +195,7 @@ class TransactionRunner:
         self._rows_on_loop = 0  # rows written on the loop since the last thread write
         self._checkpoint_rows = CHECKPOINT_ROWS
         self._follow_up = False  # the next write goes to the thread (see the docstring)
+        self._checkpoint = _IDLE
         self._expected = 0  # callers the last batch answered: the next batch waits for them
         self._held = 0  # turns the next batch has waited for them
         self._clock: Callable[[], float] = time.perf_counter
@@ -282,6 +309,7 @@ class TransactionRunner:
         writes = any(p.write for p in batch)
         owed = writes and self._write_owed_to_thread()
         follow_up = owed and self._follow_up
+        checkpoint_first = writes and self._checkpoint is _OWED
         if self._inline_allowed(batch, owed):
             try:
                 result = self._run_inline(batch)
@@ -296,13 +324,38 @@ class TransactionRunner:
             raw=self._connection.thread_raw,
             batch=batch,
             connection=self._connection,
+            checkpoint_first=checkpoint_first,
         )
         self._connection.writer.submit(
-            job, functools.partial(self._answered, batch, loop, writes, follow_up), loop
+            job,
+            functools.partial(self._answered, batch, loop, writes, follow_up, checkpoint_first),
+            loop,
         )
 
     def _write_owed_to_thread(self) -> bool:
-        return self._follow_up or self._rows_on_loop >= self._checkpoint_rows
+        return self._follow_up or self._checkpoint is _OWED
+
+    def _wrote_on_loop(self, rows: int) -> None:
+        self._rows_on_loop += rows
+        if (
+            self._rows_on_loop >= self._checkpoint_rows
+            and self._checkpoint is _IDLE
+            and not self._closing
+        ):
+            # Copy the -wal file back on the thread while the loop goes on writing; the
+            # write after that goes to the thread, to copy what is left and start over.
+            self._checkpoint = _RUNNING
+            self._connection.writer.submit(
+                functools.partial(_checkpoint_behind, self._connection.thread_raw),
+                self._checkpointed,
+                asyncio.get_running_loop(),
+            )
+
+    def _checkpointed(self, outcome: Outcome[None]) -> None:
+        # Failed or not (another process checkpointing, say), the owed write's own
+        # checkpoint copies whatever is left.
+        if self._checkpoint is _RUNNING:
+            self._checkpoint = _OWED
 
     def _inline_allowed(self, batch: list[_Pending], owed: bool) -> bool:
         return (
@@ -318,7 +371,7 @@ class TransactionRunner:
         began = self._clock()
         try:
             result = _run_batch(raw, batch, self._connection, inline=True)
-            self._rows_on_loop += result.changed
+            self._wrote_on_loop(result.changed)
             return result
         finally:
             self._timed(began)
@@ -337,7 +390,7 @@ class TransactionRunner:
                 return _write_alone(raw, op, doing, self._connection)
             return _read_one(raw, op, doing, self._connection, inline=True)
         finally:
-            self._rows_on_loop += raw.total_changes - before
+            self._wrote_on_loop(raw.total_changes - before)
             self._timed(began)
 
     def _timed(self, began: float) -> None:
@@ -358,15 +411,25 @@ class TransactionRunner:
         loop: asyncio.AbstractEventLoop,
         writes: bool,
         follow_up: bool,
+        checkpoint_first: bool,
         outcome: Outcome[_BatchResult],
     ) -> None:
         """On the loop, once per thread batch: deliver every result of it."""
         self._busy = False
         if writes:
-            # Its commit checkpointed if the -wal file had grown enough; the next write
-            # starts the file over if so, and goes to the thread too (unless it is that).
             self._rows_on_loop = 0
-            self._follow_up = not follow_up
+            if checkpoint_first:
+                # It copied the -wal file back and then started it over with its write;
+                # unless it wrote nothing (refused, or failed), which starts nothing: the
+                # next write is owed to the thread still.
+                if outcome.error is None and outcome.value is not None and outcome.value.changed:
+                    self._checkpoint = _IDLE
+                self._follow_up = False
+            else:
+                # Its commit checkpointed if the -wal file had grown enough; the next
+                # write starts the file over if so, and goes to the thread too (unless
+                # it is that).
+                self._follow_up = not follow_up
         if outcome.error is not None:
             # The job itself failed (the thread could not run it): no operation ran.
             for pending in batch:
@@ -444,9 +507,39 @@ def _yield_once() -> Generator[None, None, None]:
 
 
 def _run_on_thread(
-    *, raw: sqlite3.Connection, batch: Sequence[_Pending], connection: SqliteConnection
+    *,
+    raw: sqlite3.Connection,
+    batch: Sequence[_Pending],
+    connection: SqliteConnection,
+    checkpoint_first: bool,
 ) -> _BatchResult:
+    if checkpoint_first:
+        # The frames written since the background checkpoint: then this batch's first
+        # write finds the file copied back and starts it over (syncing its header here).
+        _checkpoint_passive(raw)
     return _run_batch(raw, batch, connection, inline=False)
+
+
+def _checkpoint_behind(raw: sqlite3.Connection) -> None:
+    """Copy the -wal file back while the loop goes on writing: again while the frames
+    written during the last pass are many, so that the owed write has few left to copy."""
+    before = -FEW_FRAMES
+    for _ in range(BEHIND_PASSES):
+        try:
+            _, frames, _ = raw.execute(CHECKPOINT).fetchone()
+        except sqlite3.Error:
+            return
+        if frames - before < FEW_FRAMES:
+            return  # this pass copied what the last one left: few (or the file restarted)
+        before = frames
+
+
+def _checkpoint_passive(raw: sqlite3.Connection) -> None:
+    """Copy what the -wal file holds back into the database file, as far as no reader
+    needs it, without waiting for anyone; an error (another process checkpointing)
+    leaves it to a later checkpoint."""
+    with contextlib.suppress(sqlite3.Error):
+        raw.execute(CHECKPOINT).fetchall()
 
 
 def _run_batch(

@@ -348,15 +348,140 @@ async def test_slow_operations_in_a_row_send_the_next_ones_to_the_thread_for_a_w
     assert await _where(runner) == "loop"
 
 
+def _wal_frames(db_path: Path) -> tuple[int, int]:
+    """The -wal file's frames, and how many of them are copied back, read by a passive
+    checkpoint on a connection of the test's own (it copies what it can first)."""
+    with sqlite3.connect(db_path, isolation_level=None) as raw:
+        _, frames, copied = raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(frames), int(copied)
+
+
+async def _thread_drained(runner: TransactionRunner) -> None:
+    """Wait until the writer thread has run every job before this one, and the loop has
+    taken their answers (each job answers with one callback, in order)."""
+    await runner.connection.writer.call(lambda: None)
+
+
+async def test_a_lone_writer_writes_on_while_the_thread_checkpoints_behind_it(
+    db_path: Path,
+) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        runner._checkpoint_rows = 40
+        events = storage.events
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        # Hold the thread, as a slow disk would hold the checkpoint, without a batch
+        # marked in flight: what the loop does meanwhile is what it does while the
+        # checkpoint runs.
+        await runner.write(
+            lambda raw: raw.execute("CREATE TABLE loom_test_rows (n INTEGER)"), doing="test"
+        )
+        runner.connection.writer.submit(gate.wait, lambda outcome: None, loop)
+
+        async def write_on() -> list[int]:
+            for i in range(40):  # the 40th row starts the checkpoint behind the writer
+                await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+            where = []
+            for i in range(40, 60):
+                op, ran = _write_ident_then(None, write_first=False)
+                await runner.write(op, doing="test")
+                await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+                where += ran
+            return where
+
+        writer = loop.create_task(write_on())
+        try:
+            for _ in range(200):  # turns of the loop, never a clock
+                if writer.done():
+                    break
+                await asyncio.sleep(0)
+            # The loop went on writing: nothing waited for the thread and its copy.
+            assert writer.done()
+            assert writer.result() == [LOOP] * 20
+        finally:
+            gate.set()
+            await writer
+        await _thread_drained(runner)
+        # Copied back, the file can start over: the next write goes to the thread, which
+        # starts it over there (syncing its header); then the loop again.
+        op, ran = _write_ident_then(None, write_first=True)
+        await runner.write(op, doing="test")
+        assert ran != [LOOP]
+        assert _wal_frames(db_path)[0] <= 2  # started over: that write's page or two
+        op, ran = _write_ident_then(None, write_first=True)
+        await runner.write(op, doing="test")
+        assert ran == [LOOP]
+        assert [e.sequence for e in await events.read("e59")] == [0]
+
+
+async def test_the_write_owed_to_the_thread_stays_owed_until_one_writes(db_path: Path) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        runner._checkpoint_rows = 3
+        events = storage.events
+        for i in range(3):
+            await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+        await _thread_drained(runner)
+        # A refused append writes nothing, so it cannot start the -wal file over: the
+        # write after it is still owed to the thread.
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await events.append("e0", [NewEvent("A")], expected_sequence=0)
+        for _ in range(2):
+            op, ran = _write_ident_then(None, write_first=False)
+            await runner.write(op, doing="test")
+            assert ran != [LOOP]
+        await events.append("e3", [NewEvent("A")], expected_sequence=0)  # owed: it writes
+        assert _wal_frames(db_path)[0] <= 2
+        op, ran = _write_ident_then(None, write_first=False)
+        await runner.write(op, doing="test")
+        assert ran == [LOOP]
+
+
+async def test_a_reader_holding_the_wal_delays_its_restart_and_loses_nothing(
+    db_path: Path,
+) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        runner._checkpoint_rows = 10
+        events = storage.events
+        await events.append("held", [NewEvent("A")], expected_sequence=0)
+        # Another connection reads in a transaction: no checkpoint may copy past what it
+        # sees, so the -wal file cannot start over while it reads.
+        reader = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            assert reader.execute("SELECT count(*) FROM loom_events").fetchone()[0] == 1
+            for i in range(30):
+                await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+                await _thread_drained(runner)
+            assert _wal_frames(db_path)[0] >= 30  # nothing started over
+            reader.execute("COMMIT")
+        finally:
+            reader.close()
+        for i in range(30, 60):
+            await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+            await _thread_drained(runner)
+        assert _wal_frames(db_path)[0] < 30  # started over once the reader had gone
+        assert len(await storage.events.list_executions(limit=100)) == 61
+
+
 async def test_checkpoints_run_on_the_thread_and_keep_the_wal_small(db_path: Path) -> None:
     async with open_storage(url_for(db_path)) as storage:
         runner = _runner(storage)
         runner._checkpoint_rows = 2  # two appends of one event
         await storage.events.append("a", [NewEvent("A")], expected_sequence=0)
         await storage.events.append("b", [NewEvent("A")], expected_sequence=0)
-        # The next write goes to the thread, whose commit may checkpoint; so does the
-        # write after it (which would start the -wal file over); then the loop again.
-        assert await runner.write(_ident, doing="test") != LOOP
+        # The checkpoint behind the writer, then the write owed to the thread.
+        await _thread_drained(runner)
+        runner._checkpoint_rows = 10**9
+        await storage.events.append("c", [NewEvent("A")], expected_sequence=0)
+        assert await runner.write(_ident, doing="test") == LOOP
+        # Any other write to the thread (a group's, here) may checkpoint as it commits; so
+        # the write after it goes to the thread too (it would start the -wal file over);
+        # then the loop again.
+        group = await asyncio.gather(*(runner.write(_ident, doing="test") for _ in range(3)))
+        assert group[-1] != LOOP
         assert await runner.write(_ident, doing="test") != LOOP
         assert await runner.write(_ident, doing="test") == LOOP
         runner._checkpoint_rows = 100
