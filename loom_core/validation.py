@@ -499,6 +499,41 @@ def _check_batch(
     )
 
 
+def _check_plain(event: object) -> tuple[str, bytes, JsonValue] | None:
+    """The common event, checked as :func:`_check_event` would by the same fast checks:
+    a NewEvent with a printable ASCII kind, no metadata and a payload the fast checks
+    vouch for; its kind, encoded payload and a fresh copy of it. None for anything else,
+    valid or not, which is :func:`_check_event`'s to decide and word."""
+    if type(event) is not NewEvent:
+        return None
+    kind = event.kind
+    if type(kind) is EventKind:
+        kind = kind._value_
+    payload = event.payload
+    metadata = event.metadata
+    if (
+        type(metadata) is dict
+        and not metadata
+        and type(kind) is str
+        and 0 < len(kind) <= MAX_KIND_LENGTH
+        and kind.isascii()
+        and kind.isprintable()
+    ):
+        try:
+            encoded = _dumps(payload, None, _ORJSON_OPTIONS)
+            _marshal(payload)
+        except (TypeError, ValueError):
+            return None
+        copy: JsonValue = _loads(encoded)
+        if (
+            copy == payload
+            and encoded.find(_ESCAPED_NUL) < 0
+            and (len(encoded) <= 2 * _MAX_DEPTH or not _nests_deeper_than_limit(encoded))
+        ):
+            return kind, encoded, copy
+    return None
+
+
 def _check_single(events: object) -> CheckedEvent | None:
     """The one event of a one-event list or tuple, checked (what most appends carry, with
     no batch built); None for anything else, which :func:`_check_batch` takes."""
@@ -506,38 +541,32 @@ def _check_single(events: object) -> CheckedEvent | None:
     if (kind_of is not tuple and kind_of is not list) or len(events) != 1:  # type: ignore[arg-type]
         return None
     event = events[0]  # type: ignore[index]
-    # The common event, checked inline (as _check_event would, by the same fast checks):
-    # a NewEvent with a printable ASCII kind, no metadata and a payload the fast checks
-    # vouch for. Anything else, valid or not, is _check_event's to decide and word.
-    if type(event) is NewEvent:
-        kind = event.kind
-        if type(kind) is EventKind:
-            kind = kind._value_
-        payload = event.payload
-        metadata = event.metadata
-        if (
-            type(metadata) is dict
-            and not metadata
-            and type(kind) is str
-            and 0 < len(kind) <= MAX_KIND_LENGTH
-            and kind.isascii()
-            and kind.isprintable()
-        ):
-            try:
-                encoded = _dumps(payload, None, _ORJSON_OPTIONS)
-                _marshal(payload)
-            except (TypeError, ValueError):
-                pass
-            else:
-                copy: JsonValue = _loads(encoded)
-                if (
-                    copy == payload
-                    and encoded.find(_ESCAPED_NUL) < 0
-                    and (len(encoded) <= 2 * _MAX_DEPTH or not _nests_deeper_than_limit(encoded))
-                ):
-                    # With no metadata, only a kernel kind can answer.
-                    return kind, encoded, _EMPTY, kind in ANSWERING_KINDS, copy, {}
-    return _check_event(event, 0)
+    plain = _check_plain(event)
+    if plain is None:
+        return _check_event(event, 0)
+    kind, encoded, copy = plain
+    # With no metadata, only a kernel kind can answer.
+    return kind, encoded, _EMPTY, kind in ANSWERING_KINDS, copy, {}
+
+
+def _check_plain_batch(events: object) -> tuple[list[NewEvent], list[bytes]] | None:
+    """A list or tuple of common events (see :func:`_check_plain`), checked with no batch
+    built: fresh copies, and each payload's encoded text. None if any is not one (or the
+    count is out of bounds), for :func:`_check_batch` to decide and word."""
+    kind_of = type(events)
+    if (kind_of is not tuple and kind_of is not list) or not (
+        0 < len(events) <= MAX_EVENTS_PER_APPEND  # type: ignore[arg-type]
+    ):
+        return None
+    checked: list[NewEvent] = []
+    encoded: list[bytes] = []
+    for event in events:  # type: ignore[attr-defined]
+        plain = _check_plain(event)
+        if plain is None:
+            return None
+        checked.append(build_new_event(plain[0], plain[2], {}))
+        encoded.append(plain[1])
+    return checked, encoded
 
 
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
@@ -576,6 +605,9 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
         # One event, the usual append: its copies, with no batch built only to be
         # taken apart again.
         return (build_new_event(single[0], single[4], single[5]),)
+    plain = _check_plain_batch(events)
+    if plain is not None:
+        return tuple(plain[0])
     return _new_events(*_check_batch(events, allow_empty))
 
 
@@ -587,6 +619,9 @@ def check_events_with_text(events: object) -> tuple[tuple[NewEvent, ...], tuple[
     single = _check_single(events)
     if single is not None:
         return (build_new_event(single[0], single[4], single[5]),), (_as_text(single[1]),)
+    plain = _check_plain_batch(events)
+    if plain is not None:
+        return tuple(plain[0]), tuple([text.decode() for text in plain[1]])
     batch, copies = _check_batch(events)
     return _new_events(batch, copies), tuple([_as_text(p) for p in batch._state[2]])
 

@@ -303,6 +303,11 @@ async def test_a_good_value_is_accepted_and_reads_back_as_the_walks_copy(value: 
         assert copies == check_events(events)
         assert len(texts) == len(copies)
         assert json.loads(texts[at]) == expected
+    # A list of events without metadata is checked without a batch built: the same
+    # copies and the same text as through the batch.
+    via_batch = check_batch(pair)
+    assert check_events(pair) == tuple(via_batch)
+    assert check_events_with_text(pair) == check_events_with_text(via_batch)
 
     store = MemoryEventStore()
     (written,) = await store.append("e", [NewEvent("k", value)], expected_sequence=0)  # type: ignore[arg-type]
