@@ -486,6 +486,19 @@ def _check_batch(
             _build((kind,), (payload,), (metadata,), (answers,)),
             [(payload_copy, metadata_copy)],
         )
+    plain = _check_plain_batch(events)
+    if plain is not None:
+        # Events without metadata: only a kernel kind can answer.
+        plain_kinds, plain_payloads, plain_copies = plain
+        return (
+            _build(
+                tuple(plain_kinds),
+                tuple(plain_payloads),
+                (_EMPTY,) * len(plain_kinds),
+                tuple([kind in ANSWERING_KINDS for kind in plain_kinds]),
+            ),
+            [(copy, {}) for copy in plain_copies],
+        )
     items = _check_items(events, allow_empty)
     if not items:
         return _build((), (), (), ()), []
@@ -549,24 +562,28 @@ def _check_single(events: object) -> CheckedEvent | None:
     return kind, encoded, _EMPTY, kind in ANSWERING_KINDS, copy, {}
 
 
-def _check_plain_batch(events: object) -> tuple[list[NewEvent], list[bytes]] | None:
+def _check_plain_batch(
+    events: object,
+) -> tuple[list[str], list[bytes], list[JsonValue]] | None:
     """A list or tuple of common events (see :func:`_check_plain`), checked with no batch
-    built: fresh copies, and each payload's encoded text. None if any is not one (or the
-    count is out of bounds), for :func:`_check_batch` to decide and word."""
+    built: each one's kind, encoded payload and fresh copy of it. None if any is not one
+    (or the count is out of bounds), for :func:`_check_batch` to decide and word."""
     kind_of = type(events)
     if (kind_of is not tuple and kind_of is not list) or not (
         0 < len(events) <= MAX_EVENTS_PER_APPEND  # type: ignore[arg-type]
     ):
         return None
-    checked: list[NewEvent] = []
+    kinds: list[str] = []
     encoded: list[bytes] = []
+    copies: list[JsonValue] = []
     for event in events:  # type: ignore[attr-defined]
         plain = _check_plain(event)
         if plain is None:
             return None
-        checked.append(build_new_event(plain[0], plain[2], {}))
+        kinds.append(plain[0])
         encoded.append(plain[1])
-    return checked, encoded
+        copies.append(plain[2])
+    return kinds, encoded, copies
 
 
 def _new_events(batch: CheckedEvents, copies: Copies | None) -> tuple[NewEvent, ...]:
@@ -607,7 +624,9 @@ def check_events(events: object, *, allow_empty: bool = False) -> tuple[NewEvent
         return (build_new_event(single[0], single[4], single[5]),)
     plain = _check_plain_batch(events)
     if plain is not None:
-        return tuple(plain[0])
+        return tuple([
+            build_new_event(kind, copy, {}) for kind, copy in zip(plain[0], plain[2], strict=True)
+        ])
     return _new_events(*_check_batch(events, allow_empty))
 
 
@@ -621,7 +640,14 @@ def check_events_with_text(events: object) -> tuple[tuple[NewEvent, ...], tuple[
         return (build_new_event(single[0], single[4], single[5]),), (_as_text(single[1]),)
     plain = _check_plain_batch(events)
     if plain is not None:
-        return tuple(plain[0]), tuple([text.decode() for text in plain[1]])
+        plain_kinds, plain_payloads, plain_copies = plain
+        return (
+            tuple([
+                build_new_event(kind, copy, {})
+                for kind, copy in zip(plain_kinds, plain_copies, strict=True)
+            ]),
+            tuple([text.decode() for text in plain_payloads]),
+        )
     batch, copies = _check_batch(events)
     return _new_events(batch, copies), tuple([_as_text(p) for p in batch._state[2]])
 

@@ -23,7 +23,7 @@ from typing import Any, Final
 import orjson
 import pytest
 
-from loom_core import InvalidEventError, NewEvent
+from loom_core import EventKind, InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
 from loom_core.spi import check_batch, check_events, check_events_with_text
 from loom_core.validation import MAX_INT_BITS, _check_json, _fast_json
@@ -304,10 +304,12 @@ async def test_a_good_value_is_accepted_and_reads_back_as_the_walks_copy(value: 
         assert len(texts) == len(copies)
         assert json.loads(texts[at]) == expected
     # A list of events without metadata is checked without a batch built: the same
-    # copies and the same text as through the batch.
+    # copies and the same text as through the batch, and the same batch as event by
+    # event (an iterator takes that path).
     via_batch = check_batch(pair)
     assert check_events(pair) == tuple(via_batch)
     assert check_events_with_text(pair) == check_events_with_text(via_batch)
+    assert via_batch._state[1:] == check_batch(iter(pair))._state[1:]
 
     store = MemoryEventStore()
     (written,) = await store.append("e", [NewEvent("k", value)], expected_sequence=0)  # type: ignore[arg-type]
@@ -377,3 +379,25 @@ def test_common_values_take_the_fast_path(value: object) -> None:
 )
 def test_what_the_fast_path_cannot_vouch_for_goes_to_the_walk(value: object) -> None:
     assert _fast_json(value) is None
+
+
+def test_a_list_without_metadata_is_checked_as_event_by_event() -> None:
+    """The path for a list of events without metadata gives what checking each event
+    gives: kinds as plain text, the same encodings, the kernel kinds that answer a park
+    flagged so, and fresh copies."""
+    payload: dict[str, Any] = {"a": [1, 2], "b": None}
+    events = [
+        NewEvent(EventKind.EXECUTION_RESUMED, payload),
+        NewEvent("order.placed", [1, "x"]),
+        NewEvent("EXECUTION_COMPLETED", None),
+    ]
+    fast, slow = check_batch(events), check_batch(iter(events))
+    assert fast._state[1:] == slow._state[1:]
+    assert fast._state[4] == (True, False, True)
+    assert all(type(kind) is str for kind in fast._state[1])
+    copies = check_events(events)
+    assert copies == check_events(iter(events))
+    assert check_events_with_text(events) == check_events_with_text(iter(events))
+    assert copies[0].payload == payload
+    assert copies[0].payload is not payload
+
