@@ -46,7 +46,9 @@ or more in the ``-wal`` file copies them back), the loop connection never does. 
 ``-wal`` file does not grow without end at one writer, after ``CHECKPOINT_ROWS`` rows
 written on the loop the thread copies the file back *behind* the writer: a passive
 checkpoint, which takes no lock a writer needs, so the loop goes on writing meanwhile
-(again while the frames written during a pass are many, at most ``BEHIND_PASSES`` times).
+(again while the frames written during a pass are many, at most ``BEHIND_PASSES`` times;
+a checkpoint slow enough for the writer to write ``BEHIND_ROWS`` times as many rows
+meanwhile makes its writes wait behind it on the thread).
 Only then does the next write batch go to the thread, where it first copies what was
 written since (a few frames) and then finds the file copied back and starts it over,
 syncing its header there. A lone writer so waits for a few frames' copy instead of the
@@ -109,6 +111,9 @@ CHECKPOINT_ROWS: Final = 1000
 # in a row is the disk (or the machine) being slow right now.
 INLINE_STALL_SECONDS: Final = 0.002
 BEHIND_PASSES: Final = 4
+BEHIND_ROWS: Final = 4
+"""While the checkpoint behind a lone writer runs, the writer goes on on the loop until it
+has written this many times ``CHECKPOINT_ROWS`` rows; then its writes go to the thread."""
 """The most passes of one checkpoint behind the loop's writes (see ``_checkpoint_behind``)."""
 FEW_FRAMES: Final = 64
 """Frames few enough for the write owed to the thread to copy while its callers wait."""
@@ -335,7 +340,13 @@ class TransactionRunner:
         )
 
     def _write_owed_to_thread(self) -> bool:
-        return self._follow_up or self._checkpoint is _OWED
+        return (
+            self._follow_up
+            or self._checkpoint is _OWED
+            # A checkpoint that falls this far behind (a slow disk) holds the writer back:
+            # its writes wait on the thread, behind it, and the -wal file stops growing.
+            or self._rows_on_loop >= BEHIND_ROWS * self._checkpoint_rows
+        )
 
     def _wrote_on_loop(self, rows: int) -> None:
         self._rows_on_loop += rows

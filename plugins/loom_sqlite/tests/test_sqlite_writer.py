@@ -20,6 +20,7 @@ import loom_sqlite.transactions
 import pytest
 from loom_sqlite import DatabaseClosedError, SqliteEventStore
 from loom_sqlite.transactions import (
+    BEHIND_ROWS,
     COOL_OFF_SECONDS,
     HOLD_TURNS,
     INLINE_STALL_SECONDS,
@@ -413,6 +414,31 @@ async def test_a_lone_writer_writes_on_while_the_thread_checkpoints_behind_it(
         await runner.write(op, doing="test")
         assert ran == [LOOP]
         assert [e.sequence for e in await events.read("e59")] == [0]
+
+
+async def test_a_checkpoint_far_behind_the_writer_holds_its_writes_back(db_path: Path) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        runner._checkpoint_rows = 10
+        events = storage.events
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        runner.connection.writer.submit(gate.wait, lambda outcome: None, loop)
+        try:
+            # The 10th row starts the checkpoint (held on the gate, as by a slow disk);
+            # the loop writes on until 4 times that many rows.
+            for i in range(BEHIND_ROWS * 10):
+                await events.append(f"e{i}", [NewEvent("A")], expected_sequence=0)
+            held = loop.create_task(
+                events.append("held", [NewEvent("A")], expected_sequence=0)
+            )
+            for _ in range(200):  # turns of the loop, never a clock
+                await asyncio.sleep(0)
+            assert not held.done()  # waiting behind the checkpoint, on the thread
+        finally:
+            gate.set()
+        assert [e.sequence for e in await held] == [0]
+        assert len(await events.list_executions(limit=100)) == BEHIND_ROWS * 10 + 1
 
 
 async def test_the_write_owed_to_the_thread_stays_owed_until_one_writes(db_path: Path) -> None:
