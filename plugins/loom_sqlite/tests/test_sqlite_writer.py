@@ -363,6 +363,15 @@ async def _thread_drained(runner: TransactionRunner) -> None:
     await runner.connection.writer.call(lambda: None)
 
 
+def _hold_thread(runner: TransactionRunner) -> threading.Event:
+    """Hold the writer thread until the returned gate is set, as a slow disk would hold a
+    checkpoint, without a batch marked in flight: what the loop does meanwhile is what it
+    does while the checkpoint runs."""
+    gate = threading.Event()
+    runner.connection.writer.submit(gate.wait, lambda outcome: None, asyncio.get_running_loop())
+    return gate
+
+
 async def test_a_lone_writer_writes_on_while_the_thread_checkpoints_behind_it(
     db_path: Path,
 ) -> None:
@@ -371,14 +380,10 @@ async def test_a_lone_writer_writes_on_while_the_thread_checkpoints_behind_it(
         runner._checkpoint_rows = 40
         events = storage.events
         loop = asyncio.get_running_loop()
-        gate = threading.Event()
-        # Hold the thread, as a slow disk would hold the checkpoint, without a batch
-        # marked in flight: what the loop does meanwhile is what it does while the
-        # checkpoint runs.
         await runner.write(
             lambda raw: raw.execute("CREATE TABLE loom_test_rows (n INTEGER)"), doing="test"
         )
-        runner.connection.writer.submit(gate.wait, lambda outcome: None, loop)
+        gate = _hold_thread(runner)
 
         async def write_on() -> list[int]:
             for i in range(40):  # the 40th row starts the checkpoint behind the writer
@@ -422,8 +427,7 @@ async def test_a_checkpoint_far_behind_the_writer_holds_its_writes_back(db_path:
         runner._checkpoint_rows = 10
         events = storage.events
         loop = asyncio.get_running_loop()
-        gate = threading.Event()
-        runner.connection.writer.submit(gate.wait, lambda outcome: None, loop)
+        gate = _hold_thread(runner)
         try:
             # The 10th row starts the checkpoint (held on the gate, as by a slow disk);
             # the loop writes on until 4 times that many rows.
