@@ -8,7 +8,9 @@ before the first read, so between a check here and the write that follows it no 
 writer — task, thread or process — can run: the check and the bump of
 ``acquire_fence_if`` are one atomic step, as the conditional acquire requires (see
 docs/design.md, "The conditional acquire"), and a fenced append's
-token check cannot be overtaken by an acquire.
+token check cannot be overtaken by an acquire. ``acquire`` is a single statement, which
+SQLite runs atomically as a transaction of its own; a lone caller's acquire runs so, with
+no ``BEGIN`` around it.
 
 A never-fenced execution has token 0 and no row. ``acquire_fence`` creates the row at 1,
 and so does ``delete_execution`` of a log that existed: a delete moves the token one past

@@ -95,6 +95,7 @@ class SqliteTimerStore:
         await self._open().write(
             functools.partial(_changed, sql=UPSERT_TIMER, params=params),
             doing=f"scheduling a timer for {record.execution_id!r}",
+            one_statement=True,
         )
 
     async def due(
@@ -126,6 +127,7 @@ class SqliteTimerStore:
         removed = await self._open().write(
             functools.partial(_changed, sql=DELETE_ONE, params=(execution_id, to_micros(wake_at))),
             doing=f"completing a timer of {execution_id!r}",
+            one_statement=True,
         )
         return removed > 0
 
@@ -139,6 +141,7 @@ class SqliteTimerStore:
         return await self._open().write(
             functools.partial(_changed, sql=sql, params=params),
             doing=f"cancelling timers of {execution_id!r}",
+            one_statement=True,
         )
 
     async def close(self) -> None:

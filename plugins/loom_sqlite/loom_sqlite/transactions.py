@@ -28,7 +28,9 @@ Where a batch runs:
   up to ``busy_timeout_ms``), and it never checkpoints, so it never syncs the disk. One
   that took longer than ``INLINE_STALL_SECONDS`` anyway, ``STALLS_TO_COOL_OFF`` times in a
   row (a disk too slow even for that, not one preemption by a busy machine), sends every
-  batch to the thread for the next ``COOL_OFF_SECONDS``;
+  batch to the thread for the next ``COOL_OFF_SECONDS``. A write that is one statement
+  (``one_statement``: a fence acquire, a timer row) runs there with no ``BEGIN`` or
+  ``COMMIT`` around it: SQLite runs a lone statement as a transaction of its own;
 - **on the writer thread** otherwise: several operations (the thread's one hop and one
   commit are shared), ``synchronous = FULL`` (every commit syncs the disk), or anything
   queued while the thread is busy. The thread wakes the loop once per batch.
@@ -219,12 +221,29 @@ class TransactionRunner:
         """Run a read-only ``op`` (autocommit: one snapshot per statement)."""
         return cast(T, await self._call(op, write=False, doing=doing))
 
-    async def write(self, op: Operation[T], *, doing: str) -> T:
-        """Run ``op`` in a write transaction; its result is returned once committed."""
-        return cast(T, await self._call(op, write=True, doing=doing))
+    async def write(
+        self,
+        op: Operation[T],
+        *,
+        doing: str,
+        one_statement: bool = False,
+    ) -> T:
+        """Run ``op`` in a write transaction; its result is returned once committed.
+
+        ``one_statement``: ``op`` runs a single statement, which SQLite runs atomically
+        as a transaction of its own; a lone caller's ``op`` then runs on the loop without
+        ``BEGIN`` and ``COMMIT`` around it (one statement to run instead of three)."""
+        return cast(
+            T, await self._call(op, write=True, doing=doing, one_statement=one_statement)
+        )
 
     async def _call(
-        self, op: Callable[[sqlite3.Connection], object], *, write: bool, doing: str
+        self,
+        op: Callable[[sqlite3.Connection], object],
+        *,
+        write: bool,
+        doing: str,
+        one_statement: bool = False,
     ) -> object:
         if self._closing:
             raise DatabaseClosedError(self.path)
@@ -238,7 +257,7 @@ class TransactionRunner:
                 owner = self._turn_owner = _current_task()
                 _call_soon(self._next_turn)
             try:
-                value, error = self._run_alone(op, write, doing)
+                value, error = self._run_alone(op, write, doing, one_statement)
             except _Reroute:
                 self._turn_owner = None
             else:
@@ -390,7 +409,11 @@ class TransactionRunner:
             self._timed(began)
 
     def _run_alone(
-        self, op: Callable[[sqlite3.Connection], object], write: bool, doing: str
+        self,
+        op: Callable[[sqlite3.Connection], object],
+        write: bool,
+        doing: str,
+        one_statement: bool,
     ) -> _Outcome:
         """``op`` run on the loop as :meth:`_run_inline` runs a batch of one, with no
         batch, future or result built around it: the path of a lone caller's every call."""
@@ -400,6 +423,8 @@ class TransactionRunner:
         before = raw.total_changes
         try:
             if write:
+                if one_statement:
+                    return _write_statement(raw, op, doing, self._connection)
                 return _write_alone(raw, op, doing, self._connection)
             return _read_one(raw, op, doing, self._connection, inline=True)
         finally:
@@ -613,6 +638,31 @@ def _write_alone(
     if failed is not None:
         return (None, _commit_failed(doing, failed, connection))
     return outcome
+
+
+def _write_statement(
+    raw: sqlite3.Connection,
+    op: Callable[[sqlite3.Connection], object],
+    doing: str,
+    connection: SqliteConnection,
+) -> _Outcome:
+    """A write of one statement on the loop connection, outside a transaction, so that
+    the statement is one, committed when it returns.
+
+    Its errors are a commit's too: another writer's lock sends it to the thread
+    (:class:`_Reroute`, nothing written), and an I/O error may have landed
+    (:func:`_commit_failed`)."""
+    try:
+        return (op(raw), None)
+    except sqlite3.Error as exc:
+        if _busy(exc):
+            raise _Reroute from exc
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _COMMIT_MAYBE_LANDED:
+            return (None, _commit_failed(doing, exc, connection))
+        return (None, connection.translate(exc, doing=doing, write=True))
+    except Exception as exc:
+        return (None, exc)
 
 
 def _busy(exc: sqlite3.Error) -> bool:

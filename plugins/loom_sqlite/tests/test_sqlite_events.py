@@ -136,6 +136,36 @@ async def test_fenced_append_stamps_the_token_and_a_stale_one_is_refused(
     assert [e.kind for e in await storage.events.read("e1")] == ["A", "DENIED"]
 
 
+async def test_a_fenced_append_stores_its_stamp_as_canonical_json(
+    storage: Storage, db_path: Path
+) -> None:
+    """The stamp's text is written without the encoder: it must be the encoder's text
+    byte for byte, alone and merged into an event's own metadata."""
+    from loom_core.spi import canonical_json
+
+    tokens = []
+    for _ in range(3):
+        tokens.append(await storage.events.acquire_fence("e"))
+    await storage.events.append("e", [NewEvent("A")], expected_sequence=0, fence=tokens[-1])
+    await storage.events.append(
+        "e", [NewEvent("B"), NewEvent("C", metadata={"z": 1, "a": [2]})],
+        expected_sequence=1, fence=tokens[-1],
+    )
+    with sqlite3.connect(db_path) as raw:
+        stored = [
+            row[0]
+            for row in raw.execute(
+                "SELECT metadata FROM loom_events WHERE execution_id = 'e' ORDER BY sequence"
+            )
+        ]
+    assert stored == [
+        canonical_json({"fence": 3}),
+        canonical_json({"fence": 3}),
+        canonical_json({"z": 1, "a": [2], "fence": 3}),
+    ]
+    assert [e.fence for e in await storage.events.read("e")] == [3, 3, 3]
+
+
 async def test_acquire_fence_if_wins_then_the_old_token_is_stale(storage: Storage) -> None:
     token = await _park(storage, "p")
     result = await storage.events.acquire_fence_if("p", fence=token, park_seq=1)

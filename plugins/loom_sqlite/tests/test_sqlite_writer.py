@@ -604,3 +604,121 @@ async def test_a_lone_write_on_the_loop_commits_or_changes_nothing(
     again, ran_again = _write_ident_then(None, True)
     assert await runner.write(again, doing="test") == 7
     assert ran_again == [LOOP]
+
+
+# -- a write of one statement, alone ------------------------------------------------------
+
+
+def _in_transaction(raw: sqlite3.Connection) -> tuple[int, bool]:
+    raw.execute("INSERT INTO loom_test_rows VALUES (1)")
+    return threading.get_ident(), raw.in_transaction
+
+
+async def test_a_lone_one_statement_write_runs_on_the_loop_as_its_own_transaction(
+    storage: Storage,
+) -> None:
+    runner = _runner(storage)
+    await runner.write(
+        lambda raw: raw.execute("CREATE TABLE loom_test_rows (n INTEGER)"), doing="test"
+    )
+    assert await runner.write(_in_transaction, doing="test") == (LOOP, True)
+    assert await runner.write(_in_transaction, doing="test", one_statement=True) == (
+        LOOP, False
+    )
+    # In a group it is one write of the group's transaction, on the thread.
+    grouped = await asyncio.gather(
+        *(runner.write(_in_transaction, doing="test", one_statement=True) for _ in range(3))
+    )
+    assert all(in_transaction for _, in_transaction in grouped[1:])
+    assert LOOP not in {ident for ident, _ in grouped[1:]}
+    assert await _rows(runner) == 5
+
+
+async def test_a_lone_fence_acquire_and_timer_writes_run_one_statement_each(
+    storage: Storage,
+) -> None:
+    from datetime import UTC, datetime
+
+    from loom_core import TimerRecord
+
+    raw = _runner(storage).connection.loop_raw
+    assert raw is not None
+    ran: list[str] = []
+    raw.set_trace_callback(ran.append)
+    try:
+        assert await storage.events.acquire_fence("x") == 1
+        wake_at = datetime(2030, 1, 1, tzinfo=UTC)
+        await storage.timers.schedule(TimerRecord("x", wake_at))
+        assert await storage.timers.complete("x", wake_at)
+        await storage.timers.schedule(TimerRecord("x", wake_at))
+        assert await storage.timers.cancel("x") == 1
+    finally:
+        raw.set_trace_callback(None)
+    assert len(ran) == 5, ran
+    assert not [s for s in ran if s.strip().upper() in ("BEGIN IMMEDIATE", "COMMIT")], ran
+    assert await storage.events.acquire_fence("x") == 2
+    assert await storage.timers.pending("x") == ()
+
+
+async def test_a_lock_held_elsewhere_sends_a_fence_acquire_to_the_thread(
+    db_path: Path,
+) -> None:
+    async with open_storage(url_for(db_path)) as storage:
+        runner = _runner(storage)
+        assert await storage.events.acquire_fence("x") == 1
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            acquire = _in_background(storage.events.acquire_fence("x"))
+            turns = 0
+            while not runner._busy:  # tried on the loop, found the lock, sent on
+                assert not acquire.done(), acquire
+                await asyncio.sleep(0)
+                turns += 1
+                assert turns < 100
+            assert not acquire.done()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert await acquire == 2
+        assert await storage.events.acquire_fence("x") == 3
+
+
+@pytest.mark.parametrize(
+    ("code", "unknown"),
+    [
+        (sqlite3.SQLITE_IOERR, True),
+        (sqlite3.SQLITE_NOMEM, True),
+        (sqlite3.SQLITE_FULL, False),
+        (sqlite3.SQLITE_CONSTRAINT, False),
+    ],
+    ids=["ioerr", "nomem", "full", "constraint"],
+)
+async def test_a_one_statement_write_that_fails_alone_says_whether_it_may_have_landed(
+    storage: Storage, code: int, unknown: bool
+) -> None:
+    """Outside a transaction the statement's end is its commit: an I/O error there may
+    have left it in the -wal file, so the caller hears "unknown", never "nothing"."""
+    from loom_core import StorageWriteError, WriteOutcomeUnknownError
+
+    runner = _runner(storage)
+
+    def fails(raw: sqlite3.Connection) -> None:
+        error = sqlite3.OperationalError("the statement's error")
+        error.sqlite_errorcode = code
+        raise error
+
+    with pytest.raises(StorageWriteError) as raised:
+        await runner.write(fails, doing="writing the test row", one_statement=True)
+    assert isinstance(raised.value, WriteOutcomeUnknownError) is unknown, raised.value
+    assert "writing the test row" in str(raised.value)
+    # A refusal the operation raises itself passes as it is.
+    refusal = SequenceConflictError("e", 1, 0)
+
+    def refuses(raw: sqlite3.Connection) -> None:
+        raise refusal
+
+    with pytest.raises(SequenceConflictError) as refused:
+        await runner.write(refuses, doing="test", one_statement=True)
+    assert refused.value is refusal
+    assert await _where(runner) == "loop"
