@@ -80,6 +80,17 @@ def _in_background(awaitable: Awaitable[T]) -> asyncio.Task[T]:
     return asyncio.get_running_loop().create_task(run())
 
 
+async def _until_sent_to_thread(runner: TransactionRunner, call: asyncio.Task[Any]) -> None:
+    """Let ``call`` run until it was tried on the loop, found the lock held elsewhere and
+    went to the writer thread (a few turns, never a clock)."""
+    for _ in range(100):
+        if runner._busy:
+            return
+        assert not call.done(), call
+        await asyncio.sleep(0)
+    raise AssertionError("the call never went to the writer thread")
+
+
 async def test_a_lone_operation_runs_on_the_loop_and_a_group_on_the_thread(
     storage: Storage,
 ) -> None:
@@ -281,12 +292,7 @@ async def test_a_lock_held_elsewhere_sends_the_append_to_the_thread_and_the_loop
             append = _in_background(
                 storage.events.append("e", [NewEvent("B")], expected_sequence=1)
             )
-            turns = 0
-            while not runner._busy:  # tried on the loop, found the lock, sent on
-                assert not append.done(), append
-                await asyncio.sleep(0)
-                turns += 1
-                assert turns < 100
+            await _until_sent_to_thread(runner, append)
             for _ in range(10):  # the loop keeps serving other tasks meanwhile
                 await asyncio.sleep(0)
             assert not append.done()
@@ -670,12 +676,7 @@ async def test_a_lock_held_elsewhere_sends_a_fence_acquire_to_the_thread(
         try:
             holder.execute("BEGIN IMMEDIATE")
             acquire = _in_background(storage.events.acquire_fence("x"))
-            turns = 0
-            while not runner._busy:  # tried on the loop, found the lock, sent on
-                assert not acquire.done(), acquire
-                await asyncio.sleep(0)
-                turns += 1
-                assert turns < 100
+            await _until_sent_to_thread(runner, acquire)
             assert not acquire.done()
         finally:
             holder.execute("ROLLBACK")
