@@ -7,12 +7,12 @@ subject has a key)::
     {"$loom_sealed": 2, "kid": "<key id>", "n": "<96-bit nonce, base64>",
      "ct": "<ciphertext and 128-bit tag, base64>"}
 
-is AES-256-GCM over the payload's canonical JSON, with the associated data the canonical
+is AES-256-GCM over the payload's compact JSON text (UTF-8), with the associated data the canonical
 JSON of ``["loom-crypto", 2, execution_id, sequence, kind, kid, incarnation]``. A **clear**
 payload (``subject_of`` returned ``None``, or a shred marker)::
 
     {"$loom_clear": 2, "kid": "<integrity key id>", "mac": "<HMAC-SHA256, base64>",
-     "json": "<the payload's canonical JSON text>"}
+     "json": "<the payload's compact JSON text>"}
 
 carries its payload readable in the database, and an HMAC-SHA256 under the decorator's
 integrity key (the key of the reserved subject :data:`INTEGRITY_SUBJECT`) over the
@@ -209,11 +209,12 @@ def seal_payload(
     sequence: int,
     kind: str,
     incarnation: str,
-) -> tuple[JsonObject, bytes]:
+    text: str | None = None,
+) -> JsonObject:
     """Seal ``payload`` for the event at (``execution_id``, ``sequence``, ``kind``) of the
-    log ``incarnation``. Returns the sealed payload object and the plaintext bytes it holds.
-    """
-    plaintext = canonical_json(payload).encode("utf-8")
+    log ``incarnation``: its JSON ``text`` when the caller has it (the kernel's check wrote
+    it), else its canonical JSON."""
+    plaintext = (canonical_json(payload) if text is None else text).encode("utf-8")
     nonce = secrets.token_bytes(NONCE_BYTES)
     aad = associated_data(execution_id, sequence, kind, key.key_id, incarnation)
     ciphertext = key.aead().encrypt(nonce, plaintext, aad)
@@ -223,7 +224,7 @@ def seal_payload(
         "n": _text(nonce),
         "ct": _text(ciphertext),
     }
-    return sealed, plaintext
+    return sealed
 
 
 def authenticate_clear(
@@ -234,10 +235,12 @@ def authenticate_clear(
     sequence: int,
     kind: str,
     incarnation: str,
-) -> tuple[JsonObject, bytes]:
-    """``payload`` in the clear with its MAC under the integrity ``key``. Returns the clear
-    payload object and the payload's canonical JSON bytes."""
-    text = canonical_json(payload)
+    text: str | None = None,
+) -> JsonObject:
+    """``payload`` in the clear, as its JSON ``text`` (see :func:`seal_payload`), with its
+    MAC under the integrity ``key``."""
+    if text is None:
+        text = canonical_json(payload)
     mac = _clear_mac(key, execution_id, sequence, kind, incarnation, text)
     clear: JsonObject = {
         CLEAR_MARKER: FORMAT_VERSION,
@@ -245,7 +248,7 @@ def authenticate_clear(
         "mac": _text(mac),
         "json": text,
     }
-    return clear, text.encode("utf-8")
+    return clear
 
 
 def _b64(value: JsonValue) -> bytes | None:

@@ -66,10 +66,12 @@ from loom_core.spi import (
     EventStore,
     build_event,
     build_new_event,
-    check_append,
     check_append_requests,
+    check_events_with_text,
+    check_execution_id,
     check_fence,
     check_key,
+    check_sequence,
 )
 from loom_crypto.errors import (
     IncarnationMismatchError,
@@ -269,10 +271,12 @@ class CryptoEventStore(EventStoreDecorator):
         subjects: Sequence[str | None],
         first_sequence: int,
         incarnation: str,
+        texts: Sequence[str] | None = None,
     ) -> tuple[list[NewEvent], list[JsonValue]]:
         """The events as the inner store gets them, and each one's payload as the caller
         gave it (what a read gives back). ``events`` are the check's fresh copies (or the
-        decorator's own markers), so no caller holds those payloads."""
+        decorator's own markers), so no caller holds those payloads; ``texts``, when
+        given, are their JSON texts as the check wrote them, sealed as they are."""
         keys: _Keys = {}
         stored: list[NewEvent] = []
         values: list[JsonValue] = []
@@ -285,9 +289,10 @@ class CryptoEventStore(EventStoreDecorator):
                     known = keys[subject] = await self.key_store.create(subject)
                 key, protect = known, seal_payload
             value = event.payload
-            payload, _ = protect(
+            payload = protect(
                 key, value, execution_id=execution_id,
                 sequence=first_sequence + offset, kind=event.kind, incarnation=incarnation,
+                text=None if texts is None else texts[offset],
             )
             metadata: JsonObject = dict(event.metadata)
             metadata[INCARNATION_FIELD] = incarnation
@@ -301,6 +306,7 @@ class CryptoEventStore(EventStoreDecorator):
         events: Sequence[NewEvent],
         first_sequence: int,
         guarded_by: int | None,
+        texts: Sequence[str],
     ) -> tuple[list[NewEvent], list[JsonValue], str]:
         """The sealed events, the payloads they seal, and the incarnation they carry."""
         subjects = self._subjects(execution_id, events)
@@ -308,7 +314,7 @@ class CryptoEventStore(EventStoreDecorator):
             execution_id, first_sequence, guarded_by
         )
         stored, payloads = await self._seal(
-            execution_id, events, subjects, first_sequence, incarnation
+            execution_id, events, subjects, first_sequence, incarnation, texts
         )
         return stored, payloads, incarnation
 
@@ -427,21 +433,21 @@ class CryptoEventStore(EventStoreDecorator):
         """Seal each payload for the sequence it will take (``expected_sequence + i``) and
         the log's incarnation, and append. A subject whose key was destroyed is refused
         (:class:`~loom_crypto.KeyDestroyedError`) before anything is written."""
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        checked, texts = check_events_with_text(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         if fence is not None:
             fence = check_fence(fence)
         elif expected_sequence > 0:
             known = self._incarnations.known(execution_id)
             if known is not None and "append_if_unchanged" in self.inner.capabilities:
                 unchanged = await self._append_unchanged(
-                    execution_id, checked, expected_sequence, known
+                    execution_id, checked, texts, expected_sequence, known
                 )
                 if unchanged is not None:
                     return unchanged
         stored, payloads, incarnation = await self._prepare(
-            execution_id, checked, expected_sequence, fence
+            execution_id, checked, expected_sequence, fence, texts
         )
         written = await self.inner.append(
             execution_id, stored, expected_sequence=expected_sequence, fence=fence
@@ -457,6 +463,7 @@ class CryptoEventStore(EventStoreDecorator):
         self,
         execution_id: str,
         events: Sequence[NewEvent],
+        texts: Sequence[str],
         expected_sequence: int,
         known: tuple[str, int],
     ) -> tuple[Event, ...] | None:
@@ -466,7 +473,7 @@ class CryptoEventStore(EventStoreDecorator):
         token = known[1]
         # Under the remembered token, _prepare takes the remembered incarnation.
         stored, payloads, incarnation = await self._prepare(
-            execution_id, events, expected_sequence, token
+            execution_id, events, expected_sequence, token, texts
         )
         try:
             written = await self.inner.append_if_unchanged(
@@ -517,12 +524,12 @@ class CryptoEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id, checked, expected_sequence = check_append(
-            execution_id, events, expected_sequence
-        )
+        execution_id = check_execution_id(execution_id)
+        checked, texts = check_events_with_text(events)
+        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
         observed_fence = check_fence(observed_fence, "observed_fence")
         stored, payloads, incarnation = await self._prepare(
-            execution_id, checked, expected_sequence, observed_fence
+            execution_id, checked, expected_sequence, observed_fence, texts
         )
         written = await self.inner.append_if_unchanged(
             execution_id, stored, expected_sequence=expected_sequence,

@@ -104,6 +104,34 @@ async def test_subjects_get_their_own_keys_and_none_means_clear_but_authenticate
     assert (await sealed.read("public/p"))[0].payload == {"open": True}
 
 
+async def test_a_payload_is_sealed_as_the_text_its_writer_gave_and_read_back_in_its_order(
+    sealed: CryptoEventStore, inner: MemoryEventStore
+) -> None:
+    # The text the kernel's check wrote is what is sealed or authenticated: compact, the
+    # writer's key order kept (no second, sorted encoding), and a read gives that order
+    # back. A batch through append_many, and older logs, are sorted: either order opens.
+    payload: JsonValue = {"zeta": 1, "alpha": {"b": 2, "a": [1, "é"]}}
+    await sealed.append("public/order", [NewEvent("X", payload)], expected_sequence=0)
+    await sealed.append("alice/order", [NewEvent("X", payload)], expected_sequence=0)
+    token = await sealed.acquire_fence("alice/order")
+    await sealed.append("alice/order", [NewEvent("Y", payload)], expected_sequence=1, fence=token)
+    await sealed.append_many([AppendRequest("bob/order", [NewEvent("X", payload)], 0)])
+
+    (clear,) = await inner.read("public/order")
+    assert isinstance(clear.payload, dict)
+    assert clear.payload["json"] == '{"zeta":1,"alpha":{"b":2,"a":[1,"é"]}}'
+    for execution_id, count in (("public/order", 1), ("alice/order", 2), ("bob/order", 1)):
+        read = await sealed.read(execution_id)
+        assert len(read) == count
+        for event in read:
+            assert event.payload == payload
+            assert isinstance(event.payload, dict)
+            if execution_id != "bob/order":
+                assert list(event.payload) == ["zeta", "alpha"]
+                assert isinstance(event.payload["alpha"], dict)
+                assert list(event.payload["alpha"]) == ["b", "a"]
+
+
 async def test_fences_and_conditional_fences_work_on_sealed_logs(sealed: CryptoEventStore) -> None:
     token = await sealed.acquire_fence("alice/f")
     await sealed.append(
