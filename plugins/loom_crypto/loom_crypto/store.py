@@ -433,9 +433,9 @@ class CryptoEventStore(EventStoreDecorator):
         """Seal each payload for the sequence it will take (``expected_sequence + i``) and
         the log's incarnation, and append. A subject whose key was destroyed is refused
         (:class:`~loom_crypto.KeyDestroyedError`) before anything is written."""
-        execution_id = check_execution_id(execution_id)
-        checked, texts = check_events_with_text(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, texts, expected_sequence = _check_append(
+            execution_id, events, expected_sequence
+        )
         if fence is not None:
             fence = check_fence(fence)
         elif expected_sequence > 0:
@@ -524,9 +524,9 @@ class CryptoEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
-        execution_id = check_execution_id(execution_id)
-        checked, texts = check_events_with_text(events)
-        expected_sequence = check_sequence(expected_sequence, "expected_sequence")
+        execution_id, checked, texts, expected_sequence = _check_append(
+            execution_id, events, expected_sequence
+        )
         observed_fence = check_fence(observed_fence, "observed_fence")
         stored, payloads, incarnation = await self._prepare(
             execution_id, checked, expected_sequence, observed_fence, texts
@@ -604,6 +604,16 @@ class CryptoEventStore(EventStoreDecorator):
         truncate_prefix_keeping=FORWARD,
         subscribe=Implement(subscribe),
     )
+
+
+def _check_append(
+    execution_id: object, events: object, expected_sequence: object
+) -> tuple[str, tuple[NewEvent, ...], tuple[str, ...], int]:
+    """``check_append``, with each payload's JSON text as the check wrote it (what is
+    sealed, so the payload is not encoded a second time)."""
+    execution_id = check_execution_id(execution_id)
+    checked, texts = check_events_with_text(events)
+    return execution_id, checked, texts, check_sequence(expected_sequence, "expected_sequence")
 
 
 def _incarnation_of(event: Event) -> str | None:
