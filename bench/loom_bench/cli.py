@@ -33,6 +33,7 @@ from loom_bench.report_markdown import render_markdown
 from loom_bench.runner import ALL_ROWS, BenchConfig, run_benchmark
 from loom_bench.scenarios import SCENARIOS
 from loom_bench.stacks import parse_stack
+from loom_bench.workflows import WORKFLOW_CALLS
 
 __all__ = ["build_parser", "config_from", "main", "redact"]
 
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--sqlite-synchronous", default="NORMAL", choices=["NORMAL", "FULL"],
         help="PRAGMA synchronous for our SQLite store and its raw floor (default NORMAL)",
     )
+    parser.add_argument(
+        "--workflow-call", default="start", choices=list(WORKFLOW_CALLS),
+        help="how the workflow rows run each workflow: app.start then handle.result() "
+        "(default), or app.execute, which drives the body in the calling task",
+    )
     parser.add_argument("--pgbench", help="pgbench executable (default: found on PATH)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw floors")
     parser.add_argument("--no-pgbench", action="store_true", help="skip pgbench")
@@ -151,6 +157,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         stacks=stacks,
         stack_scenario=args.stack_scenario,
         sqlite_synchronous=args.sqlite_synchronous,
+        workflow_call=args.workflow_call,
         postgres_url=args.postgres_url,
         pgbench=args.pgbench,
         raw=not args.no_raw,

@@ -177,9 +177,14 @@ def _workflow_section(
         if peer:
             line += [*_cells(row.ceiling), format_ratio(row.vs_ceiling)]
         lines.append(line)
+    call = (
+        "`app.execute`, the body in the calling task"
+        if result.parameters.workflow_call == "execute"
+        else "`app.start`, then `handle.result()`"
+    )
     note = (
-        "Each workflow runs through `loom_runtime.Loom` over a fresh storage (`app.start`, "
-        "then `handle.result()`); the store column is its twin on a fresh storage of the same "
+        f"Each workflow runs through `loom_runtime.Loom` over a fresh storage ({call}); "
+        "the store column is its twin on a fresh storage of the same "
         "backend, run back to back with it in every repetition: the same store calls, call "
         "for call, with the same payloads and fences, and nothing else. The timer service is "
         "off on both sides (a zero-length sleep is answered by the run's own resume)."

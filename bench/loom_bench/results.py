@@ -138,6 +138,7 @@ class Parameters:
     sqlite_synchronous: str
     postgres: str
     command: str
+    workflow_call: str = "start"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ application recorder (``ceiling``), both "not installed" without eventsourcing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 import shutil
 import tempfile
@@ -62,7 +63,9 @@ from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
 from loom_bench.streams import STREAMS, StreamScenario, measure_loom_stream, stream_scenario
 from loom_bench.workflows import (
+    WORKFLOW_CALLS,
     WORKFLOWS,
+    WorkflowCall,
     WorkflowScenario,
     measure_workflow,
     runtime_executor,
@@ -109,6 +112,7 @@ class BenchConfig:
     stacks: tuple[tuple[str, ...], ...] = ()
     stack_scenario: str = "short"
     sqlite_synchronous: Synchronous = "NORMAL"
+    workflow_call: WorkflowCall = "start"
     postgres_url: str | None = None
     pgbench: str | None = None
     raw: bool = True
@@ -124,6 +128,11 @@ class BenchConfig:
             raise ValueError("concurrency must be one or more integers of at least 1")
         for key in self.scenarios:
             known_scenario(key)
+        if self.workflow_call not in WORKFLOW_CALLS:
+            raise ValueError(
+                f"workflow_call must be one of {', '.join(WORKFLOW_CALLS)}, "
+                f"not {self.workflow_call!r}"
+            )
         scenario(self.stack_scenario)
 
 
@@ -263,6 +272,7 @@ async def run_benchmark(
         stacks=config.stacks,
         stack_scenario=config.stack_scenario,
         sqlite_synchronous=config.sqlite_synchronous,
+        workflow_call=config.workflow_call,
         postgres=postgres_origin,
         command=command,
     )
@@ -389,8 +399,9 @@ async def _measure_row(
         try:
             chosen = row.scenario
             if isinstance(chosen, WorkflowScenario):
-                sample = await _measure_workflow_side(side, backend, chosen, plan, tag,
-                                                      progress, host)
+                sample = await _measure_workflow_side(
+                    side, backend, chosen, plan, tag, progress, host, config.workflow_call
+                )
             elif isinstance(chosen, StreamScenario):
                 sample, settings = await _measure_stream_side(
                     side, backend, chosen, plan, tag, progress, host
@@ -432,10 +443,12 @@ async def _measure_workflow_side(
     tag: str,
     progress: Progress,
     host: PluginHost,
+    call: WorkflowCall,
 ) -> Sample:
     if side == "ours":
         return await measure_workflow(
-            runtime_executor, backend, chosen, plan, tag, progress.tick, host
+            functools.partial(runtime_executor, call=call),
+            backend, chosen, plan, tag, progress.tick, host,
         )
     if side == "raw":
         return await measure_workflow(

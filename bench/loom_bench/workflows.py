@@ -2,7 +2,9 @@
 
 Each row is one workflow, run by the runtime over the harness's storage
 (``Loom(storage, node="bench", recover=False, timers=False)``, entered with ``async with``),
-one execution per ``await app.start(workflow, id=...)`` then ``await handle.result()``:
+one execution per ``await app.start(workflow, id=...)`` then ``await handle.result()``
+(``call="start"``, the default), or per ``await app.execute(workflow, id=...)``, which
+drives the body in the calling task (``call="execute"``):
 
 - ``workflow-one-step``: one step, then the step's result as the workflow's;
 - ``workflow-three-steps``: three steps, one after another;
@@ -31,7 +33,7 @@ import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Literal, TypeAlias, get_args
 
 from loom_bench.backends import Backend
 from loom_bench.drive import RunPlan, Tick, drive_concurrently
@@ -53,6 +55,8 @@ __all__ = [
     "NODE",
     "RUNTIME_INSTALL",
     "WORKFLOWS",
+    "WORKFLOW_CALLS",
+    "WorkflowCall",
     "WorkflowScenario",
     "Execute",
     "measure_workflow",
@@ -64,6 +68,8 @@ __all__ = [
 ]
 
 NODE: Final = "bench"
+WorkflowCall: TypeAlias = Literal["start", "execute"]
+WORKFLOW_CALLS: Final[tuple[WorkflowCall, ...]] = get_args(WorkflowCall)
 RUNTIME_INSTALL: Final = "pip install -e runtime"
 RESULT: Final[JsonObject] = {"ok": True}
 # What the runtime records for a call site ("file:line") and a body's code digest
@@ -152,18 +158,24 @@ def _body(scenario: WorkflowScenario) -> Callable[..., Awaitable[object]]:
 
 @contextlib.asynccontextmanager
 async def runtime_executor(
-    storage: Storage, scenario: WorkflowScenario
+    storage: Storage, scenario: WorkflowScenario, call: WorkflowCall = "start"
 ) -> AsyncIterator[Execute]:
     """An entered ``Loom`` app over ``storage`` with the scenario's workflow registered;
-    ``execute(id)`` runs one execution to its result (refusing any other result)."""
+    ``execute(id)`` runs one execution to its result (refusing any other result) through
+    ``app.start`` and ``handle.result()``, or through ``app.execute`` (``call``)."""
     from loom_runtime import Loom
 
+    if call not in WORKFLOW_CALLS:
+        raise ValueError(f"call must be one of {', '.join(WORKFLOW_CALLS)}, not {call!r}")
     app = Loom(storage, node=NODE, recover=False, timers=False)
     workflow = app.workflow(name=scenario.workflow)(_body(scenario))
 
     async def execute(execution_id: str) -> None:
-        handle = await app.start(workflow, id=execution_id)
-        result = await handle.result()
+        if call == "execute":
+            result = await app.execute(workflow, id=execution_id)
+        else:
+            handle = await app.start(workflow, id=execution_id)
+            result = await handle.result()
         if result != RESULT:
             raise ScenarioError(f"workflow {execution_id!r} returned {result!r}")
 

@@ -18,11 +18,14 @@ from loom_bench.drive import RunPlan
 from loom_bench.report_markdown import render_markdown
 from loom_bench.runner import BenchConfig, run_benchmark
 from loom_bench.workflows import (
+    WORKFLOW_CALLS,
     WORKFLOWS,
+    WorkflowCall,
     WorkflowScenario,
     run_twin,
     runtime_executor,
 )
+from loom_runtime import Loom
 
 from loom_core import Event, Storage, open_storage
 from loom_core.memory import open_memory
@@ -81,11 +84,20 @@ async def _recorded() -> AsyncIterator[tuple[Storage, list[Call]]]:
         yield storage, calls
 
 
+@pytest.mark.parametrize("call", WORKFLOW_CALLS)
 @pytest.mark.parametrize("key", list(WORKFLOWS))
-async def test_the_twin_makes_the_runtimes_store_calls_call_for_call(key: str) -> None:
+async def test_the_twin_makes_the_runtimes_store_calls_call_for_call(
+    key: str, call: WorkflowCall, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chosen = WORKFLOWS[key]
+    other = "start" if call == "execute" else "execute"
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"call={call!r} used app.{other}")
+
+    monkeypatch.setattr(Loom, other, refused)
     async with _recorded() as (storage, runtime_calls):
-        async with runtime_executor(storage, chosen) as execute:
+        async with runtime_executor(storage, chosen, call) as execute:
             await execute("e-1")
         runtime_log = await storage.events.read("e-1")
         assert await storage.timers.pending("e-1") == ()
@@ -184,6 +196,34 @@ async def test_without_dbos_the_peer_side_says_not_installed_and_what_to_install
     assert "### postgres: workflows" in markdown
     assert "*not installed: pip install 'loom-bench[dbos]'*" in markdown
     assert "not measured: dbos not installed: pip install 'loom-bench[dbos]'" in markdown
+
+
+async def test_the_workflow_call_reaches_the_runtime_side_and_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executed: list[str] = []
+    execute = Loom.execute
+
+    async def counted(self: Loom, workflow: Any, *args: Any, id: str | None = None) -> Any:
+        executed.append(str(id))
+        return await execute(self, workflow, *args, id=id)
+
+    monkeypatch.setattr(Loom, "execute", counted)
+    config = BenchConfig(
+        backends=("memory",), concurrency=(2,), executions=4, runs=2, warmup=1,
+        scenarios=("workflow-one-step",), workflow_call="execute", workdir=tmp_path,
+    )
+    result = await run_benchmark(
+        config, plugins=PluginHost(entry_points=False), show_progress=False
+    )
+    row = result.row("memory/workflow-one-step@2")
+    assert row is not None
+    assert row.status == "ok"
+    assert len(executed) == 2 * (4 + 1)  # every execution of the runtime side, warm-ups too
+    assert result.parameters.workflow_call == "execute"
+    assert "(`app.execute`, the body in the calling task)" in render_markdown(result)
+    with pytest.raises(ValueError, match="workflow_call must be one of start, execute"):
+        BenchConfig(workflow_call="run")  # type: ignore[arg-type]
 
 
 def test_dbos_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

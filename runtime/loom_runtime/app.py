@@ -252,10 +252,14 @@ class Loom:
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
-        self._runs: dict[str, asyncio.Task[Event | None]] = {}
+        # The task driving each execution: the app's own, or an execute() caller's.
+        self._runs: dict[str, asyncio.Task[Any]] = {}
         # Every drive task until it ends: a task leaves _runs when its run parks or ends,
         # and may then still answer its own park and drive on (see _drive).
-        self._driving: set[asyncio.Task[Event | None]] = set()
+        self._driving: set[asyncio.Task[Any]] = set()
+        # execute() calls driving in their callers' tasks: a future done when each stops,
+        # and the task it drives in.
+        self._inline: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self._drivers: dict[str, Run] = {}
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
@@ -410,7 +414,51 @@ class Loom:
         ``id`` defaults to a random one; a start onto an id that exists is refused with
         ExecutionAlreadyExistsError before the body runs. The arguments must be JSON.
         """
-        self._running("app.start")
+        run = await self._begin("app.start", workflow, args, id)
+        self._spawn(run)
+        return Handle(self, run.execution_id)
+
+    @overload
+    async def execute(
+        self, workflow: Callable[..., Awaitable[R]], *args: object, id: str | None = None
+    ) -> R: ...
+    @overload
+    async def execute(
+        self, workflow: str, *args: object, id: str | None = None
+    ) -> JsonValue: ...
+    async def execute(self, workflow: object, *args: object, id: str | None = None) -> Any:
+        """Start ``workflow(ctx, *args)`` as a new execution, drive it in the calling task
+        and return its result: what ``start`` then ``result()`` do, without a task of its
+        own, as calling a workflow function does in DBOS.
+
+        The body runs in your task until it ends or parks; a parked execution is resumed
+        as any other, and this waits for its result as :meth:`Handle.result` does (and
+        raises what it raises). Cancelling the call (``asyncio.wait_for`` running out, for
+        one) does not stop the execution: while the body runs, the app takes it over in a
+        task of its own, under a fresh fence, as a restarted node would, and the
+        cancellation goes on to you. Context variables the body sets are set in your task.
+        """
+        run = await self._begin("app.execute", workflow, args, id)
+        execution_id = run.execution_id
+        done = asyncio.get_running_loop().create_future()
+        self._inline[done] = asyncio.current_task()
+        try:
+            last = await self._drive(run)
+        except asyncio.CancelledError:
+            self._hand_off(execution_id)
+            raise
+        finally:
+            del self._inline[done]
+            done.set_result(None)
+        if last is not None and last.kind == EventKind.EXECUTION_COMPLETED:
+            return completion_result(last)
+        return await Handle(self, execution_id).result()
+
+    async def _begin(
+        self, what: str, workflow: object, args: tuple[object, ...], id: str | None
+    ) -> Run:
+        """Write a new execution's EXECUTION_STARTED; the run that is to drive it."""
+        self._running(what)
         name, fn = self._resolve(workflow)
         execution_id = uuid.uuid4().hex if id is None else _check_id(id)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
@@ -436,8 +484,27 @@ class Loom:
             fence=token,
             started_at=written[0].recorded_at,
         )
-        self._spawn(Run(self, view, token, fn))
-        return Handle(self, execution_id)
+        return Run(self, view, token, fn)
+
+    def _hand_off(self, execution_id: str) -> None:
+        """The task that drove ``execution_id`` in place was cancelled: take the execution
+        over in a task of the app's own (left to the node's next start when the app is
+        leaving)."""
+        if not self._entered:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._take_back(execution_id), name=f"loom:take-back:{execution_id}"
+        )
+        self._driving.add(task)
+        task.add_done_callback(self._driving.discard)
+
+    async def _take_back(self, execution_id: str) -> None:
+        try:
+            await self._recover_one(execution_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.hooks.error(exc)
 
     def get(self, execution_id: str) -> Handle[JsonValue]:
         """A handle on an execution started anywhere."""
@@ -670,9 +737,14 @@ class Loom:
 
     async def drain(self) -> None:
         """Wait until this process drives nothing (every local run finished or parked, and
-        no parked run is answering its own park to drive on)."""
-        while self._driving:
-            await asyncio.gather(*list(self._driving), return_exceptions=True)
+        no parked run is answering its own park to drive on); an ``execute`` in the task
+        that drains is not waited for."""
+        while True:
+            here = asyncio.current_task()
+            others = [done for done, task in self._inline.items() if task is not here]
+            if not self._driving and not others:
+                return
+            await asyncio.gather(*self._driving, *others, return_exceptions=True)
 
     # -- what the driver and the timer service call ------------------------------------------
 

@@ -1,0 +1,190 @@
+"""``app.execute``: a workflow driven in the caller's task, and what happens when that task
+is cancelled while the body runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+from loom_runtime import AppNotRunningError, Context, Loom, WorkflowFailedError
+from loom_runtime.testing import VirtualClock
+
+from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError
+
+
+async def kinds(app: Loom, execution_id: str) -> list[str]:
+    return [e.kind for e in await app.storage.events.read(execution_id)]
+
+
+async def test_the_body_runs_in_the_callers_task_and_its_result_is_returned(app: Loom) -> None:
+    caller = asyncio.current_task()
+    seen: list[object] = []
+
+    async def reserve(order: str) -> dict[str, str]:
+        return {"reserved": order}
+
+    @app.workflow(name="checkout")
+    async def checkout(ctx: Context, order: str) -> dict[str, object]:
+        seen.append(asyncio.current_task())
+        seen.append(app.driving)
+        return {"card": await ctx.step(reserve, order)}
+
+    assert await app.execute(checkout, "o-1", id="order-1") == {"card": {"reserved": "o-1"}}
+    assert seen == [caller, frozenset({"order-1"})]
+    assert app.driving == frozenset()
+    assert await kinds(app, "order-1") == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+    # By name too, as start takes it.
+    assert await app.execute("checkout", "o-2", id="order-2") == {"card": {"reserved": "o-2"}}
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="unset")
+
+
+async def test_the_body_sees_and_sets_the_callers_context_variables(app: Loom) -> None:
+    @app.workflow()
+    async def tagged(ctx: Context) -> str:
+        seen = _REQUEST.get()
+        _REQUEST.set("set by the body")
+        return seen
+
+    _REQUEST.set("the caller's")
+    assert await app.execute(tagged, id="t") == "the caller's"
+    assert _REQUEST.get() == "set by the body"
+
+
+async def test_a_body_that_parks_is_resumed_and_its_result_waited_for(
+    app: Loom, clock: VirtualClock
+) -> None:
+    began = asyncio.Event()
+
+    async def begin() -> None:
+        began.set()
+
+    @app.workflow()
+    async def nap(ctx: Context) -> str:
+        await ctx.step(begin)
+        await ctx.sleep(30)
+        return "awake"
+
+    call = asyncio.create_task(app.execute(nap, id="n"))
+    await began.wait()
+    await app.drain()  # until the body, in the caller's task, has parked
+    assert await app.get("n").status() == "suspended"
+    assert not call.done()
+    await clock.advance(30)
+    assert await asyncio.wait_for(call, 5) == "awake"
+
+
+async def test_a_failed_workflow_raises_as_its_handle_would(app: Loom) -> None:
+    @app.workflow()
+    async def broken(ctx: Context) -> None:
+        raise ValueError("no stock")
+
+    with pytest.raises(WorkflowFailedError, match="no stock"):
+        await app.execute(broken, id="b")
+    assert (await kinds(app, "b"))[-1] == EventKind.EXECUTION_FAILED
+
+
+async def test_refusals_come_before_the_body_runs_and_write_nothing(app: Loom) -> None:
+    ran: list[int] = []
+
+    @app.workflow()
+    async def once(ctx: Context, n: int) -> int:
+        ran.append(n)
+        return n
+
+    assert await app.execute(once, 1, id="same") == 1
+    before = await app.storage.events.read("same")
+    with pytest.raises(ExecutionAlreadyExistsError):
+        await app.execute(once, 2, id="same")
+    with pytest.raises(InvalidInputError):
+        await app.execute(once, object(), id="other")
+    assert await app.storage.events.read("same") == before
+    assert await app.storage.events.read("other") == ()
+    assert ran == [1]
+    outside = Loom("memory://")
+    outside.workflow(name="once")(once)
+    with pytest.raises(AppNotRunningError):
+        await outside.execute(once, 3)
+
+
+async def test_a_cancelled_caller_leaves_the_execution_to_the_app_which_finishes_it(
+    app: Loom,
+) -> None:
+    ran: list[str] = []
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def charge() -> str:
+        ran.append("charge")
+        return "charged"
+
+    async def ship() -> str:
+        ran.append("ship")
+        entered.set()
+        await gate.wait()
+        return "shipped"
+
+    @app.workflow()
+    async def order(ctx: Context) -> list[str]:
+        return [await ctx.step(charge), await ctx.step(ship)]
+
+    call = asyncio.create_task(app.execute(order, id="o"))
+    await entered.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    # The app took it over, under a fresh fence, and drives it in a task of its own: the
+    # recorded step is served from the log; the one the cancellation cut runs again.
+    gate.set()
+    assert await app.get("o").result(timeout=5) == ["charged", "shipped"]
+    assert ran == ["charge", "ship", "ship"]
+    assert await kinds(app, "o") == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_RECOVERED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+    recovered = (await app.storage.events.read("o"))[2]
+    assert recovered.payload == {"node": app.node, "fence": 1}  # the start wrote under 0
+
+
+async def test_drain_waits_for_an_execute_in_another_task_and_not_for_its_own(app: Loom) -> None:
+    gate = asyncio.Event()
+    drained_inside: list[bool] = []
+
+    async def wait_for_gate() -> int:
+        await gate.wait()
+        return 1
+
+    async def drain_here() -> int:
+        await app.drain()  # from the execute's own task: must not wait for itself
+        drained_inside.append(True)
+        return 2
+
+    @app.workflow()
+    async def slow(ctx: Context) -> int:
+        return await ctx.step(wait_for_gate)
+
+    @app.workflow()
+    async def draining(ctx: Context) -> int:
+        return await ctx.step(drain_here)
+
+    call = asyncio.create_task(app.execute(slow, id="slow"))
+    await asyncio.sleep(0)
+    drain = asyncio.create_task(app.drain())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not drain.done()
+    gate.set()
+    await asyncio.wait_for(drain, 5)
+    assert call.done()
+    assert call.result() == 1
+    assert await asyncio.wait_for(app.execute(draining, id="d"), 5) == 2
+    assert drained_inside == [True]
+
