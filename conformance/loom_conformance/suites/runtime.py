@@ -294,6 +294,51 @@ class TestRuntimeContract:
         assert all(e.fence >= taken[0].fence for e in log[taken[0].sequence:])
         assert await check_replay(app) == ["order-7"]
 
+    async def test_an_executed_workflow_whose_caller_is_cancelled_is_taken_over(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """``app.execute`` drives the body in the caller's task; cancelling that task
+        mid-step leaves the execution to the app, which takes a fresh token, records the
+        takeover and replays: the recorded step is served, the cut one runs again."""
+        app, counter = loom_node.app, _Counter()
+        entered, gate = asyncio.Event(), asyncio.Event()
+
+        async def ship() -> str:
+            counter.ran["ship"] = counter.ran.get("ship", 0) + 1
+            entered.set()
+            await gate.wait()
+            return "ship"
+
+        @app.workflow(name="fulfil")
+        async def fulfil(ctx: Context) -> list[str]:
+            return [
+                await ctx.step(counter.step("reserve"), name="reserve"),
+                await ctx.step(ship, name="ship"),
+            ]
+
+        call = asyncio.create_task(app.execute(fulfil, id="order-8"))
+        await guard(entered.wait())
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        gate.set()
+        assert await result(app.get("order-8")) == ["reserve", "ship"]
+        assert counter.ran == {"reserve": 1, "ship": 2}
+        log = await loom_node.log("order-8")
+        assert_gapless(log)
+        assert [e.kind for e in log] == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        taken = log[2]
+        if "acquire_fence" in loom_node.events.capabilities:  # a fresh token, else the same
+            assert taken.fence > log[1].fence
+        assert all(e.fence == taken.fence for e in log[2:])
+        assert await check_replay(app) == ["order-8"]
+
     # -- timers -------------------------------------------------------------------------
 
     async def test_a_sleep_parks_writes_its_timer_and_fires_when_the_clock_gets_there(
