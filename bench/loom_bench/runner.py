@@ -63,10 +63,10 @@ from loom_bench.stacks import missing_decorator
 from loom_bench.statistics import Sample, paired_ratios
 from loom_bench.streams import STREAMS, StreamScenario, measure_loom_stream, stream_scenario
 from loom_bench.workflows import (
-    WORKFLOW_CALLS,
     WORKFLOWS,
     WorkflowCall,
     WorkflowScenario,
+    check_workflow_call,
     measure_workflow,
     runtime_executor,
     runtime_missing,
@@ -128,11 +128,7 @@ class BenchConfig:
             raise ValueError("concurrency must be one or more integers of at least 1")
         for key in self.scenarios:
             known_scenario(key)
-        if self.workflow_call not in WORKFLOW_CALLS:
-            raise ValueError(
-                f"workflow_call must be one of {', '.join(WORKFLOW_CALLS)}, "
-                f"not {self.workflow_call!r}"
-            )
+        check_workflow_call(self.workflow_call, "workflow_call")
         scenario(self.stack_scenario)
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "WorkflowCall",
     "WorkflowScenario",
     "Execute",
+    "check_workflow_call",
     "measure_workflow",
     "run_twin",
     "runtime_executor",
@@ -70,6 +71,12 @@ __all__ = [
 NODE: Final = "bench"
 WorkflowCall: TypeAlias = Literal["start", "execute"]
 WORKFLOW_CALLS: Final[tuple[WorkflowCall, ...]] = get_args(WorkflowCall)
+
+
+def check_workflow_call(call: object, what: str) -> None:
+    """Refuse a ``call`` (named ``what`` in the message) that is not a workflow call."""
+    if call not in WORKFLOW_CALLS:
+        raise ValueError(f"{what} must be one of {', '.join(WORKFLOW_CALLS)}, not {call!r}")
 RUNTIME_INSTALL: Final = "pip install -e runtime"
 RESULT: Final[JsonObject] = {"ok": True}
 # What the runtime records for a call site ("file:line") and a body's code digest
@@ -165,8 +172,7 @@ async def runtime_executor(
     ``app.start`` and ``handle.result()``, or through ``app.execute`` (``call``)."""
     from loom_runtime import Loom
 
-    if call not in WORKFLOW_CALLS:
-        raise ValueError(f"call must be one of {', '.join(WORKFLOW_CALLS)}, not {call!r}")
+    check_workflow_call(call, "call")
     app = Loom(storage, node=NODE, recover=False, timers=False)
     workflow = app.workflow(name=scenario.workflow)(_body(scenario))
 

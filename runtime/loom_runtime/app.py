@@ -356,7 +356,7 @@ class Loom:
         if self._serve_timers:
             self._services.append(asyncio.create_task(self.timer_service.run()))
         if self._recover_on_enter:
-            self._services.append(asyncio.create_task(self._recover_quietly()))
+            self._services.append(asyncio.create_task(self._quietly(self.recover())))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -388,9 +388,10 @@ class Loom:
             raise AppNotRunningError(what)
         return self.storage
 
-    async def _recover_quietly(self) -> None:
+    async def _quietly(self, work: Awaitable[object]) -> None:
+        """Await ``work`` in a task nobody waits for: a failure goes to ``on_error``."""
         try:
-            await self.recover()
+            await work
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -493,18 +494,11 @@ class Loom:
         if not self._entered:
             return
         task = asyncio.get_running_loop().create_task(
-            self._take_back(execution_id), name=f"loom:take-back:{execution_id}"
+            self._quietly(self._recover_one(execution_id)),
+            name=f"loom:take-back:{execution_id}",
         )
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
-
-    async def _take_back(self, execution_id: str) -> None:
-        try:
-            await self._recover_one(execution_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.hooks.error(exc)
 
     def get(self, execution_id: str) -> Handle[JsonValue]:
         """A handle on an execution started anywhere."""
