@@ -79,6 +79,7 @@ from loom_core.refusal import RefusesUnoffered
 from loom_core.registry import BackendFactory, BackendRegistry, InnerOpener
 from loom_core.validation import (
     MAX_ID_BYTES,
+    MAX_INT_BITS,
     MAX_POSITION,
     canonical_json,
     check_append,
@@ -120,6 +121,7 @@ __all__ = [
     "RefusesUnoffered",
     # the checks every store runs before touching anything
     "MAX_ID_BYTES",
+    "MAX_INT_BITS",
     "MAX_POSITION",
     "CheckedEvents",
     "canonical_json",

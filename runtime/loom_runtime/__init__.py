@@ -17,7 +17,14 @@
         print(await handle.result())
 """
 
-from loom_runtime.app import Authorize, Handle, Loom
+from loom_core import (
+    ExecutionAlreadyExistsError,
+    ExecutionNotFoundError,
+    InvalidExecutionIdError,
+    InvalidInputError,
+    LoomError,
+)
+from loom_runtime.app import MAX_NEW_ID_BYTES, Authorize, Handle, Loom
 from loom_runtime.clock import Clock, RandomSource, SystemClock
 from loom_runtime.context import Context, Durable
 from loom_runtime.errors import (
@@ -44,17 +51,23 @@ from loom_runtime.timers import TimerService
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_NEW_ID_BYTES",
     "ActionDeniedError",
     "AppNotRunningError",
     "Authorize",
     "Clock",
     "Context",
     "Durable",
+    "ExecutionAlreadyExistsError",
     "ExecutionCancelledError",
+    "ExecutionNotFoundError",
     "Handle",
     "InvalidDurationError",
+    "InvalidExecutionIdError",
+    "InvalidInputError",
     "LogFormatError",
     "Loom",
+    "LoomError",
     "NotJsonError",
     "RandomSource",
     "RedriveExhaustedError",

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import logging
 import random as random_module
+import re
 import socket
 import types
 import uuid
@@ -23,6 +24,7 @@ from loom_core import (
     EventKind,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
+    InvalidExecutionIdError,
     InvalidInputError,
     InvalidOptionError,
     JsonValue,
@@ -35,6 +37,7 @@ from loom_core import (
     TimerRecord,
     open_storage,
 )
+from loom_core.spi import MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
 from loom_runtime.clock import Clock, RandomSource, SystemClock
 from loom_runtime.context import Context
@@ -54,7 +57,7 @@ from loom_runtime.errors import (
 from loom_runtime.fold import Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
 from loom_runtime.inbox import Inbox, Message
-from loom_runtime.records import INBOX_PREFIX, Position, Wait, json_value
+from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, json_value
 from loom_runtime.resume import answer_park, read_tail
 from loom_runtime.timers import Fired, TimerService
 
@@ -461,7 +464,7 @@ class Loom:
         """Write a new execution's EXECUTION_STARTED; the run that is to drive it."""
         self._running(what)
         name, fn = self._resolve(workflow)
-        execution_id = uuid.uuid4().hex if id is None else _check_id(id)
+        execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
@@ -525,13 +528,14 @@ class Loom:
         left to a node that does (see docs/runtime.md, "Messages")."""
         storage = self._running("app.send")
         execution_id = _check_id(execution_id)
-        if not isinstance(topic, str) or not topic:
-            raise InvalidInputError(f"a topic must be a non-empty str, not {topic!r}")
+        topic = check_text(topic, "a topic")
         if key is not None and (not isinstance(key, str) or not key or key[0] == "$"):
             raise InvalidInputError(
                 f"key= must be a non-empty str not starting with '$' (those are the keys "
                 f"of the messages Loom hands on), or None, not {key!r}"
             )
+        if key is not None:
+            key = check_text(key, "key=")
         payload = json_value(value, f"the message on {topic!r}")
         if await storage.events.head(execution_id) == 0:
             raise ExecutionNotFoundError(execution_id)
@@ -1383,12 +1387,37 @@ def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float
 
 
 def _check_id(execution_id: object) -> str:
+    """An id the app is asked about: the kernel's rules, and not one of the runtime's own."""
     if not isinstance(execution_id, str):
         raise InvalidInputError(f"an execution id must be a str, not {execution_id!r}")
     if execution_id.startswith("$"):
         raise ReservedExecutionIdError(execution_id)
     if not execution_id:
         raise InvalidInputError("an execution id must not be empty")
+    return check_execution_id(execution_id)
+
+
+MAX_NEW_ID_BYTES: Final = MAX_ID_BYTES - 32
+"""The longest id a start may give an execution, in UTF-8 bytes: the store's limit less
+room for the ids the runtime derives from it (its inbox, ``$inbox:<id>``, and its
+successors, ``<id>#<generation>``)."""
+
+_SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
+
+
+def _check_new_id(execution_id: object) -> str:
+    """An id a start gives a new execution: not a successor's name, and short enough for
+    the ids derived from it."""
+    execution_id = _check_id(execution_id)
+    if _SUCCESSOR_SUFFIX.search(execution_id):
+        raise ReservedExecutionIdError(execution_id, successor=True)
+    size = len(execution_id.encode("utf-8"))
+    if size > MAX_NEW_ID_BYTES:
+        raise InvalidExecutionIdError(
+            execution_id,
+            f"a new execution's id is at most {MAX_NEW_ID_BYTES} UTF-8 bytes (the store's "
+            f"{MAX_ID_BYTES} less room for its inbox's and successors' ids), not {size}",
+        )
     return execution_id
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final,
 
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.errors import InvalidDurationError
-from loom_runtime.records import Position
+from loom_runtime.records import Position, check_text, json_value
 from loom_runtime.retry import Retry
 
 if TYPE_CHECKING:
@@ -189,8 +189,10 @@ class Context:
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")
         step_name = name if name is not None else _qualname(fn)
-        if not isinstance(step_name, str) or not step_name:
-            raise InvalidInputError(f"a step name must be a non-empty str, not {step_name!r}")
+        if type(step_name) is not str or not step_name.isascii() or "\x00" in step_name:
+            step_name = check_text(step_name, "a step name")
+        elif not step_name:
+            raise InvalidInputError("a step name must be a non-empty str, not ''")
         position = BRANCH.get().take()
         site = call_site()
         return Durable(position, self._run.step(position, step_name, fn, args, retry, site))
@@ -218,8 +220,7 @@ class Context:
     ) -> Durable[JsonValue]:
         """The next message sent on ``topic``, exactly once; ``None`` when ``timeout``
         (seconds or a timedelta) passes first."""
-        if not isinstance(topic, str) or not topic:
-            raise InvalidInputError(f"a topic must be a non-empty str, not {topic!r}")
+        topic = check_text(topic, "a topic")
         seconds = None if timeout is None else _seconds(timeout, "ctx.receive(timeout=...)")
         position = BRANCH.get().take()
         site = call_site()
@@ -277,13 +278,15 @@ class Context:
         """True in executions that reach this point with the new code, False in those that
         recorded this stretch with the old: the way to change code under running
         executions (``if ctx.patched("x"): new path else: old path``)."""
-        if not isinstance(name, str) or not name:
-            raise InvalidInputError(f"a patch name must be a non-empty str, not {name!r}")
+        name = check_text(name, "a patch name")
         return self._run.patched(BRANCH.get(), name, call_site())
 
     def continue_as_new(self, *args: object) -> NoReturn:
         """End this execution and start a fresh one of the same workflow with ``args``
-        (EXECUTION_CONTINUED names it); the handle's result follows the chain."""
+        (EXECUTION_CONTINUED names it); the handle's result follows the chain. Arguments
+        that are not JSON are refused here, with NotJsonError, as ``app.start`` refuses
+        them."""
+        json_value(list(args), "the input of the successor")
         raise ContinueAsNew(args)
 
 

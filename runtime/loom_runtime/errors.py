@@ -65,14 +65,25 @@ class InvalidDurationError(InvalidInputError):
 
 
 class ReservedExecutionIdError(InvalidInputError):
-    """Execution ids starting with ``$`` are the runtime's own (its inbox streams)."""
+    """An id the runtime keeps for itself: one starting with ``$`` (its inbox streams),
+    or, for a new execution, one ending in ``#`` and digits (the name of a successor
+    that ``continue_as_new`` creates)."""
 
-    def __init__(self, execution_id: str) -> None:
+    def __init__(self, execution_id: str, *, successor: bool = False) -> None:
         self.execution_id = execution_id
-        super().__init__(
-            f"execution id {execution_id!r} starts with '$', which the runtime reserves for "
-            "its own streams; choose another id"
-        )
+        if successor:
+            base = execution_id[: execution_id.rindex("#")]
+            reason = (
+                f"ends in '#' and a number, the form of the ids continue_as_new gives "
+                f"successors ({base!r} continues as {base + '#1'!r}, then "
+                f"{base + '#2'!r}...); choose another id, e.g. with '-' for '#'"
+            )
+        else:
+            reason = (
+                "starts with '$', which the runtime reserves for its own streams; choose "
+                "another id"
+            )
+        super().__init__(f"execution id {execution_id!r} {reason}")
 
 
 class WorkflowNotFoundError(LoomError, LookupError):

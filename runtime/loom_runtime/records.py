@@ -12,10 +12,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, cast
 
 from loom_core import EventKind, JsonObject, JsonValue, NewEvent
-from loom_core.spi import build_new_event
+from loom_core.errors import InvalidInputError
+from loom_core.spi import MAX_INT_BITS, build_new_event
 from loom_runtime.errors import NotJsonError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "continued",
     "denied",
     "failed",
+    "check_text",
     "inbox_of",
     "json_value",
     "message",
@@ -67,14 +69,19 @@ def position_json(position: Position) -> list[JsonValue]:
 
 
 def json_value(value: object, where: str) -> JsonValue:
-    """``value`` as the JSON it will be recorded as (tuples become lists); refuse the rest.
+    """``value`` as the JSON it will be recorded as; refuse the rest with NotJsonError.
 
-    Live and replayed runs both see this normalised value, so a body cannot tell them apart.
+    What the kernel refuses in an event is refused here, before anything is run or written
+    (a string holding U+0000 or a lone surrogate, an integer of more than
+    ``MAX_INT_BITS`` bits, NaN and the infinities); tuples become lists, and a subclass of
+    a JSON type (an ``IntEnum``, a ``str`` subclass) becomes its plain value. Live and
+    replayed runs both see this normalised value, so a body cannot tell them apart.
     """
     return _json(value, where, 0)
 
 
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
+_INT_BOUND: Final = 1 << MAX_INT_BITS
 
 
 def fresh(value: JsonValue) -> JsonValue:
@@ -93,16 +100,28 @@ def fresh(value: JsonValue) -> JsonValue:
     return value
 
 
-def _json(value: object, where: str, depth: int) -> JsonValue:
+def _plain(value: object) -> bool:
+    """Whether ``value`` is a JSON scalar of an exact type that needs no closer look: an
+    ASCII string without U+0000 (others are checked by the walk), an integer within the
+    kernel's bound, a bool or None."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind is str:
+        text = cast(str, value)
+        return text.isascii() and "\x00" not in text
+    if kind is int:
+        return -_INT_BOUND < cast(int, value) < _INT_BOUND
+    return kind is bool or value is None
+
+
+def _json(value: object, where: str, depth: int) -> JsonValue:
+    if _plain(value):
         return value  # type: ignore[return-value]  # exactly a JSON scalar
-    if kind is dict and depth < 100:
+    if type(value) is dict and depth < 100:
         out: dict[str, JsonValue] = {}
-        for k, v in value.items():  # type: ignore[attr-defined]  # a dict
-            if type(k) is not str:
+        for k, v in cast(dict[object, object], value).items():
+            if type(k) is not str or not (k.isascii() and "\x00" not in k):
                 break
-            out[k] = v if type(v) in _PLAIN else _json(v, where, depth + 1)
+            out[k] = cast(JsonValue, v) if _plain(v) else _json(v, where, depth + 1)
         else:
             return out
     return _json_checked(value, where, depth)
@@ -111,12 +130,22 @@ def _json(value: object, where: str, depth: int) -> JsonValue:
 def _json_checked(value: object, where: str, depth: int) -> JsonValue:
     if depth > 100:
         raise NotJsonError(where, "nested more than 100 levels deep")
-    if value is None or isinstance(value, bool | int | str):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise NotJsonError(
+                where, f"an integer of more than {MAX_INT_BITS} bits (store it as a string)"
+            )
+        return int(value)
+    if isinstance(value, str):
+        return _text(value, where)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise NotJsonError(where, f"{value!r} has no JSON form")
-        return value
+        return float(value)
     if isinstance(value, list | tuple):
         return [_json_checked(v, where, depth + 1) for v in value]
     if isinstance(value, dict):
@@ -124,9 +153,34 @@ def _json_checked(value: object, where: str, depth: int) -> JsonValue:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise NotJsonError(where, f"dict key {k!r} is a {type(k).__name__}, not a str")
-            out[k] = _json_checked(v, where, depth + 1)
+            out[_text(k, where)] = _json_checked(v, where, depth + 1)
         return out
     raise NotJsonError(where, f"a {type(value).__name__} ({value!r:.60})")
+
+
+def check_text(value: object, what: str) -> str:
+    """A non-empty ``str`` the runtime records as it is (a topic, a message key): one a
+    store can hold, else InvalidInputError naming ``what``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{what} must be a non-empty str, not {value!r}")
+    try:
+        return _text(value, what)
+    except NotJsonError:
+        raise InvalidInputError(
+            f"{what} {value[:40]!r} contains U+0000 or a lone surrogate, which no store "
+            "can hold"
+        ) from None
+
+
+def _text(value: str, where: str) -> str:
+    """``value`` as a plain str, refusing what no store can hold."""
+    if "\x00" in value:
+        raise NotJsonError(where, f"the string {value[:40]!r} contains U+0000")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotJsonError(where, f"the string {value[:40]!r} contains a lone surrogate") from None
+    return str(value)
 
 
 def parse_position(raw: JsonValue) -> Position:

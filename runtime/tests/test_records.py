@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 
 import pytest
@@ -57,3 +58,47 @@ def test_what_is_not_json_is_refused_naming_it(bad: object, says: str) -> None:
     with pytest.raises(NotJsonError, match=says) as refused:
         json_value(bad, "the result of step 's'")
     assert "the result of step 's'" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("a\x00b", r"U\+0000"),
+        ({"k": ["é\x00"]}, r"U\+0000"),
+        ({"a\x00": 1}, r"U\+0000"),
+        ("\ud800", "lone surrogate"),
+        ({"\udfff": 1}, "lone surrogate"),
+        ([2**14_000], "more than 14000 bits"),
+        ({"a": -(2**14_000)}, "more than 14000 bits"),
+    ],
+)
+def test_what_no_store_can_hold_is_refused_before_anything_is_written(
+    bad: object, says: str
+) -> None:
+    # The kernel refuses these in an event; the runtime must refuse them first, or the
+    # write of a step's result would fail after the step ran.
+    with pytest.raises(NotJsonError, match=says):
+        json_value(bad, "v")
+
+
+def test_the_largest_integer_the_kernel_takes_is_recorded() -> None:
+    assert json_value([2**14_000 - 1], "v") == [2**14_000 - 1]
+
+
+def test_subclasses_of_json_scalars_are_recorded_as_their_plain_values() -> None:
+    # What a replay reads back from the log: a live run must see the same.
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Tag(str):
+        pass
+
+    recorded = json_value({"level": Level.HIGH, "tag": Tag("x"), "on": True, "n": [1.5]}, "v")
+    assert recorded == {"level": 3, "tag": "x", "on": True, "n": [1.5]}
+    assert isinstance(recorded, dict)
+    assert [type(v) for v in recorded.values()] == [int, str, bool, list]
+    assert type(json_value(Level.HIGH, "v")) is int
+
+
+def test_non_ascii_text_is_recorded() -> None:
+    assert json_value({"name": "Zoë", "emoji": "🧵"}, "v") == {"name": "Zoë", "emoji": "🧵"}

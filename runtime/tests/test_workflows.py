@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from loom_runtime import Context, Loom, Retry, StepFailedError, WorkflowFailedError
+from loom_runtime.app import MAX_NEW_ID_BYTES
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
-from loom_core import EventKind, ExecutionAlreadyExistsError
+from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError
 
 
 async def kinds(app: Loom, execution_id: str) -> list[str]:
@@ -228,3 +229,86 @@ async def test_a_lone_wait_already_due_goes_on_in_place(app: Loom) -> None:
     ]
     assert await app.storage.timers.pending("in-place") == ()
     assert await check_replay(app) == ["in-place"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("order#1", "form of the ids continue_as_new gives"),
+        ("a#12", "form of the ids continue_as_new gives"),
+        ("x" * (MAX_NEW_ID_BYTES + 1), f"at most {MAX_NEW_ID_BYTES} UTF-8 bytes"),
+        ("é" * 241, f"at most {MAX_NEW_ID_BYTES} UTF-8 bytes"),
+        ("a\x00", "control character"),
+        ("\ud800", "lone surrogate"),
+    ],
+)
+async def test_a_start_refuses_an_id_it_could_not_carry_through_before_writing(
+    app: Loom, bad: str, says: str
+) -> None:
+    @app.workflow()
+    async def noop(ctx: Context) -> None:
+        return None
+
+    with pytest.raises(InvalidInputError, match=says):
+        await app.start(noop, id=bad)
+    with pytest.raises(InvalidInputError, match=says):
+        await app.execute(noop, id=bad)
+    assert await app.storage.events.list_executions() == ()
+
+
+async def test_a_successor_of_the_longest_id_can_receive_and_continue(app: Loom) -> None:
+    # The ids derived from a new one (its inbox, its successors') fit in the store's limit.
+    long_id = "x" * MAX_NEW_ID_BYTES
+
+    @app.workflow()
+    async def relay(ctx: Context, n: int) -> object:
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return await ctx.receive("go", timeout=60)
+
+    handle = await app.start(relay, 0, id=long_id)
+    await app.drain()
+    await app.send(f"{long_id}#2", "go", {"ok": True})
+    assert await handle.result(timeout=5) == {"ok": True}
+
+
+@pytest.mark.parametrize("fine", ["order#1x", "a#", "#1-", "a#1.5", "x" * MAX_NEW_ID_BYTES])
+async def test_ids_that_only_look_like_a_successors_are_taken(app: Loom, fine: str) -> None:
+    @app.workflow()
+    async def noop(ctx: Context) -> str:
+        return ctx.execution_id
+
+    assert await app.execute(noop, id=fine) == fine
+
+
+async def test_a_step_result_no_store_can_hold_is_refused_into_the_body(app: Loom) -> None:
+    async def nul() -> str:
+        return "a\x00b"
+
+    @app.workflow()
+    async def holds(ctx: Context) -> str:
+        try:
+            await ctx.step(nul)
+        except InvalidInputError as exc:
+            return type(exc).__name__
+        return "recorded"
+
+    assert await app.execute(holds, id="h") == "NotJsonError"
+    assert await kinds(app, "h") == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
+
+
+async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def onward(ctx: Context) -> str:
+        try:
+            ctx.continue_as_new({1, 2})
+        except InvalidInputError as exc:
+            return type(exc).__name__
+        return "continued"
+
+    assert await app.execute(onward, id="o") == "NotJsonError"
+    assert [e.kind for e in await app.storage.events.read("o")][-1] == (
+        EventKind.EXECUTION_COMPLETED
+    )
