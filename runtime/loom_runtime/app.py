@@ -264,6 +264,8 @@ class Loom:
         # and the task it drives in.
         self._inline: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self._drivers: dict[str, Run] = {}
+        # Executions a task of the app is taking back after a cancelled call (_take_back).
+        self._taking_back: set[str] = set()
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._resumers: dict[str, _Resumers] = {}
@@ -365,7 +367,14 @@ class Loom:
     async def __aexit__(self, *exc_info: object) -> None:
         self._entered = False
         # Runs stop where they are, as a process that exits would: the log keeps them, and
-        # the node's next start recovers what was running.
+        # the node's next start recovers what was running. A run in an execute() caller's
+        # task is stopped, not its task: it appends nothing more, and its body unwinds at
+        # its next durable call.
+        inline = set(self._inline.values())
+        for execution_id, task in self._runs.items():
+            run = self._drivers.get(execution_id)
+            if task in inline and run is not None:
+                run.stop()
         await _stop_tasks([*self._services, *self._driving])
         self._services.clear()
         self._runs.clear()
@@ -449,11 +458,16 @@ class Loom:
         try:
             last = await self._drive(run)
         except asyncio.CancelledError:
-            self._hand_off(execution_id)
+            self._take_back_later(execution_id, fence_first=False)
             raise
         finally:
             del self._inline[done]
             done.set_result(None)
+        if not self._entered:
+            raise AppNotRunningError(
+                "app.execute (the app left while the body ran, and stopped it; the node's "
+                "next start recovers the execution)"
+            )
         if last is not None and last.kind == EventKind.EXECUTION_COMPLETED:
             return completion_result(last)
         return await Handle(self, execution_id).result()
@@ -473,6 +487,9 @@ class Loom:
         self._claim(execution_id)
         try:
             token, written = await self._create(execution_id, event)
+        except asyncio.CancelledError:
+            self._take_back_later(execution_id, fence_first=True)  # the write may land yet
+            raise
         finally:
             self._unclaim(execution_id)
         # What fold makes of that one event, made directly: this is every start's path.
@@ -490,18 +507,50 @@ class Loom:
         )
         return Run(self, view, token, fn)
 
-    def _hand_off(self, execution_id: str) -> None:
-        """The task that drove ``execution_id`` in place was cancelled: take the execution
-        over in a task of the app's own (left to the node's next start when the app is
-        leaving)."""
-        if not self._entered:
+    def _take_back_later(self, execution_id: str, *, fence_first: bool) -> None:
+        """A call was cancelled while a write of this process for ``execution_id`` may
+        have been in flight (a start's first write, a resume's answer, a run's own write):
+        take the execution back in a task of the app's own (left to the node's next start
+        when the app is leaving). ``fence_first`` when the write may have left the log
+        showing the execution not running yet (a first write, an answer); see
+        docs/design.md, "A cancelled call"."""
+        if not self._entered or execution_id in self._taking_back:
             return
+        self._taking_back.add(execution_id)
         task = asyncio.get_running_loop().create_task(
-            self._quietly(self._recover_one(execution_id)),
+            self._quietly(self._take_back(execution_id, fence_first)),
             name=f"loom:take-back:{execution_id}",
         )
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
+
+    async def _take_back(self, execution_id: str, fence_first: bool) -> None:
+        """Take a fresh token first (``fence_first``), so that whatever write of ours was
+        in flight has landed or never will; then take the execution over as a restarted
+        node would (an answer or a first write that landed leaves it running with no
+        driver), and each successor it continued as meanwhile. A run cut in its body
+        needs no token first: its log shows it running, and the takeover's own token
+        settles its write."""
+        try:
+            await self._unclaimed(execution_id)
+            events = self.storage.events
+            if (
+                fence_first
+                and not self._owned(execution_id)
+                and "acquire_fence" in events.capabilities
+            ):
+                self._claim(execution_id)
+                try:
+                    await events.acquire_fence(execution_id)
+                finally:
+                    self._unclaim(execution_id)
+            current: str | None = execution_id
+            while current is not None:
+                await self._recover_one(current)
+                view = await self.inspect(current)
+                current = view.successor if view.status == "continued" else None
+        finally:
+            self._taking_back.discard(execution_id)
 
     def get(self, execution_id: str) -> Handle[JsonValue]:
         """A handle on an execution started anywhere."""
@@ -1179,7 +1228,13 @@ class Loom:
         drives the body on from the answer (for the caller to drive or spawn)."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
-        wait, token, resumed = await self._answer_view(view, park_seq, prefer, force, principal)
+        try:
+            wait, token, resumed = await self._answer_view(
+                view, park_seq, prefer, force, principal
+            )
+        except asyncio.CancelledError:
+            self._take_back_later(view.execution_id, fence_first=True)  # it may land yet
+            raise
         return wait, Run(self, resumed, token, fn)
 
     async def _answer_view(

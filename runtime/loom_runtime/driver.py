@@ -182,9 +182,12 @@ class Run:
         reset = BRANCH.set(Branch())
         try:
             result = await self._fn(ctx, *fresh(self._view.input))  # type: ignore[misc]
-        except asyncio.CancelledError:
-            await self._teardown()
-            raise
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                await self._teardown()
+                raise
+            # The body's own (a future it awaited was cancelled): it fails, as any error.
+            return await self._ended(_Raised(exc))
         except BaseException as exc:  # sorted in _ended: a park, a stop, or an end
             return await self._ended(_Raised(exc))
         finally:
@@ -268,13 +271,13 @@ class Run:
                 raise
             return self._outcome("continued", successor=successor)
         if exc is not None:
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception | asyncio.CancelledError):
                 raise exc
             self._check_all_visited(f"the body raised {type(exc).__name__}")
             if self._replay_only:
                 self._expect_terminal("failed")
                 return self._outcome("failed")
-            await self._append([records.failed(_type_name(exc), str(exc))])
+            await self._append([records.failed(_type_name(exc), _message(exc))])
             return self._outcome("failed")
         self._check_all_visited("the body returned")
         try:
@@ -362,22 +365,29 @@ class Run:
             attempt += 1
             if self.app.crash_points and self.app.crash_point(self, position, name, "before"):
                 self._halt(SimulatedCrash(f"simulated crash before step {name!r}"))
+            failure: BaseException | None = None
             try:
                 value = await self._call(fn, args)
             except Exception as exc:
+                failure = exc
+            except asyncio.CancelledError as exc:
+                if _being_cancelled():
+                    raise
+                failure = exc  # the step's own (a future it awaited was cancelled)
+            if failure is not None:
                 self._check_alive()
-                if attempt < policy.attempts and policy.retries(exc):
+                if attempt < policy.attempts and policy.retries(failure):
                     await self.app.clock.sleep(policy.delay(attempt))
                     continue
-                error_type = _type_name(exc)
+                error_type, message = _type_name(failure), _message(failure)
                 await self._append(
-                    [records.step_failed(position, name, error_type, str(exc), attempt, site)]
+                    [records.step_failed(position, name, error_type, message, attempt, site)]
                 )
                 if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
                 raise StepFailedError(
-                    name, position_text(position), attempt, error_type, str(exc)
-                ) from exc
+                    name, position_text(position), attempt, error_type, message
+                ) from failure
             self._check_alive()
             result = json_value(value, f"the result of step {name!r}")
             # Recorded with the run's next write: before the next step runs, or with the
@@ -652,6 +662,12 @@ class Run:
 
     # -- stopping and appending ------------------------------------------------------------
 
+    def stop(self) -> None:
+        """Stop the run where it is, as a process that exits would: it appends nothing
+        more, and its body unwinds at its next durable call."""
+        self._stopped = True
+        self._release()
+
     def _check_alive(self) -> None:
         if self._stopped or self._quiet:
             raise _Stop
@@ -740,6 +756,21 @@ class Run:
 
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task is being cancelled: a CancelledError is then the run's own
+    (the app leaving, an execute() caller cancelled), not one a step or the body raised."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or what stands for it when the exception cannot say."""
+    try:
+        return str(exc)
+    except Exception as failed:
+        return f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
 
 
 def _type_name(exc: BaseException) -> str:

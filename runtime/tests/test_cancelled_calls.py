@@ -1,0 +1,209 @@
+"""A call cancelled with a write of the app in flight, a step or a body that raises a
+cancellation of its own, and an app that leaves while an ``execute`` runs elsewhere: no
+execution is left running with nothing to drive it.
+
+Each window is held open by the probe's hooks (a write that has landed and whose caller
+has not heard back yet, or one that has not reached the store), never by a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+from loom_runtime import AppNotRunningError, Context, Loom, StepFailedError, WorkflowFailedError
+from store_probes import kinds, wired
+
+from loom_core import EventKind, open_storage
+
+
+class Gate:
+    """Holds a store call until released, and says when one is held."""
+
+    def __init__(self, *holding: str) -> None:
+        self.holding = set(holding)
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, execution_id: str, written: tuple[str, ...]) -> None:
+        if self.holding & set(written) and not self.release.is_set():
+            self.held.set()
+            await self.release.wait()
+
+
+async def _cancelled(call: asyncio.Task[Any], gate: Gate) -> None:
+    """Cancel ``call`` while ``gate`` holds its write, then let the write's reply go."""
+    await gate.held.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    gate.release.set()
+
+
+Start = Callable[[Loom, Any, str], Coroutine[Any, Any, object]]
+
+
+async def _start(app: Loom, workflow: Any, execution_id: str) -> object:
+    return await app.start(workflow, id=execution_id)
+
+
+async def _execute(app: Loom, workflow: Any, execution_id: str) -> object:
+    return await app.execute(workflow, id=execution_id)
+
+
+@pytest.mark.parametrize("call", [_start, _execute], ids=["start", "execute"])
+async def test_a_call_cancelled_after_its_first_write_landed_is_driven_by_the_app(
+    call: Start,
+) -> None:
+    async with wired() as w:
+        ran: list[str] = []
+
+        async def charge() -> str:
+            ran.append("charge")
+            return "charged"
+
+        @w.app.workflow()
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge)
+
+        gate = Gate(EventKind.EXECUTION_STARTED)
+        w.probe.after_append = gate
+        await _cancelled(asyncio.create_task(call(w.app, order, "o")), gate)
+        assert await w.app.get("o").result(timeout=5) == "charged"
+        assert ran == ["charge"]
+        assert await kinds(w.base.events, "o") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        assert w.errors == []
+
+
+async def test_a_start_cancelled_before_its_write_reached_the_store_leaves_nothing() -> None:
+    async with wired() as w:
+
+        @w.app.workflow()
+        async def order(ctx: Context) -> str:
+            return "done"
+
+        gate = Gate(EventKind.EXECUTION_STARTED)
+        w.probe.before_append = gate
+        await _cancelled(asyncio.create_task(w.app.start(order, id="o")), gate)
+        await w.app.drain()
+        assert await w.base.events.head("o") == 0
+        # The id is free: a start takes it (under a token newer than the take-back's).
+        w.probe.before_append = None
+        assert await (await w.app.start(order, id="o")).result(timeout=5) == "done"
+        assert w.errors == []
+
+
+async def test_a_send_cancelled_after_its_answer_landed_leaves_the_receiver_driven() -> None:
+    async with wired() as w:
+
+        @w.app.workflow()
+        async def listen(ctx: Context) -> object:
+            return await ctx.receive("go", timeout=600)
+
+        handle = await w.app.start(listen, id="l")
+        await w.app.drain()
+        assert await handle.status() == "suspended"
+        gate = Gate(EventKind.EXECUTION_RESUMED)
+        w.probe.after_append = gate
+        await _cancelled(asyncio.create_task(w.app.send("l", "go", {"n": 1})), gate)
+        assert await handle.result(timeout=5) == {"n": 1}
+        log = await kinds(w.base.events, "l")
+        assert log.count(EventKind.MESSAGE_CONSUMED) == 1
+        assert log.count(EventKind.EXECUTION_RESUMED) == 1
+        assert w.errors == []
+
+
+async def test_an_execute_cancelled_as_it_continues_leaves_its_successor_driven() -> None:
+    async with wired() as w:
+
+        @w.app.workflow()
+        async def relay(ctx: Context, generation: int) -> int:
+            if generation == 0:
+                ctx.continue_as_new(1)
+            return generation
+
+        gate = Gate(EventKind.EXECUTION_CONTINUED)
+        w.probe.after_append = gate
+        await _cancelled(asyncio.create_task(w.app.execute(relay, 0, id="r")), gate)
+        assert await w.app.get("r").result(timeout=5) == 1
+        assert await w.app.get("r#1").status() == "completed"
+        assert w.errors == []
+
+
+async def test_leaving_the_app_stops_an_execute_running_in_another_task() -> None:
+    async with await open_storage("memory://") as storage:  # outlives the app
+        app = Loom(storage, node="n1", timers=False, recover=False)
+        in_step, finish = asyncio.Event(), asyncio.Event()
+        ran: list[str] = []
+
+        async def slow() -> str:
+            in_step.set()
+            await finish.wait()
+            return "slow"
+
+        async def after() -> str:
+            ran.append("after")
+            return "after"
+
+        @app.workflow()
+        async def flow(ctx: Context) -> list[str]:
+            return [await ctx.step(slow), await ctx.step(after)]
+
+        async with app:
+            call = asyncio.create_task(app.execute(flow, id="f"))
+            await in_step.wait()
+        finish.set()
+        with pytest.raises(AppNotRunningError, match="the app left while the body ran"):
+            await call
+        assert ran == []
+        assert await kinds(storage.events, "f") == [EventKind.EXECUTION_STARTED]
+
+
+async def test_a_step_that_raises_a_cancellation_of_its_own_fails_as_a_step(app: Loom) -> None:
+    async def fetch() -> str:
+        cancelled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        cancelled.cancel()  # someone else's future, cancelled: not this run's cancellation
+        return await cancelled
+
+    @app.workflow()
+    async def flow(ctx: Context) -> str:
+        try:
+            await ctx.step(fetch)
+        except StepFailedError as exc:
+            return exc.error_type
+        return "fetched"
+
+    assert await app.execute(flow, id="f") == "asyncio.exceptions.CancelledError"
+    assert EventKind.STEP_FAILED in [e.kind for e in await app.storage.events.read("f")]
+
+
+async def test_a_body_that_raises_a_cancellation_of_its_own_fails(app: Loom) -> None:
+    @app.workflow()
+    async def gives_up(ctx: Context) -> None:
+        raise asyncio.CancelledError("not the run's")
+
+    handle = await app.start(gives_up, id="g")
+    with pytest.raises(WorkflowFailedError, match="CancelledError: not the run's"):
+        await handle.result(timeout=5)
+    assert await handle.status() == "failed"
+
+
+async def test_a_failure_whose_text_cannot_be_made_still_fails_the_execution(app: Loom) -> None:
+    class Mute(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no words")
+
+    @app.workflow()
+    async def mute(ctx: Context) -> None:
+        raise Mute()
+
+    handle = await app.start(mute, id="m")
+    with pytest.raises(WorkflowFailedError, match="raised RuntimeError"):
+        await handle.result(timeout=5)
