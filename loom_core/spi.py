@@ -78,6 +78,7 @@ from loom_core.protocols import (
 from loom_core.refusal import RefusesUnoffered
 from loom_core.registry import BackendFactory, BackendRegistry, InnerOpener
 from loom_core.validation import (
+    MAX_EVENTS_PER_APPEND,
     MAX_ID_BYTES,
     MAX_INT_BITS,
     MAX_POSITION,
@@ -120,6 +121,7 @@ __all__ = [
     "build_new_event",
     "RefusesUnoffered",
     # the checks every store runs before touching anything
+    "MAX_EVENTS_PER_APPEND",
     "MAX_ID_BYTES",
     "MAX_INT_BITS",
     "MAX_POSITION",

@@ -29,6 +29,7 @@ from loom_core import (
     TimerRecord,
     is_answering,
 )
+from loom_core.spi import MAX_EVENTS_PER_APPEND
 from loom_runtime import records
 from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew
 from loom_runtime.errors import ReplayDivergedError, StepFailedError
@@ -696,10 +697,17 @@ class Run:
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
             raise _Stop
-        pending = len(self._pending)
+        while len(self._pending) + len(events) > MAX_EVENTS_PER_APPEND:
+            # More recorded values wait than one append takes (thousands of ctx.uuid()
+            # between two writes): the oldest go first, each append one the store takes.
+            await self._write(MAX_EVENTS_PER_APPEND, ())
+        return await self._write(len(self._pending), events)
+
+    async def _write(self, pending: int, events: Sequence[NewEvent]) -> tuple[Event, ...]:
+        """Append the first ``pending`` recorded values, then ``events``, in one append."""
         if not pending and not events:
             return ()  # a flush another branch's write already made
-        batch = [*self._pending, *events] if pending else events
+        batch = [*self._pending[:pending], *events] if pending else events
         app = self.app
         hooks = app.hooks
         if hooks.on_event is not None:

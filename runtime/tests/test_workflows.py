@@ -11,6 +11,7 @@ from loom_runtime.app import MAX_NEW_ID_BYTES
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
 from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError
+from loom_core.spi import MAX_EVENTS_PER_APPEND
 
 
 async def kinds(app: Loom, execution_id: str) -> list[str]:
@@ -293,7 +294,8 @@ async def test_a_step_result_no_store_can_hold_is_refused_into_the_body(app: Loo
             return type(exc).__name__
         return "recorded"
 
-    assert await app.execute(holds, id="h") == "NotJsonError"
+    handle = await app.start(holds, id="h")
+    assert await handle.result(timeout=5) == "NotJsonError"
     assert await kinds(app, "h") == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
 
 
@@ -312,3 +314,18 @@ async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
     assert [e.kind for e in await app.storage.events.read("o")][-1] == (
         EventKind.EXECUTION_COMPLETED
     )
+
+
+async def test_more_recorded_values_than_one_append_takes_are_written_in_parts(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def draws(ctx: Context) -> int:
+        return len({ctx.uuid() for _ in range(MAX_EVENTS_PER_APPEND + 5)})
+
+    handle = await app.start(draws, id="d")
+    assert await handle.result(timeout=5) == MAX_EVENTS_PER_APPEND + 5
+    log = await app.storage.events.read("d")
+    assert len(log) == MAX_EVENTS_PER_APPEND + 7
+    assert log[-1].kind == EventKind.EXECUTION_COMPLETED
+    assert await check_replay(app) == ["d"]
