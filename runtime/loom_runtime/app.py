@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
 import logging
+import math
 import random as random_module
 import re
 import socket
@@ -121,9 +123,14 @@ class Handle(Generic[R]):
         run in this process diverged) or ResultTimeoutError after ``timeout`` seconds.
         """
         if timeout is not None and (
-            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0
+            not isinstance(timeout, int | float)
+            or isinstance(timeout, bool)
+            or not 0 <= timeout < math.inf  # NaN compares false
         ):
-            raise InvalidInputError(f"timeout= must be seconds >= 0 or None, not {timeout!r}")
+            raise InvalidInputError(
+                f"timeout= must be a finite number of seconds >= 0, or None to wait as long as "
+                f"it takes, not {timeout!r}"
+            )
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         execution_id = self.execution_id
@@ -232,10 +239,19 @@ class Loom:
         if (
             not isinstance(poll_interval, int | float)
             or isinstance(poll_interval, bool)
-            or not poll_interval > 0
+            or not 0 < poll_interval < math.inf  # NaN compares false
         ):
             raise InvalidOptionError(
-                f"Loom(poll_interval=...) must be seconds > 0, not {poll_interval!r}"
+                f"Loom(poll_interval=...) must be a finite number of seconds > 0, not "
+                f"{poll_interval!r}"
+            )
+        for flag, value in (("timers", timers), ("recover", recover)):
+            if not isinstance(value, bool):
+                raise InvalidOptionError(f"Loom({flag}=...) must be True or False, not {value!r}")
+        if isinstance(decorators, str | bytes) or not isinstance(decorators, Sequence):
+            raise InvalidOptionError(
+                f"Loom(decorators=...) must be a list of decorator specs (e.g. ['tenant']), "
+                f"not {decorators!r}"
             )
         self._decorators = tuple(decorators)
         self._options = options
@@ -361,7 +377,7 @@ class Loom:
         if self._serve_timers:
             self._services.append(asyncio.create_task(self.timer_service.run()))
         if self._recover_on_enter:
-            self._services.append(asyncio.create_task(self._quietly(self.recover())))
+            self._services.append(asyncio.create_task(self._quietly(self.recover)))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -400,10 +416,12 @@ class Loom:
             raise AppNotRunningError(what)
         return self.storage
 
-    async def _quietly(self, work: Awaitable[object]) -> None:
-        """Await ``work`` in a task nobody waits for: a failure goes to ``on_error``."""
+    async def _quietly(self, work: Callable[[], Awaitable[object]]) -> None:
+        """Run ``work()`` in a task nobody waits for: a failure goes to ``on_error``. It is
+        called here, not by whoever makes the task, so a task cancelled before it began
+        leaves no coroutine unawaited."""
         try:
-            await work
+            await work()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -518,7 +536,7 @@ class Loom:
             return
         self._taking_back.add(execution_id)
         task = asyncio.get_running_loop().create_task(
-            self._quietly(self._take_back(execution_id, fence_first)),
+            self._quietly(functools.partial(self._take_back, execution_id, fence_first)),
             name=f"loom:take-back:{execution_id}",
         )
         self._driving.add(task)

@@ -124,7 +124,12 @@ def worker(spec: str) -> None:
     """Serve an app until SIGINT or SIGTERM: fire its due timers and recover the
     executions its node was running."""
     app = _load_app(spec)
-    asyncio.run(_serve(app))
+    try:
+        asyncio.run(_serve(app))
+    except (LoomError, OSError) as exc:
+        # A storage that does not open (an unknown scheme, a directory that is not
+        # there): what is wrong, not a traceback.
+        raise click.ClickException(f"the worker could not serve {spec}: {exc}") from exc
 
 
 def _load_app(spec: str) -> Loom:

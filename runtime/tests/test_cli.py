@@ -92,3 +92,18 @@ def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> No
         )
         assert done.returncode == 2, (spec, done.stderr)
         assert says in done.stderr, (spec, done.stderr)
+
+
+def test_the_worker_says_why_its_storage_did_not_open_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    for url, says in (
+        ("bogus://x", "bogus"),
+        (f"sqlite:///{tmp_path}/no/such/dir/x.db", "no/such/dir"),
+    ):
+        worker = serve(tmp_path, url)
+        _, stderr = worker.communicate(timeout=60)
+        assert worker.returncode == 1, stderr
+        assert "the worker could not serve served_app:app" in stderr, stderr
+        assert says in stderr, stderr
+        assert "Traceback" not in stderr, stderr

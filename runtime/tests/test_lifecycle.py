@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from datetime import datetime, timedelta
 
 import pytest
@@ -252,6 +254,43 @@ def test_options_are_checked_when_the_app_is_built() -> None:
         Loom("memory://", poll_interval=0)
     with pytest.raises(InvalidInputError):
         Loom(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"poll_interval": float("inf")}, "finite number of seconds"),
+        ({"poll_interval": float("nan")}, "finite number of seconds"),
+        ({"timers": "no"}, r"timers=\.\.\.\) must be True or False"),
+        ({"recover": 0}, r"recover=\.\.\.\) must be True or False"),
+        ({"decorators": "tenant"}, "a list of decorator specs"),
+    ],
+)
+def test_options_a_user_gets_wrong_are_refused_when_the_app_is_built(
+    options: dict[str, object], says: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        Loom("memory://", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1, "5"])
+async def test_a_result_timeout_that_is_no_number_of_seconds_is_refused(
+    app: Loom, seconds: object
+) -> None:
+    with pytest.raises(InvalidInputError, match="timeout="):
+        await app.get("x").result(timeout=seconds)  # type: ignore[arg-type]
+
+
+def test_an_app_left_at_once_leaves_no_coroutine_unawaited() -> None:
+    async def enter_and_leave() -> None:
+        async with Loom("memory://"):
+            pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(enter_and_leave())
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
 
 
 async def test_drain_waits_for_a_parked_run_that_answers_its_own_park_and_drives_on() -> None:
