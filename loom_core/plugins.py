@@ -49,6 +49,16 @@ _KNOWN_DECORATORS: Final = {
     "audit": "loom-audit",
 }
 
+def _install_hint(distribution: str) -> str:
+    """How to install one of Loom's own distributions, which are installed from a checkout
+    of its repository (nothing is on the package index yet)."""
+    folder = distribution.replace("-", "_")
+    return (
+        f"the {distribution} distribution (from a checkout of Loom's repository: "
+        f"pip install ./plugins/{folder})"
+    )
+
+
 DecoratorSpec: TypeAlias = str | tuple[str, Mapping[str, object]]
 """A decorator by registered name, optionally with its options."""
 
@@ -179,7 +189,7 @@ class PluginHost:
             if blame is not None:
                 hint = f"the plugin that serves it failed to load: {blame}"
             elif (distribution := self.backend_distribution(scheme)) is not None:
-                hint = f"install it with: pip install {distribution}"
+                hint = f"install it: {_install_hint(distribution)}"
             raise UnknownSchemeError(scheme, registry.factories, hint)
         return factory
 
@@ -195,7 +205,7 @@ class PluginHost:
             if blame is not None:
                 message += f"; the plugin that provides it failed to load: {blame}"
             elif (distribution := self.decorator_distribution(name)) is not None:
-                message += f"; install it with: pip install {distribution}"
+                message += f"; install it: {_install_hint(distribution)}"
             raise InvalidOptionError(message)
         return decorator
 
