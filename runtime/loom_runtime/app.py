@@ -901,10 +901,15 @@ class Loom:
             self._unclaim(successor)
             raise
 
-    def release_successor(self, execution_id: str) -> None:
+    def release_successor(self, execution_id: str, *, look: bool = False) -> None:
         """The run that created ``execution_id`` stopped before handing it on: recovery
-        may take it (it is in the log, and no run here will drive it)."""
+        may take it (it is in the log, and no run here will drive it). ``look`` (the run
+        was fenced out, by a cancel for one) looks at once: a successor whose predecessor
+        ended otherwise meanwhile is never handed on, and is cancelled now rather than at
+        the node's next start."""
         self._unclaim(execution_id)
+        if look:
+            self._take_back_later(execution_id, fence_first=False)
 
     async def wake(self, row: TimerRecord) -> Fired:
         """What the timer service does with a due row (see loom_runtime.timers)."""

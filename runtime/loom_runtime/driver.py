@@ -268,7 +268,9 @@ class Run:
                 if crashable and self.app.crash_point(self, (), "continue", "after"):
                     self._halt(SimulatedCrash("simulated crash after the continuation"))
             except BaseException:
-                self.app.release_successor(successor.execution_id)
+                self.app.release_successor(
+                    successor.execution_id, look=isinstance(self._stop_reason, FencedOut)
+                )
                 raise
             return self._outcome("continued", successor=successor)
         if exc is not None:

@@ -207,3 +207,28 @@ async def test_a_failure_whose_text_cannot_be_made_still_fails_the_execution(app
     handle = await app.start(mute, id="m")
     with pytest.raises(WorkflowFailedError, match="raised RuntimeError"):
         await handle.result(timeout=5)
+
+
+async def test_a_cancel_that_lands_while_a_run_continues_cancels_the_successor_too() -> None:
+    async with wired() as w:
+
+        @w.app.workflow()
+        async def relay(ctx: Context, generation: int) -> object:
+            if generation == 0:
+                ctx.continue_as_new(1)
+            return await ctx.receive("never")
+
+        # The successor exists; the run is about to record its continuation.
+        gate = Gate(EventKind.EXECUTION_CONTINUED)
+        w.probe.before_append = gate
+        handle = await w.app.start(relay, 0, id="r")
+        await gate.held.wait()
+        assert await w.app.cancel("r") is True  # fences the run out
+        gate.release.set()
+        await w.app.drain()
+        assert await handle.status() == "cancelled"
+        assert await w.app.get("r#1").status() == "cancelled"
+        assert await kinds(w.base.events, "r#1") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_CANCELLED,
+        ]
