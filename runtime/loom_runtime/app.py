@@ -299,9 +299,18 @@ class Loom:
 
     # -- registration ----------------------------------------------------------------------
 
-    def workflow(self, *, name: str | None = None) -> Callable[[F], F]:
-        """Register an ``async def body(ctx, *args)``; ``name`` (what the log records and
-        what a resume looks up) defaults to the function's qualified name."""
+    @overload
+    def workflow(self, fn: F, /) -> F: ...
+    @overload
+    def workflow(self, fn: None = None, /, *, name: str | None = None) -> Callable[[F], F]: ...
+    def workflow(
+        self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None
+    ) -> Any:
+        """Register an ``async def body(ctx, *args)``, as ``@app.workflow()`` or
+        ``@app.workflow``; ``name`` (what the log records and what a resume looks up)
+        defaults to the function's qualified name. One function registered under several
+        names (an old name kept for the executions started under it) is started under
+        the last."""
 
         def register(fn: F) -> F:
             if not inspect.iscoroutinefunction(fn):
@@ -311,6 +320,7 @@ class Loom:
             workflow_name = name if name is not None else fn.__qualname__
             if not isinstance(workflow_name, str) or not workflow_name:
                 raise InvalidOptionError(f"a workflow name must be a non-empty str: {name!r}")
+            check_text(workflow_name, "a workflow name")
             if workflow_name in self._workflows and self._workflows[workflow_name] is not fn:
                 raise InvalidOptionError(
                     f"a workflow named {workflow_name!r} is already registered on this app; "
@@ -321,7 +331,7 @@ class Loom:
             self._fingerprints[workflow_name] = _fingerprint(fn)
             return fn  # type: ignore[return-value]  # the same object, registered
 
-        return register
+        return register if fn is None else register(fn)
 
     @property
     def workflows(self) -> Mapping[str, Callable[..., Awaitable[Any]]]:

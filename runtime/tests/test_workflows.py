@@ -329,3 +329,19 @@ async def test_more_recorded_values_than_one_append_takes_are_written_in_parts(
     assert len(log) == MAX_EVENTS_PER_APPEND + 7
     assert log[-1].kind == EventKind.EXECUTION_COMPLETED
     assert await check_replay(app) == ["d"]
+
+
+async def test_a_workflow_registers_with_or_without_the_parentheses(app: Loom) -> None:
+    @app.workflow
+    async def bare(ctx: Context) -> str:
+        return "bare"
+
+    assert await app.execute(bare, id="b") == "bare"
+    assert "test_a_workflow_registers_with_or_without_the_parentheses.<locals>.bare" in (
+        app.workflows
+    )
+    with pytest.raises(InvalidInputError, match="a workflow name"):
+
+        @app.workflow(name="nul\x00")
+        async def nul(ctx: Context) -> None:
+            return None
