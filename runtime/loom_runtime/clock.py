@@ -1,12 +1,24 @@
-"""Where the runtime gets time and randomness: injectable, so tests are deterministic."""
+"""Where the runtime gets time and randomness: injectable, so tests are deterministic; and
+the bounds of the time it computes with (:data:`MAX_DURATION`, :data:`LATEST_DEADLINE`)."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from typing import Protocol, final, runtime_checkable
+from datetime import UTC, datetime, timedelta
+from typing import Final, Protocol, final, runtime_checkable
 
-__all__ = ["Clock", "RandomSource", "SystemClock"]
+__all__ = ["LATEST_DEADLINE", "MAX_DURATION", "Clock", "RandomSource", "SystemClock"]
+
+MAX_DURATION: Final = timedelta(days=365_250)
+"""The longest wait the runtime takes (``ctx.sleep``, a ``ctx.receive`` timeout, a
+``Retry`` interval): 1000 years. Fixed rather than counted from now, so a replay refuses
+exactly what the first run refused; a longer one is a unit mistake, or a wait without end
+(``ctx.receive`` without a timeout)."""
+
+LATEST_DEADLINE: Final = datetime(9999, 1, 1, tzinfo=UTC)
+"""No deadline falls later, and a :class:`~loom_runtime.testing.VirtualClock` goes no
+further: the year left before ``datetime.max`` is room for what the runtime adds to a
+deadline or to now (a timer's re-drive, its jitter) without overflowing."""
 
 
 @runtime_checkable
@@ -38,3 +50,11 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, except an int too long to print (Python refuses
+    to write one of more than 4300 digits), which is shown by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)

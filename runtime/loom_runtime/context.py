@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import math
 import sys
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMapping
@@ -20,6 +19,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final, overload
 
 from loom_core import InvalidInputError, JsonValue
+from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
 from loom_runtime.errors import InvalidDurationError
 from loom_runtime.records import Position, check_text, json_value
 from loom_runtime.retry import Retry
@@ -198,22 +198,45 @@ class Context:
         return Durable(position, self._run.step(position, step_name, fn, args, retry, site))
 
     def sleep(self, duration: float | timedelta) -> Durable[None]:
-        """Park for ``duration`` (seconds or a timedelta); the deadline is computed once."""
+        """Park for ``duration`` (seconds or a timedelta); the deadline is computed once.
+
+        Refused (InvalidDurationError): a negative, NaN or infinite duration, one longer
+        than ``MAX_DURATION`` (1000 years), one that would end after ``LATEST_DEADLINE``.
+        """
         seconds = _seconds(duration, "ctx.sleep")
+        self._check_end(seconds, duration, "ctx.sleep")
         position = BRANCH.get().take()
         site = call_site()
         return Durable(position, self._run.sleep(position, seconds, None, site))
 
     def sleep_until(self, when: datetime) -> Durable[None]:
-        """Park until ``when`` (a timezone-aware datetime)."""
-        if not isinstance(when, datetime) or when.utcoffset() is None:
+        """Park until ``when`` (a timezone-aware datetime); one in the past is due at once.
+
+        Refused (InvalidDurationError): a naive datetime, one after ``LATEST_DEADLINE``.
+        """
+        offset = when.utcoffset() if isinstance(when, datetime) else None
+        if offset is None:
             raise InvalidDurationError(
                 f"ctx.sleep_until needs a timezone-aware datetime, not {when!r}; "
                 "use datetime.now(UTC) + ... or attach tzinfo"
             )
+        try:
+            deadline = when.astimezone(UTC)
+        except OverflowError:
+            # In UTC it falls outside what a datetime holds: before its first instant (long
+            # past, so due at once: that instant serves) or after its last (refused below).
+            deadline = (datetime.min if offset > timedelta(0) else datetime.max).replace(
+                tzinfo=UTC
+            )
+        if deadline > LATEST_DEADLINE:
+            raise InvalidDurationError(
+                f"ctx.sleep_until({when!r}) is after {LATEST_DEADLINE.isoformat()}, the "
+                "latest deadline the runtime keeps; to wait without end, use "
+                "ctx.receive(topic) with no timeout"
+            )
         position = BRANCH.get().take()
         site = call_site()
-        return Durable(position, self._run.sleep(position, None, when.astimezone(UTC), site))
+        return Durable(position, self._run.sleep(position, None, deadline, site))
 
     def receive(
         self, topic: str, *, timeout: float | timedelta | None = None
@@ -222,9 +245,23 @@ class Context:
         (seconds or a timedelta) passes first."""
         topic = check_text(topic, "a topic")
         seconds = None if timeout is None else _seconds(timeout, "ctx.receive(timeout=...)")
+        if seconds is not None:
+            self._check_end(seconds, timeout, "ctx.receive(timeout=...)")
         position = BRANCH.get().take()
         site = call_site()
         return Durable(position, self._run.receive(position, topic, seconds, site))
+
+    def _check_end(self, seconds: float, duration: object, what: str) -> None:
+        """Refuse a wait that, from the app's clock's now, would end after LATEST_DEADLINE
+        (the deadline the driver computes would overflow, or come close)."""
+        now = self._run.app.clock.now()
+        if seconds > (LATEST_DEADLINE - now).total_seconds():
+            raise InvalidDurationError(
+                f"{what} of {shown(duration)} from now ({now.isoformat()}, the app's clock) "
+                f"would end after {LATEST_DEADLINE.isoformat()}, the latest deadline the "
+                "runtime keeps; wait less, or use ctx.receive(topic) with no timeout to wait "
+                "without end"
+            )
 
     @overload
     async def gather(self, a: Awaitable[T1], /) -> tuple[T1]: ...
@@ -307,20 +344,30 @@ def _qualname(fn: object) -> str:
     return f"{module}.{name}" if isinstance(module, str) and module != "__main__" else name
 
 
+_MAX_SECONDS: Final = MAX_DURATION.total_seconds()
+
+
 def _seconds(duration: object, what: str) -> float:
-    kind = type(duration)
-    if kind is int or kind is float:
-        seconds = float(duration)  # type: ignore[arg-type]  # exactly an int or a float
+    """``duration`` (seconds or a timedelta) in seconds. Refused: a bool, NaN, a negative
+    duration, and one longer than MAX_DURATION (an infinity, an int of any size, compared
+    as it is, never converted to a float that would overflow)."""
+    amount: float
+    if isinstance(duration, int | float) and not isinstance(duration, bool):
+        amount = duration
     elif isinstance(duration, timedelta):
-        seconds = duration.total_seconds()
-    elif isinstance(duration, int | float) and not isinstance(duration, bool):
-        seconds = float(duration)
+        amount = duration.total_seconds()
     else:
         raise InvalidDurationError(
             f"{what} takes seconds (int or float) or a timedelta, not {duration!r}"
         )
-    if not math.isfinite(seconds):
-        raise InvalidDurationError(f"{what} needs a finite duration, not {duration!r}")
-    if seconds < 0:
-        raise InvalidDurationError(f"{what} needs a duration >= 0, not {duration!r}")
-    return seconds
+    if amount != amount:  # NaN
+        raise InvalidDurationError(f"{what} needs a number of seconds, not {duration!r}")
+    if amount < 0:
+        raise InvalidDurationError(f"{what} needs a duration >= 0, not {shown(duration)}")
+    if amount > _MAX_SECONDS:
+        raise InvalidDurationError(
+            f"{what} takes at most {_MAX_SECONDS:.0f} seconds (MAX_DURATION, 1000 years), "
+            f"not {shown(duration)}; check the unit (seconds), or use ctx.receive(topic) "
+            "with no timeout to wait without end"
+        )
+    return float(amount)

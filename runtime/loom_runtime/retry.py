@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loom_core import InvalidOptionError
+from loom_core import InvalidInputError, InvalidOptionError
+from loom_runtime.clock import MAX_DURATION, shown
 
 __all__ = ["Retry"]
+
+_MAX_SECONDS = MAX_DURATION.total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +22,12 @@ class Retry:
     retried; the last failure is recorded as STEP_FAILED. The waits between attempts are
     not durable: a process that dies while waiting tries the step again from attempt 1
     (steps are at least once).
+
+    Every field is checked here, so a bad policy is refused where it is written, not at a
+    step's first failure: ``attempts`` an int >= 1; the intervals numbers of seconds from 0
+    to ``MAX_DURATION`` (1000 years); ``backoff`` a finite number >= 1; ``retry_on`` and
+    ``non_retryable`` exception classes, in a tuple (a class alone is kept as a tuple of
+    one, as ``isinstance`` takes it).
     """
 
     attempts: int = 3
@@ -32,27 +41,71 @@ class Retry:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):
             raise InvalidOptionError(f"Retry(attempts=...) must be an int, not {self.attempts!r}")
         if self.attempts < 1:
-            raise InvalidOptionError(f"Retry(attempts={self.attempts}) must be at least 1")
-        for name in ("initial_interval", "backoff", "max_interval"):
+            raise InvalidOptionError(
+                f"Retry(attempts={shown(self.attempts)}) must be at least 1 (1: no retry)"
+            )
+        for name in ("initial_interval", "max_interval"):
             value = getattr(self, name)
-            if (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-                or value < 0
-            ):
+            if not _is_number(value) or not 0 <= value <= _MAX_SECONDS:
                 raise InvalidOptionError(
-                    f"Retry({name}=...) must be a finite number >= 0, not {value!r}"
+                    f"Retry({name}=...) must be a number of seconds from 0 to "
+                    f"{_MAX_SECONDS:.0f} (1000 years), not {shown(value)}"
                 )
-        if self.backoff < 1:
-            raise InvalidOptionError(f"Retry(backoff={self.backoff}) must be at least 1")
+        if not _is_number(self.backoff) or not 1 <= self.backoff < math.inf:
+            raise InvalidOptionError(
+                f"Retry(backoff=...) must be a finite number >= 1 (1: the same wait each "
+                f"time), not {shown(self.backoff)}"
+            )
+        for name in ("retry_on", "non_retryable"):
+            object.__setattr__(self, name, _exception_classes(name, getattr(self, name)))
 
     def delay(self, failures: int) -> float:
-        """Seconds to wait after the ``failures``-th failure."""
-        return min(self.max_interval, self.initial_interval * self.backoff ** (failures - 1))
+        """Seconds to wait after the ``failures``-th failure (1 for the first).
+
+        Never overflows: once ``initial_interval * backoff**(failures-1)`` would pass
+        ``max_interval``, the answer is ``max_interval`` without the power being computed.
+        """
+        if not isinstance(failures, int) or isinstance(failures, bool) or failures < 1:
+            raise InvalidInputError(
+                f"Retry.delay takes the number of failures so far, an int >= 1, not "
+                f"{shown(failures)}"
+            )
+        first, cap = float(self.initial_interval), float(self.max_interval)
+        if first == 0 or first >= cap or self.backoff == 1:
+            return min(first, cap)
+        steps = failures - 1
+        # first * backoff**steps passes cap once steps > log(cap / first) / log(backoff),
+        # compared as numbers (an int of any size against a float), never as a power.
+        if steps > (math.log(cap) - math.log(first)) / math.log(self.backoff):
+            return cap
+        try:
+            return min(cap, first * self.backoff**steps)
+        except OverflowError:
+            # The power alone overflows though the product does not (a tiny first wait):
+            # the same product in logarithms, which stay below log(cap).
+            return min(cap, math.exp(math.log(first) + steps * math.log(self.backoff)))
 
     def retries(self, exc: BaseException) -> bool:
         return isinstance(exc, self.retry_on) and not isinstance(exc, self.non_retryable)
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float that is not NaN (a bool is refused, though it is an int)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not (isinstance(value, float) and math.isnan(value))
+
+
+def _exception_classes(name: str, value: object) -> tuple[type[BaseException], ...]:
+    classes = (value,) if isinstance(value, type) else value
+    if not isinstance(classes, tuple) or not all(
+        isinstance(c, type) and issubclass(c, BaseException) for c in classes
+    ):
+        raise InvalidOptionError(
+            f"Retry({name}=...) takes exception classes, in a tuple or one alone (e.g. "
+            f"(TimeoutError, ConnectionError)), not {value!r}"
+        )
+    return classes
 
 
 NO_RETRY = Retry(attempts=1, initial_interval=0.0)

@@ -36,7 +36,9 @@ from typing import Literal, final
 
 from loom_core import InvalidInputError
 from loom_runtime.app import Loom
+from loom_runtime.clock import LATEST_DEADLINE, shown
 from loom_runtime.driver import Run
+from loom_runtime.errors import InvalidDurationError
 from loom_runtime.records import Position
 
 __all__ = ["ChildProcess", "CrashAt", "VirtualClock", "check_replay", "crash_at"]
@@ -45,14 +47,17 @@ __all__ = ["ChildProcess", "CrashAt", "VirtualClock", "check_replay", "crash_at"
 @final
 class VirtualClock:
     """A clock that moves only when told: :meth:`advance` wakes every sleeper whose time
-    has come, in order, and lets the event loop run what they woke."""
+    has come, in order, and lets the event loop run what they woke.
+
+    It runs from ``start`` (a timezone-aware datetime; 2030-01-01 UTC by default) up to
+    ``LATEST_DEADLINE`` (9999-01-01 UTC), the latest deadline the runtime keeps; a start
+    or an advance past that is refused, and a sleep that would end past it never ends.
+    """
 
     __slots__ = ("_counter", "_now", "_sleepers")
 
     def __init__(self, start: datetime | None = None) -> None:
-        if start is not None and start.utcoffset() is None:
-            raise InvalidInputError("VirtualClock(start=...) must be timezone-aware")
-        self._now = (start or datetime(2030, 1, 1, tzinfo=UTC)).astimezone(UTC)
+        self._now = datetime(2030, 1, 1, tzinfo=UTC) if start is None else _start(start)
         self._sleepers: list[tuple[datetime, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
 
@@ -60,19 +65,45 @@ class VirtualClock:
         return self._now
 
     async def sleep(self, seconds: float) -> None:
+        """Wait until the clock has been advanced by ``seconds``; at once for 0 or less,
+        never for a sleep that would end past ``LATEST_DEADLINE`` (or an infinite one)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds != seconds:
+            raise InvalidDurationError(
+                f"VirtualClock.sleep takes a number of seconds, not {shown(seconds)}"
+            )
         if seconds <= 0:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        deadline = self._now + timedelta(seconds=seconds)
-        heapq.heappush(self._sleepers, (deadline, next(self._counter), future))
-        await future
+        step = _timedelta(seconds)
+        if step is not None and step <= LATEST_DEADLINE - self._now:
+            heapq.heappush(self._sleepers, (self._now + step, next(self._counter), future))
+        await future  # unscheduled (the clock never gets there), it ends only when cancelled
 
     async def advance(self, by: float | timedelta) -> None:
-        """Move time forward by ``by`` (seconds or a timedelta)."""
-        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
-        if step < timedelta(0):
-            raise InvalidInputError(f"a clock moves forward only, not by {by!r}")
+        """Move time forward by ``by`` (seconds or a timedelta).
+
+        Refused (InvalidDurationError, nothing moved): anything but an int, a float or a
+        timedelta; NaN; a negative step; one that would move the clock past
+        ``LATEST_DEADLINE``.
+        """
+        if isinstance(by, timedelta):
+            step: timedelta | None = by
+        elif isinstance(by, int | float) and not isinstance(by, bool) and by == by:
+            step = _timedelta(by) if by >= 0 else timedelta(-1)
+        else:
+            raise InvalidDurationError(
+                f"clock.advance takes seconds (int or float, not NaN) or a timedelta, not "
+                f"{shown(by)}"
+            )
+        if step is not None and step < timedelta(0):
+            raise InvalidDurationError(f"a clock moves forward only, not by {shown(by)}")
+        if step is None or step > LATEST_DEADLINE - self._now:
+            raise InvalidDurationError(
+                f"clock.advance({shown(by)}) would move the clock past "
+                f"{LATEST_DEADLINE.isoformat()}, the latest deadline the runtime keeps (it "
+                f"reads {self._now.isoformat()}); advance by less"
+            )
         target = self._now + step
         while self._sleepers and self._sleepers[0][0] <= target:
             deadline, _, future = heapq.heappop(self._sleepers)
@@ -82,6 +113,43 @@ class VirtualClock:
             await _settle()
         self._now = target
         await _settle()
+
+
+def _start(start: object) -> datetime:
+    """A VirtualClock's ``start=``, in UTC."""
+    if not isinstance(start, datetime) or start.utcoffset() is None:
+        raise InvalidInputError(
+            f"VirtualClock(start=...) must be a timezone-aware datetime, not {start!r}; "
+            "e.g. datetime(2030, 1, 1, tzinfo=UTC)"
+        )
+    now: datetime | None
+    try:
+        now = start.astimezone(UTC)
+    except OverflowError:  # in UTC, before datetime.min or after datetime.max
+        now = None
+    if now is None or now > LATEST_DEADLINE:
+        raise InvalidInputError(
+            f"VirtualClock(start={start!r}) must fall, in UTC, between datetime.min and "
+            f"{LATEST_DEADLINE.isoformat()}, the latest deadline the runtime keeps"
+        )
+    return now
+
+
+def _is_position(value: object) -> bool:
+    def index(part: object) -> bool:
+        return isinstance(part, int) and not isinstance(part, bool) and part >= 0
+
+    if isinstance(value, tuple):
+        return bool(value) and all(index(part) for part in value)
+    return index(value)
+
+
+def _timedelta(seconds: float) -> timedelta | None:
+    """``timedelta(seconds=seconds)``, or None when no timedelta is that long."""
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        return None
 
 
 async def _settle(rounds: int = 50) -> None:
@@ -102,6 +170,12 @@ class CrashAt:
     successor not yet driven); ``when`` is ``"before"`` the call runs or ``"after"`` its
     record is durable (while a crash point is armed, a step's result is written as the
     step returns, not with the run's next write, so there is such a moment).
+
+    Refused (InvalidInputError), as a point that could never fire: neither ``step`` nor
+    ``position``; a ``step`` or ``execution_id`` that is not a non-empty str; a
+    ``position`` that is not an int >= 0 or a non-empty tuple of them (the body's first
+    call is 0); ``when`` other than ``"before"`` or ``"after"``; ``step="park"`` with
+    ``"after"`` (the park is a moment before a write); ``times`` below 1.
     """
 
     step: str | None = None
@@ -111,6 +185,38 @@ class CrashAt:
     times: int = 1
     fired: asyncio.Event = field(default_factory=asyncio.Event)
     count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.step is None and self.position is None:
+            raise InvalidInputError("a crash point needs step= or position=")
+        if self.step is not None and (not isinstance(self.step, str) or not self.step):
+            raise InvalidInputError(
+                f"step= is a step's name (or 'park', 'continue'), a non-empty str, not "
+                f"{self.step!r}"
+            )
+        if self.position is not None and not _is_position(self.position):
+            raise InvalidInputError(
+                f"position= is the body's k-th call, an int >= 0 (the first call is 0), or a "
+                f"non-empty tuple of them inside a gather, not {shown(self.position)}"
+            )
+        if self.when not in ("before", "after"):
+            raise InvalidInputError(f"when= is 'before' or 'after', not {self.when!r}")
+        if self.step == "park" and self.when == "after":
+            raise InvalidInputError(
+                "step='park' stops the run before it writes a park and has no 'after'; use "
+                "when='before' (the park is durable once the run has parked: no crash "
+                "point is needed to stop there)"
+            )
+        if self.execution_id is not None and (
+            not isinstance(self.execution_id, str) or not self.execution_id
+        ):
+            raise InvalidInputError(
+                f"execution_id= is a non-empty str, not {self.execution_id!r}"
+            )
+        if isinstance(self.times, bool) or not isinstance(self.times, int) or self.times < 1:
+            raise InvalidInputError(
+                f"times= is how often the point fires, an int >= 1, not {shown(self.times)}"
+            )
 
     def __call__(self, execution_id: str, position: Position, name: str, when: str) -> bool:
         if self.count >= self.times or when != self.when:
@@ -137,11 +243,10 @@ def crash_at(
     execution_id: str | None = None,
     times: int = 1,
 ) -> CrashAt:
-    """Arm a :class:`CrashAt` on ``app``."""
-    if when not in ("before", "after"):
-        raise InvalidInputError(f"when= is 'before' or 'after', not {when!r}")
-    if step is None and position is None:
-        raise InvalidInputError("crash_at needs step= or position=")
+    """Arm a :class:`CrashAt` on ``app``; its arguments are checked as :class:`CrashAt`
+    checks them, and ``app`` must be a :class:`Loom`. A refused call arms nothing."""
+    if not isinstance(app, Loom):
+        raise InvalidInputError(f"crash_at arms a crash point on a Loom app, not {app!r}")
     point = CrashAt(step, position, when, execution_id, times)
     app.crash_points.append(point)
     return point
@@ -150,7 +255,19 @@ def crash_at(
 async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) -> list[str]:
     """Replay every finished execution (or those named) against the app's current code,
     appending nothing; raise ReplayDivergedError at the first that no longer matches its
-    log. Returns the ids replayed."""
+    log. Returns the ids replayed (one named that has not finished is skipped).
+
+    Refused (InvalidInputError) before anything is replayed: an ``app`` that is not a
+    :class:`Loom`; ``execution_ids`` that is a str (it would be read as its characters:
+    pass ``[execution_id]``) or is not an iterable of non-empty strs.
+    """
+    if not isinstance(app, Loom):
+        raise InvalidInputError(f"check_replay replays on a Loom app, not {app!r}")
+    if isinstance(execution_ids, str | bytes):
+        raise InvalidInputError(
+            f"check_replay(app, execution_ids=...) takes a list of ids, not the "
+            f"{type(execution_ids).__name__} {execution_ids!r}; pass [{execution_ids!r}]"
+        )
     storage = app.storage
     if execution_ids is None:
         ids: list[str] = []
@@ -159,7 +276,19 @@ async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) ->
             ids.extend(i for i in page if not i.startswith("$"))
             after = page[-1]
     else:
-        ids = list(execution_ids)
+        try:
+            ids = list(execution_ids)
+        except TypeError:
+            raise InvalidInputError(
+                f"check_replay(app, execution_ids=...) takes a list of ids, not "
+                f"{execution_ids!r}"
+            ) from None
+        for execution_id in ids:
+            if not isinstance(execution_id, str) or not execution_id:
+                raise InvalidInputError(
+                    f"check_replay(app, execution_ids=...) takes non-empty str ids, not "
+                    f"{execution_id!r} (in {ids!r})"
+                )
     replayed: list[str] = []
     for execution_id in ids:
         view = await app.inspect(execution_id)

@@ -1,0 +1,281 @@
+"""Bad arguments to the durable calls' durations, to Retry and to the test kit are refused
+with a typed error that says what to do, and nothing is written."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from loom_runtime import Context, Durable, InvalidDurationError, Loom, Retry, StepFailedError
+from loom_runtime.clock import LATEST_DEADLINE
+from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
+
+from loom_core import EventKind, InvalidInputError, InvalidOptionError
+
+
+def _refusals(
+    app: Loom, calls: list[Callable[[Context], object]], execution_id: str
+) -> Callable[[Context], Awaitable[list[list[str]]]]:
+    """A workflow that makes each call and records what refused it, by type and message."""
+
+    @app.workflow(name=execution_id)
+    async def careless(ctx: Context) -> list[list[str]]:
+        refused: list[list[str]] = []
+        for call in calls:
+            try:
+                accepted = call(ctx)
+            except Exception as exc:
+                refused.append([type(exc).__name__, str(exc)])
+            else:
+                assert isinstance(accepted, Durable)
+                accepted.close()  # not awaited: the test wants only the check
+                refused.append(["accepted", ""])
+        return refused
+
+    return careless
+
+
+async def _run_refusals(
+    app: Loom, calls: list[Callable[[Context], object]], execution_id: str
+) -> list[list[str]]:
+    body = _refusals(app, calls, execution_id)
+    handle = await app.start(body, id=execution_id)
+    result = await handle.result(timeout=5)
+    kinds = [e.kind for e in await app.storage.events.read(execution_id)]
+    assert kinds == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
+    assert isinstance(result, list)
+    return result
+
+
+async def test_durations_too_long_to_keep_are_refused_naming_the_limit(app: Loom) -> None:
+    refused = await _run_refusals(
+        app,
+        [
+            lambda ctx: ctx.sleep(1e12),
+            lambda ctx: ctx.sleep(timedelta.max),
+            lambda ctx: ctx.sleep(10**400),
+            lambda ctx: ctx.receive("t", timeout=1e12),
+            lambda ctx: ctx.receive("t", timeout=timedelta(days=10**6)),
+        ],
+        "too-long",
+    )
+    assert [kind for kind, _ in refused] == ["InvalidDurationError"] * 5
+    for _, message in refused:
+        assert "at most 31557600000 seconds" in message
+        assert "1000 years" in message
+
+
+async def test_a_deadline_after_the_latest_one_kept_is_refused(app: Loom) -> None:
+    minus_one = timezone(timedelta(hours=-1))
+    refused = await _run_refusals(
+        app,
+        [
+            lambda ctx: ctx.sleep_until(datetime.max.replace(tzinfo=UTC)),
+            lambda ctx: ctx.sleep_until(datetime.max.replace(tzinfo=minus_one)),
+            lambda ctx: ctx.sleep_until(LATEST_DEADLINE + timedelta(microseconds=1)),
+        ],
+        "too-late",
+    )
+    assert [kind for kind, _ in refused] == ["InvalidDurationError"] * 3
+    assert all("9999-01-01T00:00:00+00:00" in message for _, message in refused)
+
+
+async def test_a_deadline_before_the_first_instant_in_utc_is_due_at_once(app: Loom) -> None:
+    plus_one = timezone(timedelta(hours=1))
+
+    @app.workflow()
+    async def long_ago(ctx: Context) -> str:
+        await ctx.sleep_until(datetime.min.replace(tzinfo=plus_one))
+        await ctx.sleep_until(datetime.min.replace(tzinfo=UTC))
+        return "woke"
+
+    handle = await app.start(long_ago, id="long-ago")
+    assert await handle.result(timeout=5) == "woke"
+    assert await check_replay(app, ["long-ago"]) == ["long-ago"]
+
+
+async def test_a_wait_that_would_end_after_the_latest_deadline_is_refused() -> None:
+    clock = VirtualClock(start=LATEST_DEADLINE - timedelta(days=1))
+    app = Loom("memory://", node="n", clock=clock, random=random.Random(7))
+    async with app:
+        refused = await _run_refusals(
+            app,
+            [
+                lambda ctx: ctx.sleep(timedelta(days=2)),
+                lambda ctx: ctx.receive("t", timeout=2 * 86400),
+                lambda ctx: ctx.sleep(timedelta(hours=1)),
+            ],
+            "near-the-end",
+        )
+    assert [kind for kind, _ in refused[:2]] == ["InvalidDurationError"] * 2
+    assert all("would end after 9999-01-01" in message for _, message in refused[:2])
+    assert refused[2][0] == "accepted"
+
+
+def test_retry_delays_stop_at_max_interval_however_many_failures() -> None:
+    retry = Retry(attempts=10**6)
+    assert [retry.delay(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
+    assert retry.delay(1025) == 60.0
+    assert retry.delay(10**400) == 60.0
+    tiny = Retry(initial_interval=5e-324, backoff=2, max_interval=60.0)
+    assert tiny.delay(1200) == 60.0
+    assert tiny.delay(1078) == pytest.approx(8.0)  # 2**1077 alone is past a float
+    with pytest.raises(InvalidInputError, match="int >= 1"):
+        retry.delay(0)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"retry_on": "ValueError"}, "retry_on"),
+        ({"retry_on": [ValueError]}, "retry_on"),
+        ({"retry_on": (ValueError, 3)}, "retry_on"),
+        ({"non_retryable": (int,)}, "non_retryable"),
+        ({"non_retryable": ValueError()}, "non_retryable"),
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": 2.0}, "attempts"),
+        ({"initial_interval": float("nan")}, "initial_interval"),
+        pytest.param({"initial_interval": 10**400}, "initial_interval", id="10**400"),
+        ({"max_interval": 1e12}, "max_interval"),
+        ({"max_interval": -1}, "max_interval"),
+        ({"backoff": 0.5}, "backoff"),
+        ({"backoff": float("inf")}, "backoff"),
+        ({"backoff": True}, "backoff"),
+    ],
+)
+def test_a_bad_retry_is_refused_where_it_is_written(options: dict[str, object], named: str) -> None:
+    with pytest.raises(InvalidOptionError, match=rf"Retry\({named}="):
+        Retry(**options)  # type: ignore[arg-type]
+
+
+async def test_retry_on_one_class_alone_is_taken_as_a_tuple_of_one(app: Loom) -> None:
+    calls: list[str] = []
+
+    def flaky() -> str:
+        calls.append("try")
+        raise ConnectionError("down")
+
+    alone: object = ConnectionError
+    policy = Retry(attempts=3, initial_interval=0, retry_on=alone)  # type: ignore[arg-type]
+    assert policy.retry_on == (ConnectionError,)
+
+    @app.workflow()
+    async def tries(ctx: Context) -> str:
+        try:
+            await ctx.step(flaky, retry=policy)
+        except StepFailedError as exc:
+            return f"{exc.attempts} {exc.error_type}"
+        return "no failure"
+
+    handle = await app.start(tries, id="tries")
+    assert await handle.result(timeout=5) == "3 ConnectionError"
+    assert calls == ["try"] * 3
+
+
+@pytest.mark.parametrize("start", ["2030-01-01", 5, datetime(2030, 1, 1)])
+def test_a_virtual_clock_refuses_a_start_that_is_not_an_aware_datetime(start: object) -> None:
+    with pytest.raises(InvalidInputError, match="timezone-aware datetime"):
+        VirtualClock(start=start)  # type: ignore[arg-type]
+
+
+def test_a_virtual_clock_refuses_a_start_past_the_latest_deadline() -> None:
+    minus_one = timezone(timedelta(hours=-1))
+    for start in (
+        LATEST_DEADLINE + timedelta(seconds=1),
+        datetime.max.replace(tzinfo=minus_one),
+        datetime.min.replace(tzinfo=timezone(timedelta(hours=1))),
+    ):
+        with pytest.raises(InvalidInputError, match="VirtualClock\\(start="):
+            VirtualClock(start=start)
+
+
+@pytest.mark.parametrize(
+    "by",
+    [
+        "5", None, True, float("nan"), float("inf"), 1e12, pytest.param(10**400, id="10**400"),
+        -1, timedelta(-1),
+    ],
+)
+async def test_a_virtual_clock_refuses_a_bad_advance_and_does_not_move(
+    clock: VirtualClock, by: object
+) -> None:
+    before = clock.now()
+    with pytest.raises(InvalidDurationError, match=r"advance|forward only"):
+        await clock.advance(by)  # type: ignore[arg-type]
+    assert clock.now() == before
+
+
+async def test_a_virtual_clock_advances_up_to_the_latest_deadline_and_no_further() -> None:
+    clock = VirtualClock(start=LATEST_DEADLINE - timedelta(seconds=10))
+    await clock.advance(10)
+    assert clock.now() == LATEST_DEADLINE
+    with pytest.raises(InvalidDurationError, match="past 9999-01-01"):
+        await clock.advance(timedelta(microseconds=1))
+
+
+@pytest.mark.parametrize("seconds", [1e12, float("inf"), pytest.param(10**400, id="10**400")])
+async def test_a_virtual_clock_sleep_past_the_latest_deadline_waits_without_end(
+    seconds: float,
+) -> None:
+    clock = VirtualClock(start=LATEST_DEADLINE - timedelta(days=1))
+    sleeper = asyncio.create_task(clock.sleep(seconds))
+    await clock.advance(timedelta(days=1))
+    assert not sleeper.done()
+    sleeper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sleeper
+
+
+async def test_crash_at_refuses_what_is_not_an_app(app: Loom) -> None:
+    with pytest.raises(InvalidInputError, match="Loom app"):
+        crash_at(object(), step="charge")  # type: ignore[arg-type]
+    assert app.crash_points == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"step": ""},
+        {"step": 3},
+        {"position": -1},
+        {"position": ()},
+        {"position": (0, -1)},
+        {"position": True},
+        {"position": "0"},
+        {"step": "charge", "when": "during"},
+        {"step": "park", "when": "after"},
+        {"step": "charge", "execution_id": ""},
+        {"step": "charge", "execution_id": 7},
+        {"step": "charge", "times": 0},
+        {"step": "charge", "times": 1.5},
+    ],
+)
+async def test_crash_at_refuses_a_point_that_could_never_fire_and_arms_nothing(
+    app: Loom, options: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidInputError):
+        crash_at(app, **options)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        CrashAt(**options)  # type: ignore[arg-type]
+    assert app.crash_points == []
+
+
+async def test_check_replay_refuses_a_str_of_ids_and_asks_for_a_list(app: Loom) -> None:
+    @app.workflow()
+    async def tiny(ctx: Context) -> int:
+        return 1
+
+    await (await app.start(tiny, id="ab")).result(timeout=5)
+    with pytest.raises(InvalidInputError, match=r"pass \['ab'\]"):
+        await check_replay(app, "ab")
+    with pytest.raises(InvalidInputError, match="non-empty str ids"):
+        await check_replay(app, ["ab", 3])  # type: ignore[list-item]
+    with pytest.raises(InvalidInputError, match="list of ids"):
+        await check_replay(app, 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="Loom app"):
+        await check_replay(object(), ["ab"])  # type: ignore[arg-type]
+    assert await check_replay(app, ["ab"]) == ["ab"]
