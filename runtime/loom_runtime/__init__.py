@@ -30,6 +30,7 @@ from loom_runtime.context import Context, Durable
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
+    ContextOutsideBodyError,
     ExecutionCancelledError,
     InvalidDurationError,
     LogFormatError,
@@ -57,6 +58,7 @@ __all__ = [
     "Authorize",
     "Clock",
     "Context",
+    "ContextOutsideBodyError",
     "Durable",
     "ExecutionAlreadyExistsError",
     "ExecutionCancelledError",

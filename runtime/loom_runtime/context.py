@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final,
 
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
-from loom_runtime.errors import InvalidDurationError
+from loom_runtime.errors import ContextOutsideBodyError, InvalidDurationError
 from loom_runtime.records import Position, check_text, json_value
 from loom_runtime.retry import Retry
 
@@ -52,7 +52,19 @@ class Branch:
         return position
 
 
-BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar("loom_branch")
+class _Outside(Branch):
+    """The branch of code that is not a workflow body's: a durable call made there (with
+    a ``ctx`` kept after its body ended, or passed to code the body does not await) is
+    refused, naming the mistake."""
+
+    def peek(self) -> Position:
+        raise ContextOutsideBodyError()
+
+
+# The default is shared, and never changes: its peek() and take() raise first.
+BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar(
+    "loom_branch", default=_Outside()  # noqa: B039
+)
 
 
 def call_site(depth: int = 2) -> str:

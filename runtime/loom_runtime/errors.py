@@ -33,6 +33,7 @@ from loom_core import InvalidInputError, LoomError
 __all__ = [
     "ActionDeniedError",
     "AppNotRunningError",
+    "ContextOutsideBodyError",
     "ExecutionCancelledError",
     "InvalidDurationError",
     "LogFormatError",
@@ -235,6 +236,17 @@ class RedriveExhaustedError(LoomError):
             f"gave up waking {execution_id!r} after {attempts} contended attempts; the timer "
             "row is retired and the park is still unanswered: resume it by hand "
             "(app.resume(..., fence_if_parked_at=...)) once the contention is gone"
+        )
+
+
+class ContextOutsideBodyError(LoomError, RuntimeError):
+    """A durable call through a ``ctx`` outside the workflow body it was handed to."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a ctx call was made outside its workflow's body (a ctx kept after the body "
+            "ended, or used by code the body does not await): make durable calls from the "
+            "body, or from coroutines it awaits or passes to ctx.gather"
         )
 
 

@@ -12,6 +12,7 @@ import pytest
 from loom_runtime import (
     ActionDeniedError,
     Context,
+    ContextOutsideBodyError,
     ExecutionCancelledError,
     InvalidDurationError,
     Loom,
@@ -381,3 +382,21 @@ async def test_leaving_the_app_stops_a_service_that_swallowed_its_cancellation()
     finally:
         await storage.close()
     assert timers.swallowed == 1
+
+
+async def test_a_ctx_kept_after_its_body_ended_is_refused_naming_the_mistake(app: Loom) -> None:
+    kept: list[Context] = []
+
+    async def one() -> int:
+        return 1
+
+    @app.workflow()
+    async def leaks(ctx: Context) -> int:
+        kept.append(ctx)
+        return 1
+
+    assert await app.execute(leaks, id="k") == 1
+    (ctx,) = kept
+    for call in (lambda: ctx.step(one), ctx.now, lambda: ctx.sleep(1), lambda: ctx.patched("p")):
+        with pytest.raises(ContextOutsideBodyError, match="outside its workflow's body"):
+            call()
