@@ -1476,6 +1476,14 @@ def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float
 
 def _check_id(execution_id: object) -> str:
     """An id the app is asked about: the kernel's rules, and not one of the runtime's own."""
+    if (
+        type(execution_id) is str
+        and execution_id.isascii()
+        and execution_id.isprintable()  # in ASCII: no control character
+        and 0 < len(execution_id) <= MAX_ID_BYTES
+        and execution_id[0] != "$"
+    ):
+        return execution_id  # the common id, checked inline: what follows would pass it
     if not isinstance(execution_id, str):
         raise InvalidInputError(f"an execution id must be a str, not {execution_id!r}")
     if execution_id.startswith("$"):
@@ -1497,6 +1505,12 @@ def _check_new_id(execution_id: object) -> str:
     """An id a start gives a new execution: not a successor's name, and short enough for
     the ids derived from it."""
     execution_id = _check_id(execution_id)
+    if (
+        len(execution_id) <= MAX_NEW_ID_BYTES
+        and execution_id.isascii()  # one byte a character
+        and ("#" not in execution_id or not execution_id[-1].isdigit())
+    ):
+        return execution_id  # neither too long nor a successor's form
     if _SUCCESSOR_SUFFIX.search(execution_id):
         raise ReservedExecutionIdError(execution_id, successor=True)
     size = len(execution_id.encode("utf-8"))

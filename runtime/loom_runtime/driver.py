@@ -699,48 +699,52 @@ class Run:
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
             raise _Stop
-        while len(self._pending) + len(events) > MAX_EVENTS_PER_APPEND:
-            # More recorded values wait than one append takes (thousands of ctx.uuid()
-            # between two writes): the oldest go first, each append one the store takes.
-            await self._write(MAX_EVENTS_PER_APPEND, ())
-        return await self._write(len(self._pending), events)
-
-    async def _write(self, pending: int, events: Sequence[NewEvent]) -> tuple[Event, ...]:
-        """Append the first ``pending`` recorded values, then ``events``, in one append."""
-        if not pending and not events:
-            return ()  # a flush another branch's write already made
-        batch = [*self._pending[:pending], *events] if pending else events
         app = self.app
         hooks = app.hooks
-        if hooks.on_event is not None:
-            for new in batch:
-                hooks.event(self.execution_id, new)
         store = app.storage.events
-        while True:
-            try:
-                written = await store.append(
-                    self.execution_id, batch, expected_sequence=self._head, fence=self.token
-                )
-                break
-            except SequenceConflictError:
-                await self._skip_unfenced_tail()
-            except StaleFenceError as exc:
-                self._halt(FencedOut(self.execution_id, str(exc)))
-            except InvalidInputError:
-                raise  # refused before anything was written: the body sees it
-            except LoomError as exc:
-                hooks.storage_error(self.execution_id, exc)
-                self._halt(exc)
-        if pending:
-            # Only what this batch carried: a gather branch may have added more meanwhile.
-            del self._pending[:pending]
-        self._head = written[-1].sequence + 1
-        self._seen.extend(written)
-        if hooks.on_durable_event is not None:
-            for event in written:
-                hooks.durable_event(event)
-        app.changed(self.execution_id)
-        return written
+        while True:  # once, unless more is pending than one append takes
+            pending = len(self._pending)
+            if pending + len(events) > MAX_EVENTS_PER_APPEND:
+                # Thousands of recorded values (ctx.uuid() in a loop) between two writes:
+                # the oldest go first, each append one the store takes.
+                pending = MAX_EVENTS_PER_APPEND
+                batch: Sequence[NewEvent] = self._pending[:pending]
+                last = False
+            elif pending:
+                batch, last = [*self._pending, *events], True
+            elif events:
+                batch, last = events, True
+            else:
+                return ()  # a flush another branch's write already made
+            if hooks.on_event is not None:
+                for new in batch:
+                    hooks.event(self.execution_id, new)
+            while True:
+                try:
+                    written = await store.append(
+                        self.execution_id, batch, expected_sequence=self._head, fence=self.token
+                    )
+                    break
+                except SequenceConflictError:
+                    await self._skip_unfenced_tail()
+                except StaleFenceError as exc:
+                    self._halt(FencedOut(self.execution_id, str(exc)))
+                except InvalidInputError:
+                    raise  # refused before anything was written: the body sees it
+                except LoomError as exc:
+                    hooks.storage_error(self.execution_id, exc)
+                    self._halt(exc)
+            if pending:
+                # Only what this batch carried: a gather branch may have added more meanwhile.
+                del self._pending[:pending]
+            self._head = written[-1].sequence + 1
+            self._seen.extend(written)
+            if hooks.on_durable_event is not None:
+                for event in written:
+                    hooks.durable_event(event)
+            app.changed(self.execution_id)
+            if last:
+                return written
 
     async def _skip_unfenced_tail(self) -> None:
         """Someone appended past our head. Audit appends (an unfenced EXECUTION_DENIED, an

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias
 
 from loom_core import EventKind, JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidInputError
@@ -100,28 +100,35 @@ def fresh(value: JsonValue) -> JsonValue:
     return value
 
 
-def _plain(value: object) -> bool:
-    """Whether ``value`` is a JSON scalar of an exact type that needs no closer look: an
-    ASCII string without U+0000 (others are checked by the walk), an integer within the
-    kernel's bound, a bool or None."""
+def _json(value: Any, where: str, depth: int) -> JsonValue:
+    # The common shapes (a scalar, a dict of scalars) are taken inline; anything else, or
+    # anything these cheap looks cannot vouch for (non-ASCII text, a huge integer, a
+    # subclass), goes to the walk, which decides. (``value`` is Any: the looks are type
+    # checks, and typing.cast would cost a call on every value.)
     kind = type(value)
     if kind is str:
-        text = cast(str, value)
-        return text.isascii() and "\x00" not in text
-    if kind is int:
-        return -_INT_BOUND < cast(int, value) < _INT_BOUND
-    return kind is bool or value is None
-
-
-def _json(value: object, where: str, depth: int) -> JsonValue:
-    if _plain(value):
-        return value  # type: ignore[return-value]  # exactly a JSON scalar
-    if type(value) is dict and depth < 100:
+        if value.isascii() and "\x00" not in value:
+            return value  # type: ignore[no-any-return]
+    elif kind is int:
+        if -_INT_BOUND < value < _INT_BOUND:
+            return value  # type: ignore[no-any-return]
+    elif kind is bool or value is None:
+        return value  # type: ignore[no-any-return]
+    elif kind is dict and depth < 100:
         out: dict[str, JsonValue] = {}
-        for k, v in cast(dict[object, object], value).items():
-            if type(k) is not str or not (k.isascii() and "\x00" not in k):
+        for k, v in value.items():
+            if type(k) is not str or not k.isascii() or "\x00" in k:
                 break
-            out[k] = cast(JsonValue, v) if _plain(v) else _json(v, where, depth + 1)
+            item = type(v)
+            if (
+                item is bool
+                or v is None
+                or (item is str and v.isascii() and "\x00" not in v)
+                or (item is int and -_INT_BOUND < v < _INT_BOUND)
+            ):
+                out[k] = v
+            else:
+                out[k] = _json(v, where, depth + 1)
         else:
             return out
     return _json_checked(value, where, depth)
