@@ -19,23 +19,31 @@ if TYPE_CHECKING:
     # Types of the store protocol, from the module that defines them.
     from loom_core.spi import AppendRequest, ConditionalFence, OptionalMethod
 
-__all__ = ["BeforeAcquire", "InterposedEventStore"]
+__all__ = ["AroundAppend", "BeforeAcquire", "InterposedEventStore"]
 
 BeforeAcquire = Callable[[str], Awaitable[None]]
 """Runs with the execution id just before each ``acquire_fence_if`` is forwarded."""
+
+AroundAppend = Callable[[str, tuple[str, ...]], Awaitable[None]]
+"""Runs with the execution id and the kinds of an ``append``'s events: before it is
+forwarded (the write has not reached the store), or after the store wrote it and before
+its caller hears back (the window a slow reply leaves)."""
 
 
 @final
 class InterposedEventStore:
     """Forwards to ``inner``, except: each method in ``withhold`` is absent from
     ``capabilities`` and raises ``Unsupported``; ``before_acquire_if`` (settable at any
-    time, None to stop) runs before each forwarded ``acquire_fence_if``. ``calls`` counts
+    time, None to stop) runs before each forwarded ``acquire_fence_if``; ``before_append``
+    and ``after_append`` (the same) run around each forwarded ``append``. ``calls`` counts
     the optional methods asked for, withheld ones included.
 
     ``close`` does not close ``inner``: the store under test belongs to whoever opened it.
     """
 
-    __slots__ = ("_inner", "_withheld", "before_acquire_if", "calls")
+    __slots__ = (
+        "_inner", "_withheld", "after_append", "before_acquire_if", "before_append", "calls",
+    )
 
     def __init__(
         self,
@@ -47,6 +55,8 @@ class InterposedEventStore:
         self._inner = inner
         self._withheld = frozenset(withhold)
         self.before_acquire_if = before_acquire_if
+        self.before_append: AroundAppend | None = None
+        self.after_append: AroundAppend | None = None
         self.calls: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -72,9 +82,14 @@ class InterposedEventStore:
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
-        return await self._inner.append(
+        if self.before_append is not None:
+            await self.before_append(execution_id, tuple(e.kind for e in events))
+        written = await self._inner.append(
             execution_id, events, expected_sequence=expected_sequence, fence=fence
         )
+        if self.after_append is not None:
+            await self.after_append(execution_id, tuple(e.kind for e in events))
+        return written
 
     async def read(
         self,

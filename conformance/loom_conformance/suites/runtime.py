@@ -192,6 +192,29 @@ class _Counter:
         return run
 
 
+class _Held:
+    """An ``append`` hook of :class:`InterposedEventStore` that holds the first append of
+    one of ``kinds`` until released, and says when it holds one."""
+
+    def __init__(self, *kinds: str) -> None:
+        self.kinds = frozenset(kinds)
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, execution_id: str, written: tuple[str, ...]) -> None:
+        if self.kinds.intersection(written) and not self.release.is_set():
+            self.holding.set()
+            await self.release.wait()
+
+    async def cancel(self, call: asyncio.Task[Any]) -> None:
+        """Cancel ``call`` while its append is held, then let every append through."""
+        await guard(self.holding.wait())
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        self.release.set()
+
+
 Change = Literal["renamed", "reordered", "removed"]
 CHANGES: Final[tuple[Change, ...]] = ("renamed", "reordered", "removed")
 DIVERGES_AT: Final[dict[Change, str]] = {"renamed": "1", "reordered": "0", "removed": "1"}
@@ -338,6 +361,132 @@ class TestRuntimeContract:
             assert taken.fence > log[1].fence
         assert all(e.fence == taken.fence for e in log[2:])
         assert await check_replay(app) == ["order-8"]
+
+    # -- calls cancelled with a write in flight ----------------------------------------
+
+    @pytest.mark.parametrize("call", ["start", "execute"])
+    @pytest.mark.parametrize(
+        "withheld", [(), WITHOUT_FENCING], ids=["as-offered", "without-acquire_fence"]
+    )
+    async def test_a_call_cancelled_once_its_first_write_landed_leaves_it_driven(
+        self,
+        loom_node: RuntimeNode,
+        call: Literal["start", "execute"],
+        withheld: tuple[OptionalMethod, ...],
+    ) -> None:
+        """The store wrote EXECUTION_STARTED and the caller was cancelled before it heard
+        back: the execution is running in the log with no one driving it, so the app takes
+        it over as a restarted node would (a fresh token first, where the store offers
+        one) and the body runs once."""
+        counter = _Counter()
+        wrapped, seen = interposed(loom_node.storage, withhold=withheld)
+        async with running_app(wrapped, clock=loom_node.clock) as node:
+            app = node.app
+
+            @app.workflow(name="charge")
+            async def charge(ctx: Context) -> str:
+                return await ctx.step(counter.step("charge"), name="charge")
+
+            held = _Held(EventKind.EXECUTION_STARTED)
+            seen.after_append = held
+            begun = app.start(charge, id="cut-1") if call == "start" else app.execute(
+                charge, id="cut-1"
+            )
+            await held.cancel(asyncio.ensure_future(begun))
+            assert await result(app.get("cut-1")) == "charge"
+            assert counter.ran == {"charge": 1}
+            log = await node.log("cut-1")
+            assert [e.kind for e in log] == [
+                EventKind.EXECUTION_STARTED,
+                EventKind.EXECUTION_RECOVERED,
+                EventKind.STEP_COMPLETED,
+                EventKind.EXECUTION_COMPLETED,
+            ]
+            assert_gapless(log)
+            if "acquire_fence" in wrapped.events.capabilities:
+                assert log[1].fence > log[0].fence
+            assert await check_replay(app) == ["cut-1"]
+            assert node.reported == []
+
+    async def test_a_start_cancelled_before_its_write_reached_the_store_leaves_the_id_free(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """The caller was cancelled before its first write reached the store: nothing is
+        written, and a later start takes the id (under a token newer than any the app
+        took while making sure the write would never land)."""
+        wrapped, seen = interposed(loom_node.storage)
+        async with running_app(wrapped, clock=loom_node.clock) as node:
+            app = node.app
+
+            @app.workflow(name="done")
+            async def done(ctx: Context) -> str:
+                return "done"
+
+            held = _Held(EventKind.EXECUTION_STARTED)
+            seen.before_append = held
+            await held.cancel(asyncio.ensure_future(app.start(done, id="cut-2")))
+            await node.settled()
+            assert await node.events.head("cut-2") == 0
+            seen.before_append = None
+            assert await result(await app.start(done, id="cut-2")) == "done"
+            assert await node.kinds("cut-2") == [
+                EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED,
+            ]
+            assert node.reported == []
+
+    async def test_a_send_cancelled_once_its_answer_landed_leaves_the_receiver_driven(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """The message's delivery to a parked receiver (MESSAGE_CONSUMED and
+        EXECUTION_RESUMED) was written and the sender cancelled before it heard back: the
+        app drives the receiver on, and the message is consumed once."""
+        wrapped, seen = interposed(loom_node.storage)
+        async with running_app(wrapped, clock=loom_node.clock) as node:
+            app = node.app
+
+            @app.workflow(name="listen")
+            async def listen(ctx: Context) -> object:
+                return await ctx.receive("go", timeout=600)
+
+            handle = await app.start(listen, id="cut-3")
+            await node.settled()
+            assert await handle.status() == "suspended"
+            held = _Held(EventKind.EXECUTION_RESUMED)
+            seen.after_append = held
+            await held.cancel(asyncio.ensure_future(app.send("cut-3", "go", {"n": 1})))
+            assert await result(handle) == {"n": 1}
+            log = await node.log("cut-3")
+            assert [e.kind for e in log].count(EventKind.MESSAGE_CONSUMED) == 1
+            assert len(answers(log)) == 1
+            assert_gapless(log)
+            assert await check_replay(app) == ["cut-3"]
+            assert node.reported == []
+
+    async def test_an_execute_cancelled_as_it_continues_leaves_its_successor_driven(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """EXECUTION_CONTINUED was written and the caller cancelled before it heard back:
+        the successor, created but not yet driven, is taken over and finishes."""
+        wrapped, seen = interposed(loom_node.storage)
+        async with running_app(wrapped, clock=loom_node.clock) as node:
+            app = node.app
+
+            @app.workflow(name="relay")
+            async def relay(ctx: Context, generation: int) -> int:
+                if generation == 0:
+                    ctx.continue_as_new(1)
+                return generation
+
+            held = _Held(EventKind.EXECUTION_CONTINUED)
+            seen.after_append = held
+            await held.cancel(asyncio.ensure_future(app.execute(relay, 0, id="cut-4")))
+            assert await result(app.get("cut-4")) == 1
+            assert await app.get("cut-4#1").status() == "completed"
+            assert await node.kinds("cut-4") == [
+                EventKind.EXECUTION_STARTED, EventKind.EXECUTION_CONTINUED,
+            ]
+            assert await check_replay(app) == ["cut-4", "cut-4#1"]
+            assert node.reported == []
 
     # -- timers -------------------------------------------------------------------------
 
