@@ -24,13 +24,14 @@ service never asks for them.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
-from loom_core import LoomError, Redrive, TimerRecord
+from loom_core import InvalidOptionError, LoomError, Redrive, TimerRecord
 from loom_runtime.errors import (
     RedriveExhaustedError,
     ResumeContendedError,
@@ -49,6 +50,34 @@ Redriver = Callable[[TimerRecord], Awaitable[Literal["done", "noop", "contended"
 """Re-derives a resume for a re-drive row; the first answer other than ``noop`` wins."""
 
 DEFAULT_CAPACITY: Final = 1024
+
+MAX_BACKOFF_SECONDS: Final = 86_400.0
+"""The most ``backoff_base`` and ``backoff_cap`` may be: a day. A contended wake retried
+a day later is already an operator's matter; the bound also keeps a retry's time short of
+the calendar's end (see :data:`~loom_runtime.clock.LATEST_DEADLINE`)."""
+
+
+def _count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidOptionError(f"TimerService({name}=...) must be an int >= 1, not {value!r}")
+    return value
+
+
+def _seconds(name: str, value: object, *, most: float, positive: bool = False) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not 0 <= value <= most  # NaN compares false
+        or value == math.inf
+        or (positive and value == 0)
+    ):
+        least = "> 0" if positive else ">= 0"
+        upto = "finite" if most == math.inf else f"at most {most:g}"
+        raise InvalidOptionError(
+            f"TimerService({name}=...) must be a number of seconds {least}, {upto}, "
+            f"not {value!r}"
+        )
+    return float(value)
 
 
 @dataclass(slots=True)
@@ -73,12 +102,18 @@ class TimerService:
         redrivers: Sequence[Redriver] = (),
     ) -> None:
         self.app = app
-        self.poll_interval = poll_interval
-        self.batch = batch
-        self.max_attempts = max_attempts
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.capacity = capacity
+        self.poll_interval = _seconds("poll_interval", poll_interval, most=math.inf, positive=True)
+        self.batch = _count("batch", batch)
+        self.max_attempts = _count("max_attempts", max_attempts)
+        self.backoff_base = _seconds("backoff_base", backoff_base, most=MAX_BACKOFF_SECONDS)
+        self.backoff_cap = _seconds("backoff_cap", backoff_cap, most=MAX_BACKOFF_SECONDS)
+        self.capacity = _count("capacity", capacity)
+        if isinstance(redrivers, str | bytes) or not isinstance(redrivers, Sequence) or not all(
+            callable(r) for r in redrivers
+        ):
+            raise InvalidOptionError(
+                f"TimerService(redrivers=...) must be a sequence of callables, not {redrivers!r}"
+            )
         self.redrivers: list[Redriver] = list(redrivers)
         self._backoff: OrderedDict[str, _Backoff] = OrderedDict()
 
@@ -168,7 +203,9 @@ class TimerService:
 
     def _jitter(self, attempt: int) -> timedelta:
         """Full jitter: uniform in [0, min(cap, base * 2**(attempt - 1))) seconds."""
-        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** max(attempt - 1, 0))
+        # The exponent stops growing once the cap is reached for any base (2**64 > a day
+        # in microseconds), so a large attempt count cannot overflow a float.
+        ceiling = min(self.backoff_cap, self.backoff_base * 2.0 ** min(max(attempt - 1, 0), 64))
         return timedelta(seconds=self.app.random.random() * ceiling)
 
     async def _redrive(self, row: TimerRecord) -> None:

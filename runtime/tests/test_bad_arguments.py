@@ -4,12 +4,21 @@ with a typed error that says what to do, and nothing is written."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from loom_runtime import Context, Durable, InvalidDurationError, Loom, Retry, StepFailedError
+from loom_runtime import (
+    Context,
+    Durable,
+    InvalidDurationError,
+    Loom,
+    Retry,
+    StepFailedError,
+    TimerService,
+)
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
 
@@ -279,3 +288,49 @@ async def test_check_replay_refuses_a_str_of_ids_and_asks_for_a_list(app: Loom) 
     with pytest.raises(InvalidInputError, match="Loom app"):
         await check_replay(object(), ["ab"])  # type: ignore[arg-type]
     assert await check_replay(app, ["ab"]) == ["ab"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("poll_interval", 0),
+        ("poll_interval", math.inf),
+        ("poll_interval", math.nan),
+        ("poll_interval", "1"),
+        ("batch", 0),
+        ("batch", 2.5),
+        ("batch", True),
+        ("max_attempts", 0),
+        ("backoff_base", -1),
+        ("backoff_base", math.nan),
+        ("backoff_cap", 86_401),
+        ("backoff_cap", math.inf),
+        ("capacity", 0),
+        ("redrivers", "not-callables"),
+        ("redrivers", [42]),
+    ],
+)
+async def test_a_timer_service_refuses_options_it_cannot_run_with(
+    app: Loom, option: str, value: object
+) -> None:
+    with pytest.raises(InvalidOptionError, match=f"TimerService\\({option}=...\\)"):
+        TimerService(app, **{option: value})  # type: ignore[arg-type]
+
+
+async def test_a_retry_after_the_largest_backoff_stays_inside_the_calendar(app: Loom) -> None:
+    """The longest backoff a service may be given, drawn at its ceiling on the last day a
+    clock may show, with an attempt count far past where the exponent would overflow a
+    float, still gives a time the store can keep."""
+    service = TimerService(app, backoff_base=86_400, backoff_cap=86_400, max_attempts=10_000)
+
+    class Top:
+        def random(self) -> float:
+            return 0.999999
+
+        def getrandbits(self, k: int, /) -> int:
+            return 0
+
+    app.random = Top()
+    wait = service._jitter(5_000)
+    assert timedelta(hours=23) < wait <= timedelta(days=1)
+    assert LATEST_DEADLINE + wait < datetime.max.replace(tzinfo=UTC)
