@@ -89,8 +89,15 @@ async def answer_park(
                 continue
             token = outcome.fence
         elif "acquire_fence" in capabilities:
-            # Without the conditional method: the unconditional acquire, then the re-check
-            # below (a rival's running body can be fenced out in the window between).
+            # Without the conditional method: look at the log once more, then the
+            # unconditional acquire, then the re-check below. The look keeps a resumer of
+            # this app from fencing out the run another one started: they take turns, so
+            # the one before has written its answer by now. A rival in another process can
+            # still answer between the look and the acquire, and its running body is then
+            # fenced out: what the conditional method is for (docs/design.md).
+            view = await read_tail(events, view)
+            if not still_parked(view, park_seq):
+                raise _refuse(view)
             token = await events.acquire_fence(execution_id)
         else:
             # A store that does not fence: the sequence check alone orders resumers.

@@ -70,8 +70,8 @@ class ProbedEventStore(EventStoreDecorator):
     put a rival or an audit write in the window before the acquire, and
     ``after_append(execution_id, kinds)`` (when set) after an append is written and before
     its caller hears of it, to act in the window a slow reply leaves; ``before_append``
-    likewise before an append reaches the store, and ``after_list()`` after a
-    ``list_executions`` answered."""
+    likewise before an append reaches the store, ``after_read(execution_id)`` after a read
+    answered, and ``after_list()`` after a ``list_executions`` answered."""
 
     def __init__(self, inner: EventStore) -> None:
         super().__init__(inner)
@@ -80,6 +80,7 @@ class ProbedEventStore(EventStoreDecorator):
         self.after_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
         self.before_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
         self.after_list: Callable[[], None] | None = None
+        self.after_read: Callable[[str], None] | None = None
 
     def of(self, *methods: str) -> list[StoreCall]:
         return [c for c in self.calls if c.method in methods]
@@ -109,6 +110,21 @@ class ProbedEventStore(EventStoreDecorator):
         if self.after_append is not None:
             await self.after_append(execution_id, call.kinds)
         return written
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        got = await self.inner.read(
+            execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+        )
+        if self.after_read is not None:
+            self.after_read(execution_id)
+        return got
 
     async def list_executions(
         self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT

@@ -310,6 +310,58 @@ async def test_without_the_conditional_acquire_the_re_check_under_the_fence_refu
         assert [c.result for c in w.probe.of("acquire_fence")] == [2]
 
 
+async def test_without_the_conditional_acquire_a_second_resumer_of_one_app_fences_no_one_out(
+) -> None:
+    """Two resumers of one app read the park open before either answered: they take turns,
+    and the second, looking at the log again before its unconditional acquire, finds the
+    park answered and is refused without taking a token. Acquiring first would fence out
+    the run the first one started, mid-step, and its step would run again."""
+    async with wired(offer=("acquire_fence",)) as w:
+        in_step, finish = asyncio.Event(), asyncio.Event()
+        ran: list[str] = []
+
+        async def ship() -> str:
+            ran.append("ship")
+            in_step.set()
+            await finish.wait()
+            return "shipped"
+
+        @w.app.workflow(name="late")
+        async def late(ctx: Context) -> str:
+            await ctx.sleep(60)
+            return await ctx.step(ship)
+
+        park = await parked(w, "l", "late")
+        second_read = asyncio.Event()
+        second: list[asyncio.Task[None]] = []
+
+        async def second_resumer_reads_first(_: str) -> None:
+            w.probe.before_acquire = None
+            w.probe.after_read = lambda execution_id: second_read.set()
+            second.append(asyncio.create_task(w.app.resume("l", fence_if_parked_at=park)))
+            await second_read.wait()  # its view: the park open, as it is for the first
+            w.probe.after_read = None
+
+        w.probe.before_acquire = second_resumer_reads_first
+        await w.app.resume("l", fence_if_parked_at=park)
+        await in_step.wait()
+        with pytest.raises(ResumeRefusedError) as caught:
+            await second[0]
+        assert caught.value.reason == "not-suspended"
+        assert [c.result for c in w.probe.of("acquire_fence")] == [1]
+        finish.set()
+        assert await w.app.get("l").result(timeout=5) == "shipped"
+        assert ran == ["ship"]
+        assert await kinds(w.base.events, "l") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_SUSPENDED,
+            EventKind.EXECUTION_RESUMED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        assert w.errors == []
+
+
 async def test_a_store_that_does_not_fence_resumes_under_the_token_of_the_park() -> None:
     async with wired(offer=()) as w:
         park = await parked(w)

@@ -34,15 +34,18 @@ its caller hears back (the window a slow reply leaves)."""
 class InterposedEventStore:
     """Forwards to ``inner``, except: each method in ``withhold`` is absent from
     ``capabilities`` and raises ``Unsupported``; ``before_acquire_if`` (settable at any
-    time, None to stop) runs before each forwarded ``acquire_fence_if``; ``before_append``
-    and ``after_append`` (the same) run around each forwarded ``append``. ``calls`` counts
+    time, None to stop) runs before each forwarded ``acquire_fence_if``, and
+    ``before_acquire_fence`` before each ``acquire_fence``; ``before_append`` and
+    ``after_append`` (the same) run around each forwarded ``append``, and
+    ``after_read(execution_id)`` after each ``read`` answered. ``calls`` counts
     the optional methods asked for, withheld ones included.
 
     ``close`` does not close ``inner``: the store under test belongs to whoever opened it.
     """
 
     __slots__ = (
-        "_inner", "_withheld", "after_append", "before_acquire_if", "before_append", "calls",
+        "_inner", "_withheld", "after_append", "after_read", "before_acquire_fence",
+        "before_acquire_if", "before_append", "calls",
     )
 
     def __init__(
@@ -57,6 +60,8 @@ class InterposedEventStore:
         self.before_acquire_if = before_acquire_if
         self.before_append: AroundAppend | None = None
         self.after_append: AroundAppend | None = None
+        self.before_acquire_fence: BeforeAcquire | None = None
+        self.after_read: Callable[[str], None] | None = None
         self.calls: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -99,9 +104,12 @@ class InterposedEventStore:
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
-        return await self._inner.read(
+        got = await self._inner.read(
             execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
         )
+        if self.after_read is not None:
+            self.after_read(execution_id)
+        return got
 
     async def head(self, execution_id: str) -> int:
         return await self._inner.head(execution_id)
@@ -118,6 +126,8 @@ class InterposedEventStore:
 
     async def acquire_fence(self, execution_id: str) -> int:
         self._optional("acquire_fence")
+        if self.before_acquire_fence is not None:
+            await self.before_acquire_fence(execution_id)
         return await self._inner.acquire_fence(execution_id)
 
     async def acquire_fence_if(

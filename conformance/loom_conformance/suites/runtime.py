@@ -714,6 +714,75 @@ class TestRuntimeContract:
         ids=["as-offered", "without-acquire_fence_if"],
     )
     @requires.acquire_fence
+    async def test_two_resumers_of_one_app_answer_once_and_fence_no_one_out(
+        self, loom_node: RuntimeNode, withheld: tuple[OptionalMethod, ...]
+    ) -> None:
+        """Two resumers of one app read the park open before either answered (a send's
+        delivery and the timer service, say). They take turns: the first answers and its
+        body runs; the second finds the park answered and is refused without a token, so
+        the first's body is never fenced out mid-step, with or without the conditional
+        acquire."""
+        storage = loom_node.storage
+        wrapped, seen = interposed(storage, withhold=withheld)
+        async with running_app(wrapped, clock=loom_node.clock) as node:
+            app = node.app
+            in_step, finish = asyncio.Event(), asyncio.Event()
+            shipped: list[str] = []
+
+            async def ship() -> str:
+                shipped.append("ship")
+                in_step.set()
+                await finish.wait()
+                return "shipped"
+
+            @app.workflow(name="late")
+            async def late(ctx: Context) -> str:
+                await ctx.sleep(30)
+                return await ctx.step(ship, name="ship")
+
+            handle = await app.start(late, id="two-resumers")
+            await node.settled()
+            park = await node.park_of("two-resumers")
+            second_read = asyncio.Event()
+            second: list[asyncio.Future[None]] = []
+
+            async def the_second_reads_first(_: str) -> None:
+                seen.before_acquire_if = seen.before_acquire_fence = None
+                seen.after_read = lambda _: second_read.set()
+                second.append(
+                    asyncio.ensure_future(app.resume("two-resumers", fence_if_parked_at=park))
+                )
+                await guard(second_read.wait())  # its view: the park open, as the first's
+                seen.after_read = None
+
+            seen.before_acquire_if = seen.before_acquire_fence = the_second_reads_first
+            await app.resume("two-resumers", fence_if_parked_at=park)
+            await guard(in_step.wait())
+            with pytest.raises(ResumeRefusedError) as refused:
+                await guard(second[0])
+            assert refused.value.reason == "not-suspended"
+            held = await token_of(storage.events, "two-resumers")
+            finish.set()
+            assert await result(handle) == "shipped"
+            assert shipped == ["ship"]
+            log = await node.log("two-resumers")
+            assert [e.kind for e in log] == [
+                EventKind.EXECUTION_STARTED,
+                EventKind.EXECUTION_SUSPENDED,
+                EventKind.EXECUTION_RESUMED,
+                EventKind.STEP_COMPLETED,
+                EventKind.EXECUTION_COMPLETED,
+            ]
+            assert all(e.fence == held for e in log[2:]), "the second resumer took a token"
+            assert_gapless(log)
+            assert await check_replay(app) == ["two-resumers"]
+            assert node.reported == []
+
+    @pytest.mark.parametrize(
+        "withheld", [(), WITHOUT_CONDITIONAL],
+        ids=["as-offered", "without-acquire_fence_if"],
+    )
+    @requires.acquire_fence
     async def test_a_dead_acquirer_does_not_keep_the_park_from_being_resumed(
         self, loom_node: RuntimeNode, withheld: tuple[OptionalMethod, ...]
     ) -> None:
