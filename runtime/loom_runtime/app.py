@@ -35,8 +35,10 @@ from loom_core import (
     SequenceConflictError,
     StaleFenceError,
     Storage,
+    StorageError,
     StoreClosedError,
     TimerRecord,
+    WriteOutcomeUnknownError,
     open_storage,
 )
 from loom_core.spi import MAX_ID_BYTES, check_execution_id
@@ -70,6 +72,13 @@ _log = logging.getLogger("loom_runtime")
 CANCEL_AGAIN_AFTER: Final = 1.0
 """Seconds an app leaving ``async with`` gives a cancelled task to end before it cancels it
 again (see _stop_tasks)."""
+
+CARRY_ON_AFTER: Final = 1.0
+CARRY_ON_CAP: Final = 30.0
+"""A run this process drove that stopped because a store call failed is carried on in the
+background: first CARRY_ON_AFTER seconds later, then after twice as long each time the
+store fails again, at most CARRY_ON_CAP seconds (each wait drawn between half and all of
+it, so the executions an outage stopped do not all come back at once)."""
 
 SENDER_GRACE: Final = timedelta(seconds=60)
 """How long a timer service waits for the message of a sender's wake row to be stored
@@ -282,6 +291,9 @@ class Loom:
         self._drivers: dict[str, Run] = {}
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
+        # Executions whose run stopped on a failed store call, to carry on (_strand).
+        self._stranded: dict[str, None] = {}
+        self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
         self._resumers: dict[str, _Resumers] = {}
@@ -401,8 +413,11 @@ class Loom:
             run = self._drivers.get(execution_id)
             if task in inline and run is not None:
                 run.stop()
-        await _stop_tasks([*self._services, *self._driving])
+        carrying_on = [] if self._carrying_on is None else [self._carrying_on]
+        await _stop_tasks([*self._services, *carrying_on, *self._driving])
         self._services.clear()
+        self._carrying_on = None
+        self._stranded.clear()
         self._runs.clear()
         self._driving.clear()
         self._drivers.clear()
@@ -518,6 +533,9 @@ class Loom:
         except asyncio.CancelledError:
             self._take_back_later(execution_id, fence_first=True)  # the write may land yet
             raise
+        except WriteOutcomeUnknownError:
+            self._strand(execution_id)  # it may have landed, with no one to drive it
+            raise
         finally:
             self._unclaim(execution_id)
         # What fold makes of that one event, made directly: this is every start's path.
@@ -579,6 +597,49 @@ class Loom:
                 current = view.successor if view.status == "continued" else None
         finally:
             self._taking_back.discard(execution_id)
+
+    @property
+    def stranded(self) -> frozenset[str]:
+        """Executions whose run in this process stopped because a store call failed, not
+        carried on yet: the app retries in the background until the store answers."""
+        return frozenset(self._stranded)
+
+    def _strand(self, execution_id: str) -> None:
+        """A run of this process stopped because a store call failed (or a first write or
+        an answer's outcome is unknown): the log may say it runs here with nothing driving
+        it. Carry it on once the store answers again, as a restarted node would; see
+        docs/design.md, "A failed store call"."""
+        if not self._entered:
+            return  # leaving: the node's next start recovers it
+        self._stranded[execution_id] = None
+        if self._carrying_on is None or self._carrying_on.done():
+            self._carrying_on = asyncio.get_running_loop().create_task(
+                self._carry_on(), name="loom:carry-on"
+            )
+
+    async def _carry_on(self) -> None:
+        """Take back every stranded execution, waiting longer each time the store fails."""
+        delay = CARRY_ON_AFTER
+        while self._stranded:
+            await self.clock.sleep(delay * (0.5 + self.random.random() / 2))
+            for execution_id in list(self._stranded):
+                self._stranded.pop(execution_id, None)  # stranded again meanwhile: it comes back
+                try:
+                    await self._take_back(execution_id, fence_first=True)
+                except StoreClosedError as exc:
+                    # The storage was closed under the app: nothing will answer again.
+                    self.hooks.error(exc)
+                    self._stranded.clear()
+                    return
+                except StorageError as exc:
+                    self._stranded[execution_id] = None
+                    self.hooks.storage_error(execution_id, exc)
+                    delay = min(delay * 2, CARRY_ON_CAP)
+                    break  # the store fails still: wait longer before the next try
+                except Exception as exc:
+                    self.hooks.error(exc)
+            else:
+                delay = CARRY_ON_AFTER
 
     def get(self, execution_id: str) -> Handle[JsonValue]:
         """A handle on an execution started anywhere."""
@@ -1127,6 +1188,8 @@ class Loom:
             raise
         except Exception as exc:
             self.hooks.error(exc)
+            if isinstance(exc, StorageError):
+                self._strand(execution_id)
         finally:
             self.changed(execution_id)
             # Wake whoever waits for this run's end (a handle's result), directly rather
@@ -1149,6 +1212,8 @@ class Loom:
                 _log.debug("%s", reason)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
+                if isinstance(reason, StorageError):
+                    self._strand(execution_id)
             return None, None
         if self.diverged:
             self.diverged.pop(execution_id, None)
@@ -1292,9 +1357,13 @@ class Loom:
             await self._check_allowed(principal, "resume", current)
 
         async with self._answering(view.execution_id):
-            token, resumed, written = await answer_park(
-                events, view, park_seq, answer, checked=checked
-            )
+            try:
+                token, resumed, written = await answer_park(
+                    events, view, park_seq, answer, checked=checked
+                )
+            except WriteOutcomeUnknownError:
+                self._strand(view.execution_id)  # the answer may have landed
+                raise
         if self.hooks.on_durable_event is not None:
             for event in written:
                 self.hooks.durable_event(event)

@@ -318,7 +318,13 @@ class Run:
             if self.app.crash_points and self.app.crash_point(self, (), "park", "before"):
                 self._halt(SimulatedCrash("simulated crash before the park"))
             for wake_at in sorted({w.wake_at for w in waits if w.wake_at is not None}):
-                await self.app.storage.timers.schedule(TimerRecord(self.execution_id, wake_at))
+                try:
+                    await self.app.storage.timers.schedule(
+                        TimerRecord(self.execution_id, wake_at)
+                    )
+                except LoomError as exc:
+                    self.app.hooks.storage_error(self.execution_id, exc)
+                    self._halt(exc)
             written = await self._append([records.suspended(waits)])
         except _Stop:
             return self._outcome("stopped", reason=self._stop_reason)
@@ -448,7 +454,11 @@ class Run:
             wake_at = self.app.clock.now() + timedelta(seconds=seconds)
         else:
             wake_at = None
-        message = await self.app.inbox.next(self.execution_id, topic, self._consumed)
+        try:
+            message = await self.app.inbox.next(self.execution_id, topic, self._consumed)
+        except LoomError as exc:  # the store's failure, never the body's to catch
+            self.app.hooks.storage_error(self.execution_id, exc)
+            self._halt(exc)
         self._check_alive()
         if message is not None:
             self._consumed.add(message.sequence)

@@ -84,6 +84,8 @@ def _seconds(name: str, value: object, *, most: float, positive: bool = False) -
 class _Backoff:
     attempt: int
     next_try: datetime
+    missing: bool = False
+    """The tries were for a workflow this app does not register (reported once)."""
 
 
 class TimerService:
@@ -176,9 +178,7 @@ class TimerService:
         except ResumeContendedError:
             return await self._contended(row)
         except WorkflowNotFoundError as exc:
-            # This node cannot run the body; another node may. Report, and back off.
-            self.app.hooks.error(exc)
-            return await self._contended(row, count=False)
+            return self._missing(row, exc)
         except ResumeRefusedError:
             outcome = "obsolete"
         self._backoff.pop(row.execution_id, None)
@@ -188,15 +188,31 @@ class TimerService:
             await self.app.retired(row)
         return outcome
 
-    async def _contended(self, row: TimerRecord, *, count: bool = True) -> Fired:
+    async def _contended(self, row: TimerRecord) -> Fired:
         now = self.app.clock.now()
         entry = self._backoff.pop(row.execution_id, None)
-        attempt = (entry.attempt if entry is not None else 0) + (1 if count else 0)
+        attempt = (entry.attempt if entry is not None and not entry.missing else 0) + 1
         if attempt >= self.max_attempts:
             self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
             await self.app.storage.timers.complete(row.execution_id, row.wake_at)
             return "exhausted"
         self._backoff[row.execution_id] = _Backoff(attempt, now + self._jitter(attempt))
+        while len(self._backoff) > self.capacity:
+            self._backoff.popitem(last=False)
+        return "backing-off"
+
+    def _missing(self, row: TimerRecord, exc: WorkflowNotFoundError) -> Fired:
+        """This app does not register the workflow; a node that does may wake it. The row
+        is left, and tried again after a backoff that grows as a contended one does (but
+        never gives up: another node's row is not this one's to retire); ``on_error``
+        hears of it once per execution, not at every try."""
+        entry = self._backoff.pop(row.execution_id, None)
+        if entry is None or not entry.missing:
+            self.app.hooks.error(exc)
+        attempt = (entry.attempt if entry is not None and entry.missing else 0) + 1
+        self._backoff[row.execution_id] = _Backoff(
+            attempt, self.app.clock.now() + self._jitter(attempt), missing=True
+        )
         while len(self._backoff) > self.capacity:
             self._backoff.popitem(last=False)
         return "backing-off"

@@ -451,3 +451,35 @@ async def test_a_park_whose_row_was_taken_is_rearmed_when_its_own_answer_fails()
         await w.app.timer_service.poll_once()
         await w.app.drain()
         assert await w.app.get("b").result(timeout=5) == "done"
+
+
+async def test_a_row_of_a_workflow_this_app_lacks_is_reported_once_and_tried_ever_less_often(
+) -> None:
+    """A node that does not register the workflow cannot wake it; one that does may. The
+    row is left for it, tried here again after a growing wait (never given up), and
+    ``on_error`` hears of it once, however long it stays."""
+    async with wired(seed=SEED) as w:
+        await parked(w)
+        (row,) = await rows(w)
+        errors: list[BaseException] = []
+        other = Loom(
+            w.base, node="other", clock=w.clock, random=random.Random(SEED), timers=False,
+            recover=False, on_error=errors.append,
+        )
+        async with other:
+            await w.clock.advance(60)
+            tries = 0
+            for _ in range(2400):  # ten minutes of polls, every quarter of a second
+                if (await other.timer_service.poll_once()).get(row) == "backing-off":
+                    entry = other.timer_service.backing_off().get("n")
+                    assert entry is not None
+                    tries = entry[0]
+                await w.clock.advance(0.25)
+            assert [type(e).__name__ for e in errors] == ["WorkflowNotFoundError"]
+            # 0.2 s doubling to the 30 s cap, each wait drawn from [0, ceiling): at least
+            # one try per 30 s once capped, far fewer than one per poll.
+            assert 20 <= tries <= 60
+            assert await rows(w) == [row]
+        await w.app.timer_service.poll_once()  # a node with the workflow wakes it
+        await w.app.drain()
+        assert await w.app.get("n").result(timeout=5) == "awake"

@@ -1,0 +1,357 @@
+"""A run whose store call fails (the database down longer than its driver retries, a write
+whose outcome was lost with its connection) is carried on by the app that drove it once
+the store answers again, as a restarted node would carry it on; a failure of the store is
+never the body's to see.
+
+The store here fails on demand: ``down`` makes every call to it raise
+StorageUnavailableError (nothing done); ``unknown`` makes the next append of a kind land
+and then raise WriteOutcomeUnknownError, as a connection lost after the commit was sent
+does. Time is the app's virtual clock, moved by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import pytest
+from loom_runtime import Context, Loom
+from loom_runtime.app import CARRY_ON_AFTER, CARRY_ON_CAP
+from loom_runtime.testing import VirtualClock
+from store_probes import kinds
+
+from loom_core import (
+    Event,
+    EventKind,
+    EventStore,
+    NewEvent,
+    Storage,
+    StorageUnavailableError,
+    TimerRecord,
+    TimerStore,
+    WriteOutcomeUnknownError,
+    open_storage,
+)
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement
+from loom_core.spi import ConditionalFence
+
+
+@dataclass
+class Switch:
+    """What the failing stores do: everything fails while ``down``; the next append that
+    writes a kind in ``unknown`` lands, then fails as if its reply were lost."""
+
+    down: bool = False
+    unknown: set[str] = field(default_factory=set)
+    tripped: bool = False
+
+    def trip(self) -> None:
+        """Go down, the first time only (a body or a step run again must not)."""
+        if not self.tripped:
+            self.tripped = self.down = True
+
+    def check(self, what: str) -> None:
+        if self.down:
+            raise StorageUnavailableError(f"{what}: the test's store is down")
+
+
+class FailingEventStore(EventStoreDecorator):
+    def __init__(self, inner: EventStore, switch: Switch) -> None:
+        super().__init__(inner)
+        self.switch = switch
+
+    async def append(
+        self,
+        execution_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_sequence: int,
+        fence: int | None = None,
+    ) -> tuple[Event, ...]:
+        self.switch.check(f"append to {execution_id!r}")
+        written = await self.inner.append(
+            execution_id, events, expected_sequence=expected_sequence, fence=fence
+        )
+        lost = self.switch.unknown & {e.kind for e in events}
+        if lost:
+            self.switch.unknown -= lost
+            raise WriteOutcomeUnknownError("append", execution_id, "the test lost the reply")
+        return written
+
+    async def read(
+        self,
+        execution_id: str,
+        *,
+        from_sequence: int = 0,
+        to_sequence: int | None = None,
+        limit: int | None = None,
+    ) -> tuple[Event, ...]:
+        self.switch.check(f"read of {execution_id!r}")
+        return await self.inner.read(
+            execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
+        )
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        self.switch.check(f"acquire_fence on {execution_id!r}")
+        return await self.inner.acquire_fence(execution_id)
+
+    async def acquire_fence_if(
+        self, execution_id: str, *, fence: int, park_seq: int
+    ) -> ConditionalFence:
+        self.switch.check(f"acquire_fence_if on {execution_id!r}")
+        return await self.inner.acquire_fence_if(execution_id, fence=fence, park_seq=park_seq)
+
+    decisions = Decisions(
+        acquire_fence=Implement(acquire_fence),
+        acquire_fence_if=Implement(acquire_fence_if),
+        append_if_unchanged=FORWARD,
+        append_many=FORWARD,
+        delete_execution=FORWARD,
+        copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD,
+        subscribe=FORWARD,
+    )
+
+
+class FailingTimerStore:
+    def __init__(self, inner: TimerStore, switch: Switch) -> None:
+        self.inner = inner
+        self.switch = switch
+
+    async def schedule(self, record: TimerRecord) -> None:
+        self.switch.check(f"schedule on {record.execution_id!r}")
+        await self.inner.schedule(record)
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = False
+    ) -> tuple[TimerRecord, ...]:
+        self.switch.check("due")
+        return await self.inner.due(now, limit=limit, redrive=redrive)
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        self.switch.check(f"pending of {execution_id!r}")
+        return await self.inner.pending(execution_id)
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        self.switch.check(f"complete on {execution_id!r}")
+        return await self.inner.complete(execution_id, wake_at)
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        self.switch.check(f"cancel on {execution_id!r}")
+        return await self.inner.cancel(execution_id, wake_at)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass
+class Failing:
+    app: Loom
+    switch: Switch
+    base: Storage
+    clock: VirtualClock
+    storage_errors: list[tuple[str, BaseException]]
+    errors: list[BaseException]
+
+    async def wait_out(self, seconds: float) -> None:
+        """Move the clock on by ``seconds`` and let what woke run to its end or park."""
+        # One turn of the loop first: a carry-on task made since the last turn starts its
+        # wait on the clock (tasks run in the order they were made), so the move wakes it.
+        await asyncio.sleep(0)
+        await self.clock.advance(seconds)
+        await self.app.drain()
+
+
+@asynccontextmanager
+async def failing() -> AsyncIterator[Failing]:
+    base = await open_storage("memory://")
+    switch = Switch()
+    storage = Storage(
+        FailingEventStore(base.events, switch),
+        FailingTimerStore(base.timers, switch),  # type: ignore[arg-type]
+        base.leases,
+        url=base.url,
+        on_close=base.close,
+    )
+    clock = VirtualClock()
+    storage_errors: list[tuple[str, BaseException]] = []
+    errors: list[BaseException] = []
+    app = Loom(
+        storage, node="n1", clock=clock, random=random.Random(7), timers=False, recover=False,
+        on_error=errors.append,
+        on_storage_error=lambda execution_id, exc: storage_errors.append((execution_id, exc)),
+    )
+    try:
+        async with app:
+            yield Failing(app, switch, base, clock, storage_errors, errors)
+    finally:
+        await storage.close()
+
+
+async def test_a_run_whose_write_failed_is_carried_on_once_the_store_answers() -> None:
+    async with failing() as f:
+        ran: list[str] = []
+
+        async def charge() -> str:
+            ran.append("charge")
+            f.switch.trip()  # the store goes down while the step runs
+            return "charged"
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge)
+
+        handle = await f.app.start(order, id="o")
+        await f.app.drain()
+        assert [e for e, _ in f.storage_errors] == ["o"]
+        assert f.app.stranded == {"o"}
+        await f.wait_out(CARRY_ON_AFTER)  # still down: it waits twice as long next time
+        assert f.app.stranded == {"o"}
+        assert [e for e, _ in f.storage_errors] == ["o", "o"]
+        f.switch.down = False
+        await f.wait_out(CARRY_ON_AFTER * 2)
+        assert await handle.result(timeout=5) == "charged"
+        assert f.app.stranded == frozenset()
+        assert ran == ["charge", "charge"]  # its record was lost with the write: at least once
+        assert await kinds(f.base.events, "o") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        assert all(isinstance(e, StorageUnavailableError) for e in f.errors)
+
+
+async def test_the_wait_between_tries_doubles_up_to_its_cap() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> str:
+            f.switch.trip()
+            return await ctx.step(lambda: "x", name="x")
+
+        await f.app.start(order, id="o")
+        await f.app.drain()
+        tries = [len(f.storage_errors)]
+        waited = 0.0
+        while waited < 200:
+            await f.wait_out(CARRY_ON_CAP / 2)
+            waited += CARRY_ON_CAP / 2
+            tries.append(len(f.storage_errors))
+        # Once the cap is reached, at most one try per cap's worth of time, at least one
+        # per cap (each wait is drawn between half the cap and the cap).
+        late = tries[-1] - tries[len(tries) // 2]
+        span = (len(tries) - 1 - len(tries) // 2) * CARRY_ON_CAP / 2
+        assert span / CARRY_ON_CAP - 1 <= late <= span / (CARRY_ON_CAP / 2)
+        f.switch.down = False
+        await f.wait_out(CARRY_ON_CAP)
+        assert await f.app.get("o").result(timeout=5) == "x"
+
+
+async def test_a_failed_timer_row_stops_the_run_before_its_park_and_it_parks_later() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def nap(ctx: Context) -> str:
+            f.switch.trip()  # the timer row's write fails
+            await ctx.sleep(3600)
+            return "awake"
+
+        handle = await f.app.start(nap, id="n")
+        await f.app.drain()
+        assert [e for e, _ in f.storage_errors] == ["n"]
+        assert "schedule" in str(f.storage_errors[0][1])
+        assert await kinds(f.base.events, "n") == [EventKind.EXECUTION_STARTED]
+        f.switch.down = False
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await handle.status() == "suspended"
+        assert [r.execution_id for r in await f.base.timers.pending("n")] == ["n"]
+        await f.wait_out(3600)
+        await f.app.timer_service.poll_once()
+        await f.app.drain()
+        assert await handle.result(timeout=5) == "awake"
+
+
+async def test_a_failed_inbox_read_is_not_the_bodys_to_catch() -> None:
+    async with failing() as f:
+        caught: list[BaseException] = []
+
+        @f.app.workflow()
+        async def listen(ctx: Context) -> object:
+            f.switch.trip()  # the receive's look into the inbox fails
+            try:
+                return await ctx.receive("go", timeout=600)
+            except Exception as exc:
+                caught.append(exc)
+                return "swallowed"
+
+        handle = await f.app.start(listen, id="l")
+        await f.app.drain()
+        assert caught == []
+        assert [e for e, _ in f.storage_errors] == ["l"]
+        f.switch.down = False
+        await f.app.send("l", "go", {"n": 1})
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await handle.result(timeout=5) == {"n": 1}
+        assert caught == []
+        assert (await kinds(f.base.events, "l")).count(EventKind.MESSAGE_CONSUMED) == 1
+
+
+async def test_a_start_whose_write_landed_unheard_is_carried_on() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> str:
+            return "done"
+
+        f.switch.unknown = {EventKind.EXECUTION_STARTED}
+        with pytest.raises(WriteOutcomeUnknownError):
+            await f.app.start(order, id="o")
+        assert f.app.stranded == {"o"}
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await f.app.get("o").result(timeout=5) == "done"
+        assert await kinds(f.base.events, "o") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+
+
+async def test_an_answer_that_landed_unheard_leaves_the_receiver_carried_on() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def listen(ctx: Context) -> object:
+            return await ctx.receive("go", timeout=600)
+
+        handle = await f.app.start(listen, id="l")
+        await f.app.drain()
+        assert await handle.status() == "suspended"
+        f.switch.unknown = {EventKind.EXECUTION_RESUMED}
+        with pytest.raises(WriteOutcomeUnknownError):
+            await f.app.send("l", "go", {"n": 1})
+        assert f.app.stranded == {"l"}
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await handle.result(timeout=5) == {"n": 1}
+        log = await kinds(f.base.events, "l")
+        assert log.count(EventKind.MESSAGE_CONSUMED) == 1
+        assert log.count(EventKind.EXECUTION_RESUMED) == 1
+
+
+async def test_a_start_refused_for_good_strands_nothing() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> str:
+            return "done"
+
+        f.switch.down = True  # nothing is written: the caller is told, and that is all
+        with pytest.raises(StorageUnavailableError):
+            await f.app.start(order, id="o")
+        assert f.app.stranded == frozenset()
+        f.switch.down = False
+        assert await f.base.events.head("o") == 0
