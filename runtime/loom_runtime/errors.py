@@ -104,15 +104,15 @@ class WorkflowNotFoundError(LoomError, LookupError):
         )
 
 
-ResumeRefusal = Literal["not-suspended", "nothing-to-answer", "terminal"]
+ResumeRefusal = Literal["not-suspended", "nothing-to-answer"]
 
 
 class ResumeRefusedError(LoomError):
     """The park cannot be answered; nothing was appended and no token was taken.
 
     ``reason`` is ``"not-suspended"`` (the park is answered, gone, or not a park at that
-    sequence), ``"nothing-to-answer"`` (it waits only for messages and none is there) or
-    ``"terminal"`` (the execution has finished).
+    sequence; an execution that has finished or continued is one, and the message names
+    its status) or ``"nothing-to-answer"`` (it waits only for messages and none is there).
     """
 
     def __init__(self, execution_id: str, reason: ResumeRefusal, detail: str = "") -> None:

@@ -222,7 +222,7 @@ async def test_a_resume_of_an_answered_park_whose_body_runs_is_refused_and_takes
         assert (await w.base.events.read("n"))[-1].fence == 1
         # Once it has finished, the park is still not there to answer.
         done = await w.base.events.read("n")
-        with pytest.raises(ResumeRefusedError) as caught:
+        with pytest.raises(ResumeRefusedError, match=r"\(it is completed\)") as caught:
             await w.app.resume("n", fence_if_parked_at=park)
         assert caught.value.reason == "not-suspended"
         assert await w.base.events.read("n") == done
