@@ -105,8 +105,10 @@ class EventStore(Protocol):
         """Append atomically at ``expected_sequence``, ``expected_sequence + 1``, ….
 
         Refuses with SequenceConflictError (the head moved), ExecutionAlreadyExistsError
-        (``expected_sequence == 0`` and the log exists) or StaleFenceError (``fence`` below
-        the execution's token). A fenced append stamps ``metadata["fence"]`` on each event.
+        (``expected_sequence == 0`` and the log exists), StaleFenceError (``fence`` below
+        the execution's token) or FenceNotIssuedError (``fence`` above it: a token never
+        issued, carrying the current one). A fenced append stamps ``metadata["fence"]`` on
+        each event. A refused append changes nothing.
         """
         ...
 
@@ -134,7 +136,9 @@ class EventStore(Protocol):
     # -- optional: offered when named in ``capabilities``, else raise Unsupported ---------
 
     async def acquire_fence(self, execution_id: str) -> int:
-        """Bump the execution's token and return it (a never-fenced execution has 0)."""
+        """Bump the execution's token and return it (a never-fenced execution has 0). An id
+        with no log yet is fenced all the same (its token is kept for the append that
+        creates the log), and is not listed by ``list_executions`` until it has events."""
         ...
 
     async def acquire_fence_if(
@@ -152,8 +156,8 @@ class EventStore(Protocol):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         """Append only if the token still equals ``observed_fence`` (StaleFenceError if
-        not); never presents or bumps a token, and stamps nothing. The token is checked
-        before the sequence: it is the guard this call exists for."""
+        not, above or below it); never presents or bumps a token, and stamps nothing. The
+        token is checked before the sequence: it is the guard this call exists for."""
         ...
 
     async def append_many(
@@ -177,12 +181,21 @@ class EventStore(Protocol):
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         """Copy ``source``'s events up to ``through_sequence`` into a new ``target``, at
         their own sequences; returns the number copied. The target's head is
-        ``through_sequence + 1`` even when the source has truncated some or all of them."""
+        ``through_sequence + 1`` even when the source has truncated some or all of them.
+
+        Refuses, changing nothing, in this order: a bad id or a negative
+        ``through_sequence`` (InvalidExecutionIdError, InvalidSequenceError);
+        ``source == target`` (InvalidInputError, before either log is looked at); a source
+        with no log (ExecutionNotFoundError); ``through_sequence`` at or past the source's
+        head (InvalidSequenceError); a target that has a log
+        (ExecutionAlreadyExistsError)."""
         ...
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
         """Drop events below ``keep_from_sequence`` (the head stays); returns the number
-        dropped."""
+        dropped. ``keep_from_sequence`` may equal the head (everything is dropped); a
+        negative one, or one past the head, is refused with InvalidSequenceError, and an
+        execution with no log with ExecutionNotFoundError, changing nothing."""
         ...
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:

@@ -23,7 +23,9 @@ class RefusesUnoffered:
 
     ``capabilities`` is computed from the overrides, so a store cannot claim a method it
     lacks or forget one it has. A store that offers less at run time (a configuration
-    switch) narrows it with ``offered`` and calls :meth:`_refuse_unless_offered`.
+    switch) overrides ``capabilities`` to return the narrower set, and has each method it
+    withholds call ``self._refuse(method, reason)``, which raises Unsupported
+    (``MemoryEventStore(offer=...)`` does so).
     """
 
     __slots__ = ()

@@ -18,7 +18,7 @@ RUNTIME_SUITE = """
 from loom_conformance.suites.runtime import TestRuntimeContract
 """
 
-INSTALL = "pip install 'loom-conformance[runtime]'"
+INSTALL = "pip install ./conformance ./runtime (or, from an index that has both, pip install 'loom-conformance[runtime]')"  # noqa: E501
 
 
 def test_the_kit_runs_without_loom_runtime(pytester: pytest.Pytester) -> None:

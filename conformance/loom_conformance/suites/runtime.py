@@ -70,8 +70,9 @@ try:
 except ImportError as missing:  # conformance/tests/test_runtime_suite.py runs this branch
     _reason = (
         "the runtime contract suite (loom_conformance.suites.runtime) needs loom-runtime, "
-        f"which cannot be imported ({missing}); install it with the kit: "
-        "pip install 'loom-conformance[runtime]'"
+        f"which cannot be imported ({missing}); install it beside the kit, from a checkout "
+        "of Loom: pip install ./conformance ./runtime (or, from an index that has both, "
+        "pip install 'loom-conformance[runtime]')"
     )
     if in_ci():
         raise ModuleNotFoundError(_reason, name="loom_runtime") from missing
