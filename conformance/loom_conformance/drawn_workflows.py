@@ -789,11 +789,13 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
             # _Played), and one more step may have run before its record was refused.
             stepped = [int(str(name)[1:]) for name in _recorded_steps(log)]
             unrecorded = {k: n for k, n in ran.items() if k not in stepped}
-            assert len(unrecorded) <= (1 if drawn.services else 0) + killed, unrecorded
+            assert len(unrecorded) <= (1 if drawn.services else 0) + killed, (
+                f"{execution_id}: steps ran after the cancel with no record: {unrecorded}"
+            )
             assert all(
                 n <= (ATTEMPTS if k in failing else 1) * (1 + killed)
                 for k, n in unrecorded.items()
-            )
+            ), f"{execution_id}: an unrecorded step ran too often (step: runs): {unrecorded}"
             ran = {k: n for k, n in ran.items() if k in stepped}
         for op in plan.ops:
             if op[0] == "draw" and (execution_id, op[2]) in drawn.world.echoed:
@@ -821,14 +823,24 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
                 _one_value(echoed, killed)
                 assert result[i] == [echoed[0], echoed[0]], (result[i], echoed)
                 want[i] = result[i]
-        assert result == want
+        assert result == want, f"{execution_id}: result {result!r}, expected {want!r}"
         stepped = _step_numbers(plan.ops)
     runs = {k: ATTEMPTS if k in failing else 1 for k in stepped}
     if killed:
-        assert ran.keys() == runs.keys(), (ran, runs)
-        assert all(runs[k] <= n <= 2 * runs[k] for k, n in ran.items()), (ran, runs)
+        assert ran.keys() == runs.keys(), (
+            f"{execution_id}: the steps that ran {sorted(ran)} are not the plan's "
+            f"{sorted(runs)}"
+        )
+        assert all(runs[k] <= n <= 2 * runs[k] for k, n in ran.items()), (
+            f"{execution_id}: a step ran more often than a death allows (step: runs, "
+            f"expected per step {runs}): {ran}"
+        )
     else:
-        assert ran == runs
+        assert ran == runs, (
+            f"{execution_id}: with no death, each step runs exactly once (a failing one "
+            f"{ATTEMPTS} times); step: runs were {ran}, expected {runs}: a recorded step "
+            "ran again, or a live run was fenced out"
+        )
     taken_over = sum(
         point.count
         for point, crash in zip(points, plan.crashes, strict=True)
@@ -839,8 +851,8 @@ async def check_plan(drawn: DrawnApp, plan: Plan, execution_id: str) -> tuple[in
         _check_wakes(generation, drawn.written_at, drawn.deaths.killed_at)
     ids = [generation[0].execution_id for generation in logs]
     assert await check_replay(app, ids) == ids
-    assert await _chain(app, execution_id) == logs
-    assert drawn.reported == []
+    assert await _chain(app, execution_id) == logs, f"{execution_id}: the chain's logs changed"
+    assert drawn.reported == [], f"{execution_id}: the runtime reported {drawn.reported!r}"
     return played.fired, [e.kind for e in log].count(EventKind.EXECUTION_SUSPENDED)
 
 
@@ -1073,12 +1085,14 @@ def _check_logs(
     )
     for i, generation in enumerate(logs):
         kinds = [e.kind for e in generation]
-        assert [e.sequence for e in generation] == list(range(len(generation))), "gaps"
-        assert kinds.count(EventKind.EXECUTION_STARTED) == 1
-        assert kinds[0] == EventKind.EXECUTION_STARTED
+        where = f"{generation[0].execution_id if generation else '?'}: log {kinds}"
+        sequences = [e.sequence for e in generation]
+        assert sequences == list(range(len(generation))), f"{where}: gaps {sequences}"
+        assert kinds.count(EventKind.EXECUTION_STARTED) == 1, f"{where}: not one start"
+        assert kinds[0] == EventKind.EXECUTION_STARTED, f"{where}: does not begin started"
         last = ending if i == len(logs) - 1 else EventKind.EXECUTION_CONTINUED
-        assert [k for k in kinds if k in _TERMINAL] == [last]
-        assert kinds[-1] == last
+        assert [k for k in kinds if k in _TERMINAL] == [last], f"{where}: not one {last}"
+        assert kinds[-1] == last, f"{where}: does not end {last}"
         recorded = [
             tuple(field_of(e, "position"))  # type: ignore[arg-type]
             for e in generation
@@ -1086,7 +1100,9 @@ def _check_logs(
         ]
         assert len(recorded) == len(set(recorded)), f"a call recorded twice: {recorded}"
     if not played.cancelled:
-        assert len(logs) == len(_generations(_live(plan.ops)))
+        assert len(logs) == len(_generations(_live(plan.ops))), (
+            f"{len(logs)} generations, the plan has {len(_generations(_live(plan.ops)))}"
+        )
     log = [e for generation in logs for e in generation]
     kinds = [e.kind for e in log]
     delivered = [
@@ -1097,7 +1113,10 @@ def _check_logs(
     expected = _messages(plan.ops)[1]
     if plan.cancel == "crashed" and played.cancelled:
         expected = expected[: len(delivered)]  # cut short wherever the crash was
-    assert delivered == expected
+    assert delivered == expected, (
+        f"messages consumed (topic, value) {delivered}, expected each once, in order: "
+        f"{expected}"
+    )
     recoveries = kinds.count(EventKind.EXECUTION_RECOVERED)
     # A death recovers the run it stopped, if one ran: and a run continuing as new, its
     # successor too.
