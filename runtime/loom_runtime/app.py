@@ -408,6 +408,15 @@ class Loom:
         # the node's next start recovers what was running. A run in an execute() caller's
         # task is stopped, not its task: it appends nothing more, and its body unwinds at
         # its next durable call.
+        if self._runs:
+            stopped = sorted(self._runs)
+            _log.warning(
+                "leaving the app stops %d running execution(s) of node %r where they are "
+                "(%s%s); the next start of a process with node=%r carries them on (await "
+                "app.drain() before leaving lets them reach their next park or end)",
+                len(stopped), self.node, ", ".join(map(repr, stopped[:5])),
+                ", ..." if len(stopped) > 5 else "", self.node,
+            )
         inline = set(self._inline.values())
         for execution_id, task in self._runs.items():
             run = self._drivers.get(execution_id)

@@ -172,7 +172,7 @@ async def failing() -> AsyncIterator[Failing]:
     switch = Switch()
     storage = Storage(
         FailingEventStore(base.events, switch),
-        FailingTimerStore(base.timers, switch),  # type: ignore[arg-type]
+        FailingTimerStore(base.timers, switch),
         base.leases,
         url=base.url,
         on_close=base.close,

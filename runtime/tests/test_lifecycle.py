@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import warnings
 from datetime import datetime, timedelta
 
@@ -400,3 +401,32 @@ async def test_a_ctx_kept_after_its_body_ended_is_refused_naming_the_mistake(app
     for call in (lambda: ctx.step(one), ctx.now, lambda: ctx.sleep(1), lambda: ctx.patched("p")):
         with pytest.raises(ContextOutsideBodyError, match="outside its workflow's body"):
             call()
+
+
+async def test_leaving_the_app_with_runs_in_progress_says_which_it_stopped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with await open_storage("memory://") as storage:
+        app = Loom(storage, node="script-1", timers=False, recover=False)
+        in_step = asyncio.Event()
+
+        async def forever() -> None:
+            in_step.set()
+            await asyncio.Event().wait()
+
+        @app.workflow()
+        async def slow(ctx: Context) -> None:
+            await ctx.step(forever)
+
+        async with app:
+            await app.start(slow, id="s-1")
+            await in_step.wait()
+            caplog.set_level(logging.WARNING, logger="loom_runtime")
+        (record,) = [r for r in caplog.records if r.name == "loom_runtime"]
+        assert "stops 1 running execution(s) of node 'script-1'" in record.getMessage()
+        assert "'s-1'" in record.getMessage()
+        assert "app.drain()" in record.getMessage()
+        # Left for the node's next start, as an exit leaves it.
+        assert [e.kind for e in await storage.events.read("s-1")] == [
+            EventKind.EXECUTION_STARTED
+        ]
