@@ -199,7 +199,9 @@ class EventStore(Protocol):
         ...
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
-        """Events from ``from_sequence`` on, then live ones as they are appended."""
+        """Events from ``from_sequence`` on, then live ones as they are appended. Each is
+        the caller's own copy. Closing the store ends a subscription that is waiting (its
+        iteration stops, or its next item raises StoreClosedError)."""
         ...
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -30,7 +30,9 @@ __all__ = [
     "guard",
     "kernel",
     "list_pages",
+    "nested",
     "park",
+    "scribble",
     "snapshot",
     "token_of",
 ]
@@ -52,6 +54,35 @@ def app(kind: str = "order.placed", payload: JsonValue = None, **metadata: JsonV
 
 async def guard(awaitable: Awaitable[_T]) -> _T:
     return await asyncio.wait_for(awaitable, GUARD_SECONDS)
+
+
+def nested(kind: str = "order.placed", n: int = 0) -> NewEvent:
+    """An event whose payload and metadata hold containers inside containers, so that a
+    store sharing any level of them with a caller is caught by :func:`scribble`."""
+    return NewEvent(kind, {"n": n, "items": [1, {"deep": ["x"]}]}, {"trace": {"path": [n]}})
+
+
+SCRIBBLED: Final = "loom.kit.scribbled"
+
+
+def scribble(events: Iterable[Event]) -> None:
+    """Change, in place, every dict and list inside each event's payload and metadata, as
+    a careless caller may: a store that handed out objects it still holds (or hands to
+    another caller) shows the change where it must not."""
+    for event in events:
+        _scribble(event.payload)
+        _scribble(event.metadata)
+
+
+def _scribble(value: JsonValue) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            _scribble(item)
+        value[SCRIBBLED] = True
+    elif isinstance(value, list):
+        for item in value:
+            _scribble(item)
+        value.append(SCRIBBLED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import Any, Final
 
 import pytest
 
 from loom_conformance.requirements import requires
 from loom_conformance.suites._support import (
+    GUARD_SECONDS,
     app,
     bump_token,
     close_iterator,
     guard,
     kernel,
+    nested,
+    scribble,
     snapshot,
     token_of,
 )
@@ -32,9 +36,16 @@ from loom_core import (
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
+    Storage,
+    StoreClosedError,
 )
 
 __all__ = ["EventStoreOptionalContract"]
+
+SETTLE_SECONDS: Final = 0.2
+"""How long a subscription is left to reach its wait before the store is closed under it.
+Nothing a caller sees says that it waits; a correct store passes whether or not it got
+there, so this is never an assertion about speed, only the chance to catch one that hangs."""
 
 
 class EventStoreOptionalContract:
@@ -61,6 +72,26 @@ class EventStoreOptionalContract:
         assert "fence" not in results[0][0].metadata
         assert await loom_events.read("exec-a") == results[0]
         assert (await loom_events.read("exec-b"))[1:] == results[1]
+
+    @requires.append_many
+    async def test_append_many_results_are_copies_the_caller_cannot_corrupt(
+        self, loom_events: EventStore
+    ) -> None:
+        # One execution per call: a store may refuse a batch that spans its partitions.
+        results = [
+            *await loom_events.append_many(
+                [AppendRequest("exec-a", [nested(n=0), nested(n=1)], 0)]
+            ),
+            *await loom_events.append_many([AppendRequest("exec-a", [nested(n=2)], 2, fence=0)]),
+        ]
+        kept = await loom_events.read("exec-a")
+        for written in results:
+            scribble(written)
+
+        assert await loom_events.read("exec-a") == kept, (
+            "changing the events append_many returned changed what read returns: it must "
+            "return copies, not the objects the store keeps"
+        )
 
     @requires.append_many
     async def test_append_many_with_one_conflicting_request_writes_nothing(
@@ -171,6 +202,29 @@ class EventStoreOptionalContract:
         assert sum(isinstance(r, tuple) for r in results) == 1, results
         winner = next(i for i, r in enumerate(results) if isinstance(r, tuple))
         assert await loom_events.list_executions() == (f"exec-own-{winner}", "exec-shared")
+
+    # -- append_if_unchanged ------------------------------------------------------------
+
+    @requires.append_if_unchanged
+    async def test_append_if_unchanged_results_are_copies_the_caller_cannot_corrupt(
+        self, loom_events: EventStore
+    ) -> None:
+        returned = [
+            await loom_events.append_if_unchanged(
+                "exec-u", [nested(n=0)], expected_sequence=0, observed_fence=0
+            ),
+            await loom_events.append_if_unchanged(
+                "exec-u", [nested(n=1), nested(n=2)], expected_sequence=1, observed_fence=0
+            ),
+        ]
+        kept = await loom_events.read("exec-u")
+        for written in returned:
+            scribble(written)
+
+        assert await loom_events.read("exec-u") == kept, (
+            "changing the events append_if_unchanged returned changed what read returns: "
+            "it must return copies, not the objects the store keeps"
+        )
 
     # -- delete_execution ---------------------------------------------------------------
 
@@ -447,3 +501,106 @@ class EventStoreOptionalContract:
             s: Any = start
             with pytest.raises(InvalidSequenceError):
                 loom_events.subscribe("exec-s", from_sequence=s)
+
+    @requires.subscribe
+    async def test_subscribe_delivers_copies_the_caller_cannot_corrupt(
+        self, loom_events: EventStore
+    ) -> None:
+        """A delivered event belongs to its subscriber: changing it changes neither the
+        log, nor what another subscription (or a later one) delivers, nor what the
+        appender was returned, for an event already in the log and for a live one."""
+        written = await loom_events.append("exec-s", [nested(n=0)], expected_sequence=0)
+        kept = await loom_events.read("exec-s")
+        first = loom_events.subscribe("exec-s", from_sequence=0)
+        second = loom_events.subscribe("exec-s", from_sequence=0)
+        pending: list[asyncio.Future[Event]] = []
+        try:
+            scribble([await guard(anext(first))])
+            assert await guard(anext(second)) == kept[0], (
+                "changing an event one subscription delivered changed what another delivers"
+            )
+
+            # Both wait for the next event, so a store that hands one object to every
+            # subscriber it wakes hands the same one to both.
+            pending = [asyncio.ensure_future(anext(it)) for it in (first, second)]
+            await asyncio.sleep(0)
+            written += await loom_events.append("exec-s", [nested(n=1)], expected_sequence=1)
+            kept = await loom_events.read("exec-s")
+            scribble([await guard(asyncio.shield(pending[0]))])
+            assert await guard(asyncio.shield(pending[1])) == kept[1], (
+                "changing a live event one subscription delivered changed what another "
+                "delivers"
+            )
+        finally:
+            for waiting in pending:
+                waiting.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await close_iterator(first)
+            await close_iterator(second)
+
+        assert await loom_events.read("exec-s") == kept, (
+            "changing the events subscribe delivered changed what read returns: subscribe "
+            "must deliver copies, not the objects the store keeps"
+        )
+        assert written == kept, "changing a delivered event changed what append returned"
+        later = loom_events.subscribe("exec-s", from_sequence=0)
+        try:
+            assert [await guard(anext(later)) for _ in kept] == list(kept), (
+                "changing delivered events changed what a later subscription delivers"
+            )
+        finally:
+            await close_iterator(later)
+
+    @requires.subscribe
+    @pytest.mark.parametrize("closing", ["storage", "event-store"])
+    async def test_a_waiting_subscription_ends_when_the_store_is_closed(
+        self, loom_storage: Storage, closing: str
+    ) -> None:
+        """A subscriber waiting for new events is let go by ``close()``, of the storage or
+        of its event store alone: its iteration ends, normally or with StoreClosedError
+        (both are allowed), and never hangs."""
+        events = loom_storage.events
+        close = loom_storage.close if closing == "storage" else events.close
+        written = await events.append("exec-w", [app()], expected_sequence=0)
+        iterator = events.subscribe("exec-w", from_sequence=0)
+        waiting: asyncio.Future[Event] | None = None
+        try:
+            assert await guard(anext(iterator)) == written[0]
+            waiting = asyncio.ensure_future(anext(iterator))
+            await asyncio.sleep(SETTLE_SECONDS)
+            if waiting.done():
+                raise AssertionError(
+                    f"with nothing new to deliver, the subscription's next item was "
+                    f"{_outcome(waiting)} instead of a wait"
+                )
+            await guard(close())
+            await asyncio.wait([waiting], timeout=GUARD_SECONDS)
+            if not waiting.done():
+                raise AssertionError(
+                    f"a subscription waiting for new events was still waiting "
+                    f"{GUARD_SECONDS:g} s after close(): closing the store must end it "
+                    "(its iteration stops, or raises StoreClosedError)"
+                )
+            error = waiting.exception()
+            if not isinstance(error, StopAsyncIteration | StoreClosedError):
+                raise AssertionError(
+                    f"after close(), a waiting subscription's next item was "
+                    f"{_outcome(waiting)}: it must end (its iteration stops, or raises "
+                    "StoreClosedError)"
+                )
+        finally:
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+            with contextlib.suppress(StoreClosedError):
+                await close_iterator(iterator)
+
+
+def _outcome(future: asyncio.Future[Event]) -> str:
+    """What a finished ``anext`` gave, in words for a failure message."""
+    error = future.exception()
+    if error is None:
+        return f"the event {future.result()!r}"
+    if isinstance(error, StopAsyncIteration):
+        return "the end of the iteration"
+    return f"{type(error).__name__}: {error}"

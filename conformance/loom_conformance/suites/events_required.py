@@ -19,6 +19,8 @@ from loom_conformance.suites._support import (
     guard,
     kernel,
     list_pages,
+    nested,
+    scribble,
     snapshot,
 )
 from loom_core import (
@@ -207,6 +209,37 @@ class EventStoreRequiredContract:
         assert again.payload == {"items": [1, 2]}
         assert again.metadata == {"m": 1}
 
+    async def test_append_results_are_copies_the_caller_cannot_corrupt(
+        self, loom_events: EventStore
+    ) -> None:
+        """What ``append`` returns belongs to the caller: changing it changes neither the
+        log nor what a later read or append returns. One event and a batch, unfenced and
+        fenced (which stamps the metadata it returns), since stores often build each of
+        these returns in a way of its own."""
+        returned = [
+            await loom_events.append("exec-c", [nested(n=0)], expected_sequence=0),
+            await loom_events.append(
+                "exec-c", [nested(n=1), nested(n=2)], expected_sequence=1
+            ),
+            await loom_events.append("exec-c", [nested(n=3)], expected_sequence=3, fence=0),
+            await loom_events.append(
+                "exec-c", [nested(n=4), nested(n=5)], expected_sequence=4, fence=0
+            ),
+        ]
+        kept = await loom_events.read("exec-c")
+        for written in returned:
+            scribble(written)
+
+        assert await loom_events.read("exec-c") == kept, (
+            "changing the events append returned changed what read returns: append must "
+            "return copies, not the objects the store keeps"
+        )
+        # The same event again: a store that keeps one decoded object per text hands it on.
+        again = await loom_events.append("exec-c", [nested(n=0)], expected_sequence=6)
+        assert (again[0].payload, again[0].metadata) == (
+            nested(n=0).payload, nested(n=0).metadata
+        ), "changing the events one append returned changed what the next append returned"
+
     async def test_unfenced_append_stamps_no_fence(self, loom_events: EventStore) -> None:
         written = await loom_events.append("exec-u", [app(trace="t")], expected_sequence=0)
         assert written[0].metadata == {"trace": "t"}
@@ -357,10 +390,28 @@ class EventStoreRequiredContract:
     async def test_list_executions_is_in_ascending_code_point_order(
         self, loom_events: EventStore
     ) -> None:
-        ids = ["b", "B", "a", "a-2", "a:1", "é", "Z", "é-2", "0", "~"]
+        # U+FB01 and U+FF61 sort below U+10000 and U+1F600 by code point and above them
+        # by UTF-16 code unit (the surrogates that encode them are D800-DFFF), so a store
+        # that orders by UTF-16 (some collations, a JVM or .NET string compare) fails here.
+        ids = [
+            "b", "B", "a", "a-2", "a:1", "é", "Z", "é-2", "0", "~",
+            "\uff61x", "\U0001F600x", "\ufb01x", "\U00010000x", "\uff61",
+        ]
         for execution_id in ids:
             await loom_events.append(execution_id, [app()], expected_sequence=0)
-        assert await loom_events.list_executions() == tuple(sorted(ids))
+        expected = tuple(sorted(ids))
+        assert await loom_events.list_executions() == expected, (
+            "list_executions must order ids by code point (as Python's sorted() and "
+            "UTF-8 bytes do), not by UTF-16 code unit or a locale's collation"
+        )
+        # ``after`` compares the same way: one id a page walks the same order.
+        walked = [i for page in await list_pages(loom_events, limit=1) for i in page]
+        assert walked == [*expected], (
+            "paging with `after` must compare ids by code point too, as the order does"
+        )
+        assert await loom_events.list_executions(after="\ufb01x") == expected[
+            expected.index("\ufb01x") + 1 :
+        ]
 
     async def test_list_executions_pages_cover_every_id_once_in_stable_order(
         self, loom_events: EventStore

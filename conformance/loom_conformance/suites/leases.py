@@ -73,6 +73,7 @@ class TestLeaseStoreContract:
         again = await loom_leases.acquire("job-1", "node-a", ttl_seconds=LONG)
         assert again.holder == "node-a"
         assert again.expires_at > first.expires_at
+        assert again.acquired_at == first.acquired_at, "an extension keeps acquired_at"
         assert await loom_leases.inspect("job-1") == again
 
     async def test_renew_extends_only_the_holders_lease(self, loom_leases: LeaseStore) -> None:
@@ -80,6 +81,7 @@ class TestLeaseStoreContract:
         renewed = await loom_leases.renew("job-1", "node-a", ttl_seconds=LONG)
         assert renewed.holder == "node-a"
         assert renewed.expires_at > first.expires_at
+        assert renewed.acquired_at == first.acquired_at, "a renewal keeps acquired_at"
         with pytest.raises(LeaseNotHeldError) as caught:
             await loom_leases.renew("job-1", "node-b", ttl_seconds=LONG)
         assert caught.value.holder == "node-b"
