@@ -408,10 +408,11 @@ class Loom:
         # the node's next start recovers what was running. A run in an execute() caller's
         # task is stopped, not its task: it appends nothing more, and its body unwinds at
         # its next durable call.
-        if self._runs:
-            stopped = sorted(self._runs)
+        if self._runs or self._stranded:
+            stopped = sorted({*self._runs, *self._stranded})
             _log.warning(
                 "leaving the app stops %d running execution(s) of node %r where they are "
+                "(or leaves them, if a failed store call stopped them already) "
                 "(%s%s); the next start of a process with node=%r carries them on (await "
                 "app.drain() before leaving lets them reach their next park or end)",
                 len(stopped), self.node, ", ".join(map(repr, stopped[:5])),

@@ -12,6 +12,7 @@ does. Time is the app's virtual clock, moved by the tests.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -355,3 +356,22 @@ async def test_a_start_refused_for_good_strands_nothing() -> None:
         assert f.app.stranded == frozenset()
         f.switch.down = False
         assert await f.base.events.head("o") == 0
+
+
+async def test_leaving_with_runs_not_carried_on_yet_names_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> str:
+            f.switch.trip()
+            return await ctx.step(lambda: "x", name="x")
+
+        await f.app.start(order, id="o")
+        await f.app.drain()
+        assert f.app.stranded == {"o"}
+        caplog.set_level(logging.WARNING, logger="loom_runtime")
+    (record,) = [r for r in caplog.records if r.name == "loom_runtime"]
+    assert "1 running execution(s) of node 'n1'" in record.getMessage()
+    assert "'o'" in record.getMessage()
