@@ -411,10 +411,10 @@ class Loom:
         if self._runs or self._stranded:
             stopped = sorted({*self._runs, *self._stranded})
             _log.warning(
-                "leaving the app stops %d running execution(s) of node %r where they are "
-                "(or leaves them, if a failed store call stopped them already) "
-                "(%s%s); the next start of a process with node=%r carries them on (await "
-                "app.drain() before leaving lets them reach their next park or end)",
+                "leaving the app leaves %d running execution(s) of node %r with nothing to "
+                "drive them (%s%s); the next start of a process with node=%r carries them "
+                "on (await app.drain() before leaving lets runs reach their next park or "
+                "end)",
                 len(stopped), self.node, ", ".join(map(repr, stopped[:5])),
                 ", ..." if len(stopped) > 5 else "", self.node,
             )

@@ -219,8 +219,8 @@ class TimerService:
 
     def _jitter(self, attempt: int) -> timedelta:
         """Full jitter: uniform in [0, min(cap, base * 2**(attempt - 1))) seconds."""
-        # The exponent stops growing once the cap is reached for any base (2**64 > a day
-        # in microseconds), so a large attempt count cannot overflow a float.
+        # The exponent stops at 64, so a large attempt count cannot overflow a float (a
+        # base that has not reached the cap after 64 doublings is too small to matter).
         ceiling = min(self.backoff_cap, self.backoff_base * 2.0 ** min(max(attempt - 1, 0), 64))
         return timedelta(seconds=self.app.random.random() * ceiling)
 

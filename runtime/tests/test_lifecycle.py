@@ -423,7 +423,7 @@ async def test_leaving_the_app_with_runs_in_progress_says_which_it_stopped(
             await in_step.wait()
             caplog.set_level(logging.WARNING, logger="loom_runtime")
         (record,) = [r for r in caplog.records if r.name == "loom_runtime"]
-        assert "stops 1 running execution(s) of node 'script-1'" in record.getMessage()
+        assert "leaves 1 running execution(s) of node 'script-1'" in record.getMessage()
         assert "'s-1'" in record.getMessage()
         assert "app.drain()" in record.getMessage()
         # Left for the node's next start, as an exit leaves it.
