@@ -55,6 +55,7 @@ from loom_runtime.errors import (
     ResultTimeoutError,
     ResumeContendedError,
     ResumeRefusedError,
+    RunStoppedError,
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
@@ -128,8 +129,9 @@ class Handle(Generic[R]):
     async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the API)
         """The workflow's return value, once it has one (following continue-as-new).
 
-        Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError (when the
-        run in this process diverged) or ResultTimeoutError after ``timeout`` seconds.
+        Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError or
+        RunStoppedError (when the run in this process diverged, or its body raised a
+        BaseException) or ResultTimeoutError after ``timeout`` seconds.
         """
         if timeout is not None and (
             not isinstance(timeout, int | float)
@@ -173,9 +175,9 @@ class Handle(Generic[R]):
                 assert view.successor is not None
                 execution_id = view.successor
                 continue
-            diverged = self._app.diverged.get(execution_id)
-            if diverged is not None:
-                raise diverged
+            halted = self._app.halted.get(execution_id)
+            if halted is not None:
+                raise halted
             wait = interval
             remaining = _remaining(loop, deadline)
             if remaining is not None:
@@ -306,7 +308,8 @@ class Loom:
         self._entered = False
         self._owns_storage = False
         self._inbox: Inbox | None = None
-        self.diverged: dict[str, ReplayDivergedError] = {}
+        # Runs of this process that stopped for a reason handle.result() raises here.
+        self.halted: dict[str, ReplayDivergedError | RunStoppedError] = {}
         self.crash_points: list[CrashPoint] = []
 
     # -- registration ----------------------------------------------------------------------
@@ -1215,8 +1218,8 @@ class Loom:
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
-            if isinstance(reason, ReplayDivergedError):
-                self.diverged[execution_id] = reason
+            if isinstance(reason, ReplayDivergedError | RunStoppedError):
+                self.halted[execution_id] = reason
                 self.hooks.error(reason)
             elif isinstance(reason, FencedOut):
                 _log.debug("%s", reason)
@@ -1225,8 +1228,8 @@ class Loom:
                 if isinstance(reason, StorageError):
                     self._strand(execution_id)
             return None, None
-        if self.diverged:
-            self.diverged.pop(execution_id, None)
+        if self.halted:
+            self.halted.pop(execution_id, None)
         if outcome.kind == "suspended":
             if outcome.tried:
                 return None, None

@@ -7,7 +7,9 @@ calls ``p + (branch, k)``. On replay each call is matched against the log by pos
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 import sys
@@ -38,12 +40,23 @@ T4 = TypeVar("T4")
 
 @dataclass(slots=True)
 class Branch:
-    """The numbering of one line of durable calls."""
+    """The numbering of one line of durable calls, and the task that makes them (the
+    body's, or a ``ctx.gather`` branch's)."""
 
     prefix: Position = ()
     counter: int = 0
+    owner: asyncio.Task[Any] | None = None
 
     def peek(self) -> Position:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # a thread with no event loop, handed the body's context
+            task = None
+        if task is not self.owner:
+            # A task the body made (asyncio.create_task copies the context, and with it
+            # this branch): its calls would take positions in whatever order the tasks
+            # run, and could outlive the body.
+            raise ContextOutsideBodyError("task")
         return (*self.prefix, self.counter)
 
     def take(self) -> Position:
@@ -58,13 +71,21 @@ class _Outside(Branch):
     refused, naming the mistake."""
 
     def peek(self) -> Position:
-        raise ContextOutsideBodyError()
+        raise ContextOutsideBodyError("outside")
 
 
-# The default is shared, and never changes: its peek() and take() raise first.
+class _InStep(Branch):
+    """The branch of a step's function while it runs: a durable call there is refused."""
+
+    def peek(self) -> Position:
+        raise ContextOutsideBodyError("step")
+
+
+# The defaults are shared, and never change: their peek() and take() raise first.
 BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar(
     "loom_branch", default=_Outside()  # noqa: B039
 )
+IN_STEP: Final[Branch] = _InStep()
 
 
 def call_site(depth: int = 2) -> str:
@@ -330,6 +351,15 @@ class Context:
         name = check_text(name, "a patch name")
         return self._run.patched(BRANCH.get(), name, call_site())
 
+    def deprecate_patch(self, name: str) -> None:
+        """Retire ``ctx.patched(name)`` once no execution runs the old path: put this where
+        the ``if`` was, keep only the new path. An execution that recorded the patch's
+        marker replays past it; one that did not records nothing here. Remove the call
+        once no execution that recorded the marker is left (see docs/runtime.md,
+        "Changing code under running executions")."""
+        name = check_text(name, "a patch name")
+        self._run.deprecate_patch(BRANCH.get(), name)
+
     def continue_as_new(self, *args: object) -> NoReturn:
         """End this execution and start a fresh one of the same workflow with ``args``
         (EXECUTION_CONTINUED names it); the handle's result follows the chain. Arguments
@@ -349,11 +379,16 @@ class ContinueAsNew(BaseException):
 
 
 def _qualname(fn: object) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    module = getattr(fn, "__module__", None)
-    if not isinstance(name, str):
-        return type(fn).__qualname__
-    return f"{module}.{name}" if isinstance(module, str) and module != "__main__" else name
+    """A step's default name: its function's qualified name, without the module (moving
+    a function to another module, or running its module as a script, keeps its steps'
+    names); a ``functools.partial`` is named by the function it binds."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    for attribute in ("__qualname__", "__name__"):
+        name = getattr(fn, attribute, None)
+        if isinstance(name, str) and name:
+            return name
+    return type(fn).__qualname__
 
 
 _MAX_SECONDS: Final = MAX_DURATION.total_seconds()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,8 +32,13 @@ from loom_core import (
 )
 from loom_core.spi import MAX_EVENTS_PER_APPEND
 from loom_runtime import records
-from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew
-from loom_runtime.errors import ReplayDivergedError, StepFailedError
+from loom_runtime.context import BRANCH, IN_STEP, Branch, Context, ContinueAsNew
+from loom_runtime.errors import (
+    NotJsonError,
+    ReplayDivergedError,
+    RunStoppedError,
+    StepFailedError,
+)
 from loom_runtime.fold import Recorded, View, advance
 from loom_runtime.records import Position, Wait, fresh, json_value, position_text
 from loom_runtime.retry import NO_RETRY, Retry
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash"]
 
 _CO_COROUTINE: Final = inspect.CO_COROUTINE
+_log = logging.getLogger("loom_runtime")
 
 
 class _Stop(BaseException):
@@ -180,7 +187,7 @@ class Run:
         BaseException that ``except Exception`` in the body cannot swallow.
         """
         ctx = Context(self)
-        reset = BRANCH.set(Branch())
+        reset = BRANCH.set(Branch((), 0, asyncio.current_task()))
         try:
             result = await self._fn(ctx, *fresh(self._view.input))  # type: ignore[misc]
         except asyncio.CancelledError as exc:
@@ -275,7 +282,13 @@ class Run:
             return self._outcome("continued", successor=successor)
         if exc is not None:
             if not isinstance(exc, Exception | asyncio.CancelledError):
-                raise exc
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise exc  # the process is ending: the run stops with it
+                # Not a failure of the workflow's (an Exception is one): the run stops
+                # as a crash would, loudly, leaving the execution for a recovery.
+                stopped = RunStoppedError(self.execution_id, exc)
+                stopped.__cause__ = exc
+                self._halt(stopped)
             self._check_all_visited(f"the body raised {type(exc).__name__}")
             if self._replay_only:
                 self._expect_terminal("failed")
@@ -388,17 +401,18 @@ class Run:
                 if attempt < policy.attempts and policy.retries(failure):
                     await self.app.clock.sleep(policy.delay(attempt))
                     continue
-                error_type, message = _type_name(failure), _message(failure)
-                await self._append(
-                    [records.step_failed(position, name, error_type, message, attempt, site)]
-                )
-                if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
-                    self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
-                raise StepFailedError(
-                    name, position_text(position), attempt, error_type, message
-                ) from failure
+                await self._step_failed(position, name, failure, attempt, site)
             self._check_alive()
-            result = json_value(value, f"the result of step {name!r}")
+            try:
+                result = json_value(value, f"the result of step {name!r}")
+            except NotJsonError as exc:
+                failure = exc
+            if failure is not None:
+                # Recorded as the step's failure, not retried: the step ran, and running it
+                # again would repeat its effects for the same refusal. A replay serves the
+                # failure without running the step again. (Raised outside the except, so
+                # that no __context__ tells a live run from a replay.)
+                await self._step_failed(position, name, failure, attempt, site)
             # Recorded with the run's next write: before the next step runs, or with the
             # park or the end, whichever comes first (see docs/runtime.md, "When a result
             # is durable"). The body's code up to there is replayed, not re-done.
@@ -413,16 +427,41 @@ class Run:
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return fresh(result)
 
+    async def _step_failed(
+        self, position: Position, name: str, failure: BaseException, attempt: int, site: str
+    ) -> NoReturn:
+        """Record the step's failure and raise it into the body as a replay will: a
+        StepFailedError naming the error's type and message, with no ``__cause__`` (a
+        replay has no exception object to chain; the live one is logged here)."""
+        error_type, message = _type_name(failure), _message(failure)
+        await self._append(
+            [records.step_failed(position, name, error_type, message, attempt, site)]
+        )
+        _log.warning(
+            "step %r of execution %r failed after %d attempt%s",
+            name, self.execution_id, attempt, "" if attempt == 1 else "s", exc_info=failure,
+        )
+        if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
+            self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
+        raise StepFailedError(name, position_text(position), attempt, error_type, message)
+
     async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
-        code = getattr(fn, "__code__", None)
-        if (code is not None and code.co_flags & _CO_COROUTINE) or inspect.iscoroutinefunction(
-            fn
-        ):
-            return await fn(*args)
-        result = await asyncio.to_thread(fn, *args)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        # The step's function runs with the step's own branch, which refuses durable
+        # calls: a replay serves the step without running it, so a call inside would be
+        # recorded at a position no replay makes (a thread gets a copy of the context).
+        reset = BRANCH.set(IN_STEP)
+        try:
+            code = getattr(fn, "__code__", None)
+            if (
+                code is not None and code.co_flags & _CO_COROUTINE
+            ) or inspect.iscoroutinefunction(fn):
+                return await fn(*args)
+            result = await asyncio.to_thread(fn, *args)
+            if inspect.isawaitable(result):
+                return await result
+            return result
+        finally:
+            BRANCH.reset(reset)
 
     async def sleep(
         self, position: Position, seconds: float | None, until: Any, site: str
@@ -491,8 +530,10 @@ class Run:
         tasks: list[asyncio.Task[Any]] = []
         for index, aw in enumerate(aws):
             child = contextvars.copy_context()
-            child.run(BRANCH.set, Branch((*position, index)))
+            branch = Branch((*position, index))
+            child.run(BRANCH.set, branch)
             task = asyncio.create_task(_await(aw), context=child)
+            branch.owner = task  # before it runs: a task starts at the loop's next turn
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(settled)
@@ -549,6 +590,14 @@ class Run:
         branch.take()
         self._pending.append(records.step_completed(position, "patch", name, None, 1, site))
         return True
+
+    def deprecate_patch(self, branch: Branch, name: str) -> None:
+        self._check_alive()
+        position = branch.peek()
+        recorded = self._view.records.get(position)
+        if recorded is not None and recorded.call == "patch" and recorded.name == name:
+            branch.take()  # the marker an execution recorded while the patch was checked
+            self._visited.add(position)
 
     # -- replay matching -------------------------------------------------------------------
 
@@ -790,18 +839,29 @@ def _being_cancelled() -> bool:
 
 
 def _message(exc: BaseException) -> str:
-    """``str(exc)``, or what stands for it when the exception cannot say."""
+    """``str(exc)`` as a store can hold it, or what stands for it when the exception
+    cannot say."""
     try:
-        return str(exc)
+        text = str(exc)
     except Exception as failed:
         return f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
+    return _storable(text)
 
 
 def _type_name(exc: BaseException) -> str:
     cls = type(exc)
     if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
+        return _storable(cls.__qualname__)
+    return _storable(f"{cls.__module__}.{cls.__qualname__}")
+
+
+def _storable(text: str) -> str:
+    """``text`` with what no store can hold escaped: U+0000 as ``\\x00``, a lone
+    surrogate as ``\\udc80``; a message is recorded as the error's own words, not
+    refused for them."""
+    if text.isascii():
+        return text if "\x00" not in text else text.replace("\x00", "\\x00")
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe_call(call: str, name: str, site: str) -> str:
@@ -811,13 +871,13 @@ def _describe_call(call: str, name: str, site: str) -> str:
     elif call == "receive":
         what = f"receive({name!r})"
     elif call == "sleep":
-        what = "sleep"
+        what = "sleep()"
     else:
         what = f"{call}()"
     return f"{what} at {site}"
 
 
 def _describe_wait(wait: Wait) -> str:
-    what = "sleep" if wait.call == "sleep" else f"receive({wait.topic!r})"
+    what = "sleep()" if wait.call == "sleep" else f"receive({wait.topic!r})"
     return what + (f" at {wait.site}" if wait.site else "")
 

@@ -17,7 +17,9 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     ├── ExecutionCancelledError            handle.result() of a cancelled execution
     ├── ResultTimeoutError (TimeoutError)  handle.result(timeout=...) ran out
     ├── RedriveExhaustedError              a contended timer wake gave up; recover() it
+    ├── RunStoppedError                    a body raised a BaseException: nothing recorded
     ├── AppNotRunningError                 a call that needs ``async with app`` outside it
+    ├── ContextOutsideBodyError (RuntimeError)  a ctx call in a step, a task, or after the body
     └── LogFormatError                     a runtime event without the shape it must have
 
 :class:`ResumeContendedError` is deliberately not a :class:`ResumeRefusedError`: a caller
@@ -44,6 +46,7 @@ __all__ = [
     "ResultTimeoutError",
     "ResumeContendedError",
     "ResumeRefusedError",
+    "RunStoppedError",
     "StepFailedError",
     "WorkflowFailedError",
     "WorkflowNotFoundError",
@@ -240,13 +243,53 @@ class RedriveExhaustedError(LoomError):
 
 
 class ContextOutsideBodyError(LoomError, RuntimeError):
-    """A durable call through a ``ctx`` outside the workflow body it was handed to."""
+    """A durable call through a ``ctx`` outside the workflow body it was handed to:
+    ``where`` is ``"outside"`` (a ``ctx`` kept after its body ended, or used by code no
+    body runs), ``"step"`` (inside a step's function) or ``"task"`` (from a task or
+    thread the body started itself, rather than through ``ctx.gather``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: Literal["outside", "step", "task"] = "outside") -> None:
+        self.where = where
+        super().__init__(_OUTSIDE[where])
+
+
+_OUTSIDE: Final = {
+    "outside": (
+        "a ctx call was made outside its workflow's body (a ctx kept after the body "
+        "ended, or used by code the body does not await): make durable calls from the "
+        "body, or from coroutines it awaits or passes to ctx.gather"
+    ),
+    "step": (
+        "a ctx call was made inside a step: a step is plain code that runs at least once, "
+        "and a durable call it made would be recorded at a position no replay makes (a "
+        "replay serves the step's result without running it); make durable calls in the "
+        "body, between steps"
+    ),
+    "task": (
+        "a ctx call was made from a task or thread the body started itself (with "
+        "asyncio.create_task, or a timeout that runs its awaitable in a task of its own): "
+        "its position would depend on the order the tasks happen to run in, so a replay "
+        "could differ, and it can outlive the body; run concurrent durable calls through "
+        "ctx.gather"
+    ),
+}
+
+
+class RunStoppedError(LoomError):
+    """A run stopped without recording how its body ended, because the body (or a step
+    it awaited) raised a ``BaseException`` that is not an ``Exception``
+    (``KeyboardInterrupt`` and ``SystemExit`` excepted: they end the process). The
+    execution stays ``running``, as after a crash; this node's next start, or
+    ``app.recover()``, carries it on. Reported to ``on_error``; ``__cause__`` is what was
+    raised."""
+
+    def __init__(self, execution_id: str, raised: BaseException) -> None:
+        self.execution_id = execution_id
         super().__init__(
-            "a ctx call was made outside its workflow's body (a ctx kept after the body "
-            "ended, or used by code the body does not await): make durable calls from the "
-            "body, or from coroutines it awaits or passes to ctx.gather"
+            f"the run of {execution_id!r} stopped: its body raised {type(raised).__name__}, a "
+            "BaseException that is not an Exception, so nothing was recorded and the "
+            "execution stays running as after a crash; this node's next start, or "
+            "app.recover(), carries it on. Raise an Exception to fail the execution"
         )
 
 

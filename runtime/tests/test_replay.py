@@ -83,10 +83,10 @@ async def fewer_calls(ctx: Context) -> str:
 @pytest.mark.parametrize(
     ("body", "position", "recorded", "attempted"),
     [
-        (renamed, "1", "step 'test_replay.charge'", "step 'test_replay.ship'"),
-        (reordered, "0", "step 'test_replay.reserve'", "step 'test_replay.charge'"),
-        (removed, "1", "step 'test_replay.charge'", "sleep at test_replay.py"),
-        (fewer_calls, "1", "step 'test_replay.charge'", "the body returned"),
+        (renamed, "1", "step 'charge'", "step 'ship'"),
+        (reordered, "0", "step 'reserve'", "step 'charge'"),
+        (removed, "1", "step 'charge'", "sleep() at test_replay.py"),
+        (fewer_calls, "1", "step 'charge'", "the body returned"),
     ],
     ids=["renamed", "reordered", "removed", "returns-early"],
 )
@@ -97,7 +97,7 @@ async def test_changed_code_under_a_parked_execution_diverges_and_appends_nothin
         park_seq, before = await parked_on_the_old_code(storage)
         new = await resume_with_new_code(storage, body, park_seq)
         try:
-            error = new.diverged["o"]
+            error = new.halted["o"]
             assert isinstance(error, ReplayDivergedError)
             assert error.execution_id == "o"
             assert error.position == position
@@ -193,8 +193,8 @@ async def test_gather_numbers_calls_in_issue_order_not_finish_order(app: Loom) -
     # The two direct steps took 0 and 1 when they were made; the gather itself is 2; the
     # second gather (3) numbers each branch's calls under (3, branch).
     assert positions == {
-        (0,): "test_replay.test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.slow",
-        (1,): "test_replay.test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.fast",
+        (0,): "test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.slow",
+        (1,): "test_gather_numbers_calls_in_issue_order_not_finish_order.<locals>.fast",
         (3, 0, 0): "a-1",
         (3, 0, 1): "a-2",
         (3, 1, 0): "b-1",

@@ -282,21 +282,45 @@ async def test_ids_that_only_look_like_a_successors_are_taken(app: Loom, fine: s
     assert await app.execute(noop, id=fine) == fine
 
 
-async def test_a_step_result_no_store_can_hold_is_refused_into_the_body(app: Loom) -> None:
+async def test_a_step_result_that_is_not_json_is_recorded_as_the_steps_failure(
+    app: Loom,
+) -> None:
+    runs: list[str] = []
+
     async def nul() -> str:
+        runs.append("nul")
         return "a\x00b"
 
+    async def raw() -> object:
+        runs.append("raw")
+        return b"bytes"
+
     @app.workflow()
-    async def holds(ctx: Context) -> str:
-        try:
-            await ctx.step(nul)
-        except InvalidInputError as exc:
-            return type(exc).__name__
-        return "recorded"
+    async def holds(ctx: Context) -> list[object]:
+        seen: list[object] = []
+        for fn in (nul, raw):
+            try:
+                await ctx.step(fn, retry=Retry(attempts=3, initial_interval=0))
+            except StepFailedError as exc:
+                seen.append([exc.error_type, exc.attempts, exc.__cause__, exc.__context__])
+        return seen
 
     handle = await app.start(holds, id="h")
-    assert await handle.result(timeout=5) == "NotJsonError"
-    assert await kinds(app, "h") == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
+    refused = ["loom_runtime.errors.NotJsonError", 1, None, None]
+    assert await handle.result(timeout=5) == [refused, refused]
+    # Not retried (the step ran; running it again repeats its effects for the same
+    # refusal), and recorded: a replay serves the failure without running the step.
+    assert runs == ["nul", "raw"]
+    log = await app.storage.events.read("h")
+    assert [e.kind for e in log] == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.STEP_FAILED,
+        EventKind.STEP_FAILED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+    assert "contains U+0000" in str(log[1].payload["error"]["message"])  # type: ignore[index,call-overload]
+    assert await check_replay(app) == ["h"]
+    assert runs == ["nul", "raw"]
 
 
 async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
