@@ -282,6 +282,9 @@ class Loom:
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._names: dict[Callable[..., Awaitable[Any]], str] = {}
         self._fingerprints: dict[str, str] = {}
+        # What each workflow's body takes after ctx: the fewest and the most positional
+        # arguments (None: any number).
+        self._arity: dict[str, tuple[int, int | None]] = {}
         # The task driving each execution: the app's own, or an execute() caller's.
         self._runs: dict[str, asyncio.Task[Any]] = {}
         # Every drive task until it ends: a task leaves _runs when its run parks or ends,
@@ -306,6 +309,8 @@ class Loom:
         self._unclaimed_waiters: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
+        self._recovering: asyncio.Task[Any] | None = None  # the recovery on entering
+        self.timer_task: asyncio.Task[None] | None = None  # the timer service's, while entered
         self._owns_storage = False
         self._inbox: Inbox | None = None
         # Runs of this process that stopped for a reason handle.result() raises here.
@@ -341,9 +346,11 @@ class Loom:
                     f"a workflow named {workflow_name!r} is already registered on this app; "
                     "pass @app.workflow(name=...) to tell them apart"
                 )
+            arity = _arity(fn)
             self._workflows[workflow_name] = fn
             self._names[fn] = workflow_name
             self._fingerprints[workflow_name] = _fingerprint(fn)
+            self._arity[workflow_name] = arity
             return fn  # type: ignore[return-value]  # the same object, registered
 
         return register if fn is None else register(fn)
@@ -364,6 +371,25 @@ class Loom:
                 return registered, self._workflows[registered]
         raise WorkflowNotFoundError(
             getattr(workflow, "__qualname__", repr(workflow)), known=tuple(self._workflows)
+        )
+
+    def check_arguments(self, name: str, count: int, what: str = "app.start") -> None:
+        """Refuse ``count`` positional arguments (after ``ctx``) that the body of workflow
+        ``name`` cannot take, before anything is written: a start that wrote its
+        EXECUTION_STARTED only for the body to fail on its signature would use up the
+        id."""
+        least, most = self._arity.get(name, (0, None))
+        if least <= count and (most is None or count <= most):
+            return
+        if most is None:
+            takes = f"at least {least}"
+        elif least == most:
+            takes = str(least)
+        else:
+            takes = f"{least} to {most}"
+        raise InvalidInputError(
+            f"workflow {name!r} takes {takes} argument{'' if takes == '1' else 's'} after "
+            f"ctx, not {count}: {what} passed {count}; nothing was written"
         )
 
     def _body_of(self, view: View) -> Callable[..., Awaitable[Any]]:
@@ -400,13 +426,21 @@ class Loom:
         self._inbox = Inbox(self._storage.events)
         self._entered = True
         if self._serve_timers:
-            self._services.append(asyncio.create_task(self.timer_service.run()))
+            self.timer_task = asyncio.create_task(self.timer_service.run())
+            self._services.append(self.timer_task)
         if self._recover_on_enter:
-            self._services.append(asyncio.create_task(self._quietly(self.recover)))
+            self._recovering = asyncio.create_task(self._quietly(self.recover))
+            self._services.append(self._recovering)
+        attach = getattr(self.clock, "attach", None)
+        if attach is not None:
+            attach(self)  # a clock that moves only when told (the test kit's)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._entered = False
+        detach = getattr(self.clock, "detach", None)
+        if detach is not None:
+            detach(self)
         # Runs stop where they are, as a process that exits would: the log keeps them, and
         # the node's next start recovers what was running. A run in an execute() caller's
         # task is stopped, not its task: it appends nothing more, and its body unwinds at
@@ -429,6 +463,8 @@ class Loom:
         carrying_on = [] if self._carrying_on is None else [self._carrying_on]
         await _stop_tasks([*self._services, *carrying_on, *self._driving])
         self._services.clear()
+        self._recovering = None
+        self.timer_task = None
         self._carrying_on = None
         self._stranded.clear()
         self._runs.clear()
@@ -534,6 +570,7 @@ class Loom:
         """Write a new execution's EXECUTION_STARTED; the run that is to drive it."""
         self._running(what)
         name, fn = self._resolve(workflow)
+        self.check_arguments(name, len(args), what)
         execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
@@ -610,6 +647,21 @@ class Loom:
                 current = view.successor if view.status == "continued" else None
         finally:
             self._taking_back.discard(execution_id)
+
+    async def schedule_wake(self, row: TimerRecord) -> None:
+        """Write a timer row (``TimerStore.schedule``): the timer service looks at it when
+        due even if it left it recently, and a clock that moves only when told (the test
+        kit's) stops when it falls due."""
+        await self.storage.timers.schedule(row)
+        self.timer_service.forget_left(row)
+        note = getattr(self.clock, "note_wake", None)
+        if note is not None:
+            note(row.wake_at)
+
+    @property
+    def serves_timers(self) -> bool:
+        """Whether this app is running its timer service (``timers=True``, entered)."""
+        return self._serve_timers and self._entered
 
     @property
     def stranded(self) -> frozenset[str]:
@@ -703,7 +755,7 @@ class Loom:
         # The wake row comes first: a sender that dies after storing the message leaves a
         # due row behind, and the timer service delivers what it finds.
         wake = TimerRecord(execution_id, self.clock.now())
-        await timers.schedule(wake)
+        await self.schedule_wake(wake)
         stored = [
             await self.inbox.put(execution_id, *m, wake_at=wake.wake_at) for m in messages
         ]
@@ -721,7 +773,7 @@ class Loom:
         else:
             # A timer service that fired the row before the message was stored found
             # nothing to answer and retired it: write it again, now that it has a message.
-            await timers.schedule(wake)
+            await self.schedule_wake(wake)
         return stored, outcome
 
     async def _hand_on(self, view: View, *, wake: bool) -> None:
@@ -885,15 +937,40 @@ class Loom:
         return frozenset(self._runs)
 
     async def drain(self) -> None:
-        """Wait until this process drives nothing (every local run finished or parked, and
-        no parked run is answering its own park to drive on); an ``execute`` in the task
-        that drains is not waited for."""
+        """Wait until this process drives nothing (the recovery on entering has taken over
+        what it found, every local run finished or parked, and no parked run is answering
+        its own park to drive on); an ``execute`` in the task that drains is not waited
+        for."""
         while True:
             here = asyncio.current_task()
             others = [done for done, task in self._inline.items() if task is not here]
-            if not self._driving and not others:
+            recovering = self._recovering
+            if recovering is not None and recovering.done():
+                recovering = self._recovering = None
+            if not self._driving and not others and recovering is None:
                 return
-            await asyncio.gather(*self._driving, *others, return_exceptions=True)
+            await asyncio.gather(
+                *self._driving, *others, *([recovering] if recovering else []),
+                return_exceptions=True,
+            )
+
+    def busy(self) -> list[asyncio.Task[Any]]:
+        """The tasks of this app making progress of the runtime's own: a run that is not
+        finished or parked, unless every branch of it is running a step's own code or
+        waiting out a retry's interval on the app's clock; a run about to begin or
+        settling its end; the recovery on entering. What the test kit's virtual clock
+        waits for before it moves on."""
+        busy: list[asyncio.Task[Any]] = []
+        driving_runs = set()
+        for execution_id, task in self._runs.items():
+            driving_runs.add(task)
+            run = self._drivers.get(execution_id)
+            if run is None or not run.settled:
+                busy.append(task)
+        busy.extend(t for t in self._driving if t not in driving_runs and not t.done())
+        if self._recovering is not None and not self._recovering.done():
+            busy.append(self._recovering)
+        return busy
 
     # -- what the driver and the timer service call ------------------------------------------
 
@@ -1006,7 +1083,7 @@ class Loom:
         the row back (see docs/design.md, "Resuming a park")."""
         view = await self.inspect(row.execution_id)
         if view.park is not None and not view.terminal and await self._message_waiting(view):
-            await self.storage.timers.schedule(row)
+            await self.schedule_wake(row)
 
     async def _deliver(self, row: TimerRecord, *, patient: bool = False) -> Fired:
         """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
@@ -1106,7 +1183,7 @@ class Loom:
             # At the instant its sender's row had, so the row names its message.
             wakes.add(waiting.wake_at or self.clock.now())
         for wake_at in sorted(wakes - have):
-            await timers.schedule(TimerRecord(view.execution_id, wake_at))
+            await self.schedule_wake(TimerRecord(view.execution_id, wake_at))
 
     async def _handed_on(self, view: View) -> bool:
         """Whether the execution that continued as ``view``'s has recorded it. A successor
@@ -1610,6 +1687,34 @@ def _constant(batch: list[NewEvent]) -> Callable[[View], Awaitable[Sequence[NewE
         return batch
 
     return answer
+
+
+def _arity(fn: Callable[..., Any]) -> tuple[int, int | None]:
+    """The fewest and the most positional arguments ``fn`` takes after ``ctx`` (the most
+    None for ``*args``); InvalidOptionError for a body no start could call (no ``ctx``, or
+    a keyword-only parameter without a default: a start passes arguments by position)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the body decides
+        return 0, None
+    positional = [
+        p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    if not positional and not variadic:
+        raise InvalidOptionError(
+            f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r} (it takes "
+            "no positional parameter)"
+        )
+    for p in parameters:
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            raise InvalidOptionError(
+                f"workflow {fn.__qualname__!r} has a keyword-only parameter {p.name!r} "
+                "without a default; app.start passes a workflow's arguments by position"
+            )
+    after_ctx = positional[1:]
+    least = sum(1 for p in after_ctx if p.default is p.empty)
+    return least, None if variadic else len(after_ctx)
 
 
 def _fingerprint(fn: Callable[..., Any]) -> str:

@@ -4,18 +4,25 @@
   SIGKILL it in the middle, finish it in a second process from the log, print the
   timeline and the log, and check that every step ran to its record exactly once
   (exit 1 with the violations when not).
-- ``loom worker --app module:attribute``: serve a :class:`~loom_runtime.Loom` app (its
-  timers, and recovery of the executions its node was running) until SIGINT or SIGTERM.
+- ``loom worker --app module:attribute [--grace SECONDS]``: serve a
+  :class:`~loom_runtime.Loom` app (its timers, and recovery of the executions its node was
+  running) until SIGINT or SIGTERM; sync steps still running in threads then get
+  ``--grace`` seconds before the process exits without them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -24,6 +31,8 @@ from loom_runtime.app import Loom
 from loom_runtime.demo import Trial, middle_step, run_demo, step_names, timeline, violations
 
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -120,12 +129,22 @@ def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
     metavar="MODULE:ATTRIBUTE",
     help="Where the Loom app is, e.g. orders.workflows:app.",
 )
-def worker(spec: str) -> None:
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help=(
+        "Seconds a stopping worker waits for sync steps still running in threads (their "
+        "results are not recorded any more) before it exits without them."
+    ),
+)
+def worker(spec: str, grace: float) -> None:
     """Serve an app until SIGINT or SIGTERM: fire its due timers and recover the
     executions its node was running."""
     app = _load_app(spec)
     try:
-        asyncio.run(_serve(app))
+        asyncio.run(_serve(app, grace))
     except (LoomError, OSError) as exc:
         # A storage that does not open (an unknown scheme, a directory that is not
         # there): what is wrong, not a traceback.
@@ -160,9 +179,11 @@ def _load_app(spec: str) -> Loom:
     return found
 
 
-async def _serve(app: Loom) -> None:
+async def _serve(app: Loom, grace: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    threads = _StepThreads()
+    loop.set_default_executor(threads)
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with app:
@@ -172,4 +193,65 @@ async def _serve(app: Loom) -> None:
             err=True,
         )
         await stop.wait()
+    # The app has left: a sync step still running in a thread has its result recorded no
+    # more, and the node's next start runs it again. Its thread is a daemon, so the
+    # process need not wait for it; it gets --grace seconds to return first.
+    running = threads.join(grace)
+    if running:
+        click.echo(
+            f"loom worker: leaving {running} sync step(s) still running in threads after "
+            f"{grace:g} s (--grace); their executions are carried on by node {app.node!r}'s "
+            "next start",
+            err=True,
+        )
     click.echo("loom worker: stopped", err=True)
+
+
+class _StepThreads(concurrent.futures.ThreadPoolExecutor):
+    """The worker's default executor (what ``asyncio.to_thread`` runs a sync step on): a
+    daemon thread per call, so that a step that never returns cannot keep a stopped
+    worker's process alive, as a ``ThreadPoolExecutor``'s own threads do (Python joins
+    them on the way out). A ``ThreadPoolExecutor`` by type only, as asyncio requires of
+    a default executor: none of its pool is used."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self._running: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        future.set_exception(exc)
+                    else:
+                        future.set_result(result)
+            finally:
+                with self._lock:
+                    self._running.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name="loom-step", daemon=True)
+        with self._lock:
+            self._running.add(thread)
+        thread.start()
+        return future
+
+    def join(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the calls running; how many still are."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            running = list(self._running)
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return len(self._running)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: what still runs is a daemon, abandoned (see join)."""

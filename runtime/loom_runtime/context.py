@@ -363,9 +363,10 @@ class Context:
     def continue_as_new(self, *args: object) -> NoReturn:
         """End this execution and start a fresh one of the same workflow with ``args``
         (EXECUTION_CONTINUED names it); the handle's result follows the chain. Arguments
-        that are not JSON are refused here, with NotJsonError, as ``app.start`` refuses
-        them."""
+        that are not JSON, or more or fewer than the body takes, are refused here
+        (NotJsonError, InvalidInputError), as ``app.start`` refuses them."""
         json_value(list(args), "the input of the successor")
+        self._run.app.check_arguments(self._run.workflow, len(args), "ctx.continue_as_new")
         raise ContinueAsNew(args)
 
 

@@ -115,6 +115,7 @@ class Run:
         "_cut_by_cancel",
         "_fn",
         "_head",
+        "_held",
         "_lock",
         "_parked_at",
         "_pending",
@@ -162,6 +163,9 @@ class Run:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seen: list[Event] = []
         self._parked_at = -1  # the park this run wrote and could not go on from, if any
+        # Branches running a step's own code, or waiting out a retry's interval on the
+        # app's clock: progress that is not the runtime's to make (see settled).
+        self._held = 0
 
     def _start_from(self, view: View, visited: set[Position]) -> None:
         """Take ``view`` as the log this run goes on from: a new run's, or the view past
@@ -332,9 +336,7 @@ class Run:
                 self._halt(SimulatedCrash("simulated crash before the park"))
             for wake_at in sorted({w.wake_at for w in waits if w.wake_at is not None}):
                 try:
-                    await self.app.storage.timers.schedule(
-                        TimerRecord(self.execution_id, wake_at)
-                    )
+                    await self.app.schedule_wake(TimerRecord(self.execution_id, wake_at))
                 except LoomError as exc:
                     self.app.hooks.storage_error(self.execution_id, exc)
                     self._halt(exc)
@@ -347,6 +349,14 @@ class Run:
 
     def is_replaying(self) -> bool:
         return len(self._visited) < len(self._view.records)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every branch making progress is running a step's own code or waiting
+        out a retry's interval on the app's clock: what is left to happen is the step's,
+        or the clock's (the test kit's virtual clock asks, to know when what it woke has
+        done the runtime's part)."""
+        return 0 < self._active <= self._held
 
     def clock_now(self) -> str:
         return self.app.clock.now().isoformat()
@@ -399,7 +409,11 @@ class Run:
             if failure is not None:
                 self._check_alive()
                 if attempt < policy.attempts and policy.retries(failure):
-                    await self.app.clock.sleep(policy.delay(attempt))
+                    self._held += 1
+                    try:
+                        await self.app.clock.sleep(policy.delay(attempt))
+                    finally:
+                        self._held -= 1
                     continue
                 await self._step_failed(position, name, failure, attempt, site)
             self._check_alive()
@@ -450,6 +464,7 @@ class Run:
         # calls: a replay serves the step without running it, so a call inside would be
         # recorded at a position no replay makes (a thread gets a copy of the context).
         reset = BRANCH.set(IN_STEP)
+        self._held += 1
         try:
             code = getattr(fn, "__code__", None)
             if (
@@ -461,6 +476,7 @@ class Run:
                 return await result
             return result
         finally:
+            self._held -= 1
             BRANCH.reset(reset)
 
     async def sleep(

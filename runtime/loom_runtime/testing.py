@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal, final
+from typing import Any, Final, Literal, final
 
 from loom_core import InvalidInputError
 from loom_runtime.app import Loom
@@ -40,29 +40,75 @@ from loom_runtime.clock import LATEST_DEADLINE, shown
 from loom_runtime.driver import Run
 from loom_runtime.errors import InvalidDurationError
 from loom_runtime.records import Position
+from loom_runtime.timers import TimerService
 
 __all__ = ["ChildProcess", "CrashAt", "VirtualClock", "check_replay", "crash_at"]
 
 
 @final
 class VirtualClock:
-    """A clock that moves only when told: :meth:`advance` wakes every sleeper whose time
-    has come, in order, and lets the event loop run what they woke.
+    """A clock that moves only when told: :meth:`advance` steps from one instant something
+    waits for to the next (a due timer row, a retry's interval, a contended wake's next
+    try), fires what is due there, and lets what that woke run until every app on the
+    clock is quiet again, before it moves on.
+
+    "Quiet" means each run of each app on this clock (``Loom(clock=...)``, entered) has
+    finished or parked, or each of its branches is running a step's own code or waiting
+    out a retry's interval on this clock: so ``ctx.now()`` in a body woken at 10:00:30
+    reads 10:00:30 however far the advance goes, a timer its body then sets inside the
+    advance fires too, and when ``advance`` returns, what fell due has happened as far as
+    the runtime goes. A step still running (awaiting an event your test sets, say) is not
+    waited for: its run goes on when it returns, at the clock's time then. The apps'
+    timer services poll at each instant it stops at, and only then, however long the
+    step: an advance of a month costs what the instants in it cost, not a poll every
+    ``poll_interval``.
 
     It runs from ``start`` (a timezone-aware datetime; 2030-01-01 UTC by default) up to
     ``LATEST_DEADLINE`` (9999-01-01 UTC), the latest deadline the runtime keeps; a start
     or an advance past that is refused, and a sleep that would end past it never ends.
     """
 
-    __slots__ = ("_counter", "_now", "_sleepers")
+    __slots__ = ("_apps", "_counter", "_now", "_nudges", "_sleepers", "_ticking", "_wakes")
 
     def __init__(self, start: datetime | None = None) -> None:
         self._now = datetime(2030, 1, 1, tzinfo=UTC) if start is None else _start(start)
         self._sleepers: list[tuple[datetime, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
+        self._apps: list[Loom] = []
+        self._nudges: list[asyncio.Future[None]] = []
+        self._wakes: list[datetime] = []  # a heap: when the timer rows written fall due
+        self._ticking: dict[TimerService, asyncio.Future[None]] = {}
 
     def now(self) -> datetime:
         return self._now
+
+    # -- what the runtime calls on a clock like this one -----------------------------------
+
+    def attach(self, app: Loom) -> None:
+        """An app on this clock entered: :meth:`advance` waits for its runs."""
+        if app not in self._apps:
+            self._apps.append(app)
+
+    def detach(self, app: Loom) -> None:
+        """An app on this clock left."""
+        if app in self._apps:
+            self._apps.remove(app)
+
+    def note_wake(self, wake_at: datetime) -> None:
+        """A timer row was written: :meth:`advance` stops when it falls due."""
+        if wake_at > self._now:
+            heapq.heappush(self._wakes, wake_at)
+
+    async def tick(self, service: TimerService) -> None:
+        """A timer service waits here for the next instant :meth:`advance` stops at."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ticking[service] = future
+        self._nudge()
+        try:
+            await future
+        finally:
+            if self._ticking.get(service) is future:
+                del self._ticking[service]
 
     async def sleep(self, seconds: float) -> None:
         """Wait until the clock has been advanced by ``seconds``; at once for 0 or less,
@@ -78,10 +124,12 @@ class VirtualClock:
         step = _timedelta(seconds)
         if step is not None and step <= LATEST_DEADLINE - self._now:
             heapq.heappush(self._sleepers, (self._now + step, next(self._counter), future))
+        self._nudge()  # a run that waits here may be all an advance is waiting for
         await future  # unscheduled (the clock never gets there), it ends only when cancelled
 
     async def advance(self, by: float | timedelta) -> None:
-        """Move time forward by ``by`` (seconds or a timedelta).
+        """Move time forward by ``by`` (seconds or a timedelta), stopping at each instant
+        something waits for on the way (see the class docstring).
 
         Refused (InvalidDurationError, nothing moved): anything but an int, a float or a
         timedelta; NaN; a negative step; one that would move the clock past
@@ -105,14 +153,76 @@ class VirtualClock:
                 f"reads {self._now.isoformat()}); advance by less"
             )
         target = self._now + step
-        while self._sleepers and self._sleepers[0][0] <= target:
-            deadline, _, future = heapq.heappop(self._sleepers)
-            self._now = max(self._now, deadline)
-            if not future.done():
-                future.set_result(None)
-            await _settle()
+        await self._quiet()
+        while (instant := self._next_instant(target)) is not None:
+            self._now = instant
+            while self._wakes and self._wakes[0] <= instant:
+                heapq.heappop(self._wakes)
+            while self._sleepers and self._sleepers[0][0] <= instant:
+                _, _, future = heapq.heappop(self._sleepers)
+                if not future.done():
+                    future.set_result(None)
+            await self._fire()
         self._now = target
+        await self._fire()
+
+    def _next_instant(self, target: datetime) -> datetime | None:
+        """The first instant after now and no later than ``target`` that something waits
+        for: a sleeper, a timer row written, a contended wake's next try."""
+        now = self._now
+        instants = [self._sleepers[0][0]] if self._sleepers else []
+        if self._wakes:
+            instants.append(self._wakes[0])
+        for app in self._apps:
+            if app.serves_timers:
+                instants.extend(app.timer_service.next_tries())
+        later = [instant for instant in instants if now < instant <= target]
+        return min(later) if later else None
+
+    async def _fire(self) -> None:
+        """Let what woke run; then have every timer service on this clock poll at this
+        instant, again while a poll resumes something (a body woken here may set a timer
+        due here), and let what each poll woke run."""
+        await self._quiet()
+        for _ in range(_POLLS_PER_INSTANT):
+            ticking, self._ticking = self._ticking, {}
+            for future in ticking.values():
+                if not future.done():
+                    future.set_result(None)
+            await self._quiet()
+            if not any("resumed" in service.last_fired.values() for service in ticking):
+                return
+
+    async def _quiet(self) -> None:
+        """Wait until nothing on this clock makes progress (see the class docstring): the
+        loop runs what is ready, and each busy task is waited for until it ends or waits
+        on this clock (a timer service polling counts as busy until it waits again)."""
         await _settle()
+        loop = asyncio.get_running_loop()
+        while busy := self._busy():
+            nudge: asyncio.Future[None] = loop.create_future()
+            self._nudges.append(nudge)
+            await asyncio.wait([*busy, nudge], return_when=asyncio.FIRST_COMPLETED)
+            await _settle()
+
+    def _busy(self) -> list[asyncio.Task[Any]]:
+        busy = [task for app in self._apps for task in app.busy()]
+        for app in self._apps:
+            task = app.timer_task
+            if task is not None and not task.done() and app.timer_service not in self._ticking:
+                busy.append(task)
+        return busy
+
+    def _nudge(self) -> None:
+        nudges, self._nudges = self._nudges, []
+        for nudge in nudges:
+            if not nudge.done():
+                nudge.set_result(None)
+
+
+_POLLS_PER_INSTANT: Final = 100
+"""How often an advance polls at one instant while each poll resumes something: a body
+that sets a timer due at once, again and again, stops holding the clock after these."""
 
 
 def _start(start: object) -> datetime:

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
 from loom_core import InvalidOptionError, LoomError, Redrive, TimerRecord
+from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.errors import (
     RedriveExhaustedError,
     ResumeContendedError,
@@ -118,31 +119,67 @@ class TimerService:
             )
         self.redrivers: list[Redriver] = list(redrivers)
         self._backoff: OrderedDict[str, _Backoff] = OrderedDict()
+        # Rows left because their execution was running, by (execution id, wake_at).
+        self._left: OrderedDict[tuple[str, datetime], _Backoff] = OrderedDict()
+        self.last_fired: dict[TimerRecord, Fired] = {}
+        """What the last poll of :meth:`run` did with each row it looked at."""
 
     def register_redriver(self, redriver: Redriver) -> None:
         self.redrivers.append(redriver)
+
+    def forget_left(self, row: TimerRecord) -> None:
+        """``row`` was written again (its execution parked on it): look at it when due."""
+        if self._left:
+            self._left.pop((row.execution_id, row.wake_at), None)
+
+    def next_tries(self) -> list[datetime]:
+        """When each contended or unregistered wake is to be tried again."""
+        return [backoff.next_try for backoff in self._backoff.values()]
 
     def backing_off(self) -> dict[str, tuple[int, datetime]]:
         """Executions whose wake is backing off: attempt and next try, for inspection."""
         return {k: (v.attempt, v.next_try) for k, v in self._backoff.items()}
 
     async def run(self) -> None:
-        """Poll until cancelled; a failing poll is reported and the loop goes on."""
-        while True:
+        """Poll until cancelled; a failing poll is reported and the loop goes on.
+
+        On a clock that moves only when told (one with ``tick``: the test kit's virtual
+        clock), each poll after the first waits for the clock's next instant instead of
+        ``poll_interval``; the first also tells the clock of the rows already written
+        (``note_wake``), so that it stops when they fall due."""
+        clock = self.app.clock
+        tick = getattr(clock, "tick", None)
+        note = getattr(clock, "note_wake", None)
+        if note is not None:
             try:
-                await self.poll_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+                for row in await self.app.storage.timers.due(LATEST_DEADLINE, limit=1000):
+                    note(row.wake_at)
+            except LoomError as exc:
                 self.app.hooks.error(exc)
-            await self.app.clock.sleep(self.poll_interval)
+        while True:
+            self.last_fired = await self.poll_reporting()
+            if tick is not None:
+                await tick(self)
+            else:
+                await clock.sleep(self.poll_interval)
+
+    async def poll_reporting(self) -> dict[TimerRecord, Fired]:
+        """:meth:`poll_once`, with a failure reported to ``on_error`` rather than raised."""
+        try:
+            return await self.poll_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.app.hooks.error(exc)
+            return {}
 
     async def poll_once(self) -> dict[TimerRecord, Fired]:
         """Fire up to ``batch`` due rows once; return what became of each row looked at.
 
-        Rows of an execution that is backing off are passed over without counting against
-        ``batch``: the store returns due rows oldest first, so a batch of them would
-        otherwise hide every due row behind it until their backoff ran out."""
+        Rows of an execution that is backing off, and rows left recently (their execution
+        was running), are passed over without counting against ``batch``: the store
+        returns due rows oldest first, so a batch of them would otherwise hide every due
+        row behind it, on every poll, for as long as they stay."""
         now = self.app.clock.now()
         timers = self.app.storage.timers
         fired: dict[TimerRecord, Fired] = {}
@@ -164,6 +201,10 @@ class TimerService:
                 if backoff is not None and backoff.next_try > now:
                     fired[row] = "backing-off"
                     continue
+                left = self._left.get((row.execution_id, row.wake_at))
+                if left is not None and left.next_try > now:
+                    fired[row] = "left"
+                    continue
                 tried += 1
                 fired[row] = await self.fire(row)
             if not fresh or tried >= self.batch or len(rows) < limit:
@@ -182,8 +223,19 @@ class TimerService:
         except ResumeRefusedError:
             outcome = "obsolete"
         self._backoff.pop(row.execution_id, None)
-        if outcome != "left":
-            await timers.complete(row.execution_id, row.wake_at)
+        key = (row.execution_id, row.wake_at)
+        if outcome == "left":
+            # Looked at again after a backoff that grows as a contended one does: the row
+            # waits for its execution to park (which writes it again, and ends the
+            # backoff: see forget_left) or for a recovery.
+            entry = self._left.pop(key, None)
+            attempt = (entry.attempt if entry is not None else 0) + 1
+            self._left[key] = _Backoff(attempt, self.app.clock.now() + self._jitter(attempt))
+            while len(self._left) > self.capacity:
+                self._left.popitem(last=False)
+            return outcome
+        self._left.pop(key, None)
+        await timers.complete(row.execution_id, row.wake_at)
         if outcome == "obsolete":
             await self.app.retired(row)
         return outcome
@@ -249,7 +301,7 @@ class TimerService:
                     self.app.clock.now() + self._jitter(attempt),
                     row.wake_at + timedelta(microseconds=1),
                 )
-                await timers.schedule(
+                await self.app.schedule_wake(
                     TimerRecord(row.execution_id, wake_at, Redrive(attempt))
                 )
         await timers.complete(row.execution_id, row.wake_at)

@@ -18,6 +18,7 @@ from loom_runtime import (
     Retry,
     StepFailedError,
     TimerService,
+    WorkflowFailedError,
 )
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
@@ -334,3 +335,44 @@ async def test_a_retry_after_the_largest_backoff_stays_inside_the_calendar(app: 
     wait = service._jitter(5_000)
     assert timedelta(hours=23) < wait <= timedelta(days=1)
     assert LATEST_DEADLINE + wait < datetime.max.replace(tzinfo=UTC)
+
+
+async def test_arguments_the_body_cannot_take_are_refused_before_anything_is_written(
+    app: Loom,
+) -> None:
+    @app.workflow(name="two")
+    async def two(ctx: Context, a: str, b: str, c: str = "c") -> str:
+        if a == "again":
+            ctx.continue_as_new("only-one")
+        return a + b + c
+
+    @app.workflow(name="any")
+    async def any_number(ctx: Context, *rest: str) -> int:
+        return len(rest)
+
+    for args, takes in (((), "2 to 3"), (("a",), "2 to 3"), (("a", "b", "c", "d"), "2 to 3")):
+        with pytest.raises(InvalidInputError, match=f"takes {takes} arguments after ctx"):
+            await app.start(two, *args, id="t")
+        with pytest.raises(InvalidInputError, match="nothing was written"):
+            await app.execute("two", *args, id="t")
+    assert await app.storage.events.list_executions() == ()
+    # The id is not used up: the same start with the arguments the body takes goes on.
+    assert await app.execute(two, "a", "b", id="t") == "abc"
+    assert await app.execute(any_number, 1, 2, 3, id="n") == 3
+    # A successor's arguments are checked where continue_as_new is called.
+    with pytest.raises(WorkflowFailedError, match="takes 2 to 3 arguments after ctx, not 1"):
+        await app.execute(two, "again", "b", id="c")
+
+
+def test_a_body_no_start_could_call_is_refused_when_registered(app: Loom) -> None:
+    async def keyword_only(ctx: Context, *, order: str) -> str:
+        return order
+
+    async def no_ctx() -> None:
+        pass
+
+    with pytest.raises(InvalidOptionError, match="keyword-only parameter 'order'"):
+        app.workflow(name="k")(keyword_only)
+    with pytest.raises(InvalidOptionError, match="taking ctx first"):
+        app.workflow(name="n")(no_ctx)
+    assert sorted(app.workflows) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -107,3 +108,62 @@ def test_the_worker_says_why_its_storage_did_not_open_without_a_traceback(
         assert "the worker could not serve served_app:app" in stderr, stderr
         assert says in stderr, stderr
         assert "Traceback" not in stderr, stderr
+
+
+STUCK = """
+import os
+import threading
+from pathlib import Path
+from loom_runtime import Context, Loom
+
+app = Loom(os.environ["SERVED_URL"], node="w1")
+
+
+def stuck() -> None:
+    Path("in-step").write_text("yes")
+    threading.Event().wait()  # a sync step that never returns
+
+
+@app.workflow(name="stuck")
+async def stuck_workflow(ctx: Context) -> None:
+    await ctx.step(stuck, name="stuck")
+"""
+
+
+async def test_a_stopping_worker_does_not_wait_for_a_sync_step_that_never_returns(
+    tmp_path: Path,
+) -> None:
+    url = "sqlite:///" + str(tmp_path / "stuck.db")
+    left = Loom(url, node="w1", recover=False)
+
+    @left.workflow(name="stuck")
+    async def stuck_workflow(ctx: Context) -> None:
+        await ctx.step(answer, name="stuck")
+
+    async with left:  # an execution left running under w1, for the worker to recover
+        crash = crash_at(left, step="stuck", when="before")
+        await left.start(stuck_workflow, id="s")
+        await crash.fired.wait()
+        await left.drain()
+
+    (tmp_path / "stuck_app.py").write_text(STUCK)
+    worker = subprocess.Popen(  # noqa: ASYNC220 (as serve() does; it returns at once)
+        [sys.executable, "-m", "loom_runtime", "worker", "--app", "stuck_app:app",
+         "--grace", "0.1"],
+        cwd=tmp_path,
+        env={**os.environ, "SERVED_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
+            assert worker.poll() is None
+            await asyncio.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        # A guard against hanging the run, not a measure: without the grace the worker
+        # waits for the thread, which never returns.
+        _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
+    assert "leaving 1 sync step(s) still running in threads after 0.1 s" in stderr

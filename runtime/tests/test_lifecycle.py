@@ -22,7 +22,7 @@ from loom_runtime import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from loom_runtime.testing import VirtualClock, check_replay
+from loom_runtime.testing import VirtualClock, check_replay, crash_at
 from store_probes import wired
 
 from loom_core import (
@@ -430,3 +430,30 @@ async def test_leaving_the_app_with_runs_in_progress_says_which_it_stopped(
         assert [e.kind for e in await storage.events.read("s-1")] == [
             EventKind.EXECUTION_STARTED
         ]
+
+
+async def test_drain_right_after_entering_waits_for_the_recovery_on_entry() -> None:
+    async with await open_storage("memory://") as storage:
+        first = Loom(storage, node="web-1", clock=VirtualClock(), recover=False)
+        ran: list[str] = []
+
+        async def charge() -> str:
+            ran.append("charge")
+            return "charged"
+
+        async def order(ctx: Context) -> object:
+            return await ctx.step(charge)
+
+        first.workflow(name="order")(order)
+        async with first:
+            crash_at(first, step="charge", when="before")
+            await first.start("order", id="o")
+            await first.drain()
+        assert ran == []  # left running under web-1, as by a process that died
+
+        restarted = Loom(storage, node="web-1", clock=VirtualClock())
+        restarted.workflow(name="order")(order)
+        async with restarted:
+            await restarted.drain()  # the recovery on entering has taken the run over
+            assert await restarted.get("o").status() == "completed"
+        assert ran == ["charge"]

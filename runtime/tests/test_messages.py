@@ -396,6 +396,9 @@ async def test_a_sender_that_dies_after_storing_is_delivered_from_the_row_it_wro
         assert [list(f.values()) for f in fired] == [["left"]]  # the window was hit
         assert len(await w.app.inbox.messages("r")) == 1
         assert len(await w.base.timers.pending("r")) == 1
+        # A row left is looked at again after a backoff (from backoff_base, growing).
+        assert list((await w.app.timer_service.poll_once()).values()) == ["left"]
+        await w.clock.advance(w.app.timer_service.backoff_base)
         await w.app.timer_service.poll_once()
         assert await handle.result(timeout=5) == "hello"
         assert await consumed(w.app, "r") == ["hello"]

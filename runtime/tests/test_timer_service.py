@@ -483,3 +483,37 @@ async def test_a_row_of_a_workflow_this_app_lacks_is_reported_once_and_tried_eve
         await w.app.timer_service.poll_once()  # a node with the workflow wakes it
         await w.app.drain()
         assert await w.app.get("n").result(timeout=5) == "awake"
+
+
+async def test_rows_left_for_running_executions_do_not_hide_a_due_row_behind_them() -> None:
+    """More rows than a batch, each of an execution that is running (a message's wake
+    row, say, while its receiver is in a long step), all older than a parked execution's
+    due row: they are left, and looked at again only after a backoff, so the next poll
+    reaches the row behind them rather than the same batch again, for as long as they
+    stay."""
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        await release.wait()
+
+    async def held(ctx: Context) -> None:
+        await ctx.step(hold)
+
+    async with wired() as w:
+        w.app.workflow(name="held")(held)
+        batch = w.app.timer_service.batch
+        for i in range(batch + 20):
+            await w.app.start("held", id=f"h-{i:03}")
+            await w.base.timers.schedule(TimerRecord(f"h-{i:03}", w.clock.now()))
+        await w.app.start("nap", id="n")
+        await w.clock.advance(0)  # returns once every run is parked or in its step
+        (nap_row,) = await rows(w)
+        await w.clock.advance(60)
+        first = await w.app.timer_service.poll_once()
+        assert list(first.values()) == ["left"] * batch  # a batch of them, as before
+        second = await w.app.timer_service.poll_once()
+        assert second[nap_row] == "resumed"
+        assert list(second.values()).count("left") == batch + 20
+        assert await w.app.get("n").result(timeout=5) == "awake"
+        release.set()
+        await w.app.drain()

@@ -1,0 +1,165 @@
+"""The test kit's virtual clock: an advance stops at each instant something waits for,
+fires what is due there, and returns once the apps on the clock have done the runtime's
+part of it, on every store; however long the advance, it polls only at those instants."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from loom_runtime import Context, Loom, Retry, StepFailedError
+from loom_runtime.testing import VirtualClock
+from loom_runtime.timers import Fired
+
+from loom_core import TimerRecord
+
+START = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/clock.db"
+
+
+@pytest.fixture
+async def app(url: str) -> AsyncIterator[Loom]:
+    loom = Loom(url, node="n", clock=VirtualClock(START), random=random.Random(5))
+    async with loom:
+        yield loom
+
+
+def clock_of(app: Loom) -> VirtualClock:
+    assert isinstance(app.clock, VirtualClock)
+    return app.clock
+
+
+def seconds(at: object) -> float:
+    assert isinstance(at, str)
+    return (datetime.fromisoformat(at) - START).total_seconds()
+
+
+async def nap(ctx: Context) -> str:
+    await ctx.sleep(100)
+    return "awake"
+
+
+async def test_a_timer_due_within_an_advance_has_fired_when_it_returns(url: str) -> None:
+    # A fresh app each time, and two advances in a row, the second landing on the
+    # deadline: on SQLite the timer service used to be amid its first poll when the clock
+    # jumped, and missed the instant.
+    for i in range(20):
+        clock = VirtualClock(START)
+        app = Loom(url, node="n", clock=clock, random=random.Random(i))
+        app.workflow(name="nap")(nap)
+        async with app:
+            handle = await app.start(nap, id=f"nap-{i}")
+            await app.drain()
+            await clock.advance(1)
+            await clock.advance(99)
+            assert await handle.status() == "completed", i
+
+
+async def test_what_a_woken_body_does_inside_an_advance_happens_at_its_instant(
+    app: Loom,
+) -> None:
+    attempts: list[float] = []
+
+    def flaky() -> str:
+        attempts.append((app.clock.now() - START).total_seconds())
+        if len(attempts) < 3:
+            raise ConnectionError("down")
+        return "up"
+
+    @app.workflow(name="timeline")
+    async def timeline(ctx: Context) -> list[object]:
+        seen: list[object] = []
+        await ctx.sleep(10)
+        seen.append(seconds(ctx.now().isoformat()))
+        await ctx.sleep(15)  # set by the body the first timer woke, inside the advance
+        seen.append(seconds(ctx.now().isoformat()))
+        seen.append(await ctx.step(flaky, retry=Retry(attempts=3, initial_interval=5)))
+        seen.append(seconds(ctx.now().isoformat()))
+        return seen
+
+    handle = await app.start(timeline, id="t")
+    await app.drain()
+    await clock_of(app).advance(1000)
+    assert await handle.status() == "completed"
+    assert await handle.result() == [10.0, 25.0, "up", 40.0]
+    assert attempts == [25.0, 30.0, 40.0]  # retries wait 5 s, then 10 s, on this clock
+    assert clock_of(app).now() == START + timedelta(seconds=1000)
+
+
+async def test_a_long_advance_polls_only_at_the_instants_in_it(
+    app: Loom, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls: list[datetime] = []
+    poll_once = app.timer_service.poll_once
+
+    async def counted() -> dict[TimerRecord, Fired]:
+        polls.append(app.clock.now())
+        return await poll_once()
+
+    monkeypatch.setattr(app.timer_service, "poll_once", counted)
+
+    @app.workflow(name="weekly")
+    async def weekly(ctx: Context) -> int:
+        for _ in range(4):
+            await ctx.sleep(timedelta(days=7))
+        return 4
+
+    handle = await app.start(weekly, id="w")
+    await app.drain()
+    await clock_of(app).advance(timedelta(days=30))
+    assert await handle.result() == 4
+    # Polls at each of the four wake-ups (a second one there, since the first resumed a
+    # body that might have set a timer due at once), and one at the end; with a poll
+    # every poll_interval of virtual time this month would have been ten million of them.
+    instants = [*(timedelta(days=7 * k) for k in range(1, 5)), timedelta(days=30)]
+    assert sorted({p - START for p in polls}) == instants
+    assert len(polls) == 2 * 4 + 1
+
+
+async def test_a_step_still_running_does_not_hold_the_clock(app: Loom) -> None:
+    release = asyncio.Event()
+
+    async def hold() -> str:
+        await release.wait()
+        return "held"
+
+    @app.workflow(name="holds")
+    async def holds(ctx: Context) -> object:
+        value = await ctx.step(hold)
+        await ctx.sleep(5)
+        return value
+
+    handle = await app.start(holds, id="h")
+    await clock_of(app).advance(60)  # returns though the step waits for the test
+    assert await handle.status() == "running"
+    release.set()
+    await app.drain()
+    await clock_of(app).advance(5)
+    assert await handle.result() == "held"
+
+
+async def test_a_retry_waits_on_the_apps_clock(app: Loom) -> None:
+    @app.workflow(name="gives-up")
+    async def gives_up(ctx: Context) -> str:
+        def down() -> None:
+            raise ConnectionError("down")
+
+        try:
+            await ctx.step(down, retry=Retry(attempts=2, initial_interval=30))
+        except StepFailedError as exc:
+            return f"{exc.attempts} attempts"
+        return "up"
+
+    handle = await app.start(gives_up, id="g")
+    await clock_of(app).advance(0)  # returns once the run waits on the clock
+    assert await handle.status() == "running"  # the retry waits 30 s of this clock
+    await clock_of(app).advance(30)
+    assert await handle.result() == "2 attempts"
