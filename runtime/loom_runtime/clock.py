@@ -23,7 +23,13 @@ deadline or to now (a timer's re-drive, its jitter) without overflowing."""
 
 @runtime_checkable
 class Clock(Protocol):
-    """``now()`` is timezone-aware UTC; ``sleep`` waits on this clock's time."""
+    """``now()`` is timezone-aware UTC; ``sleep`` waits on this clock's time.
+
+    A clock that moves only when told (the test kit's
+    :class:`~loom_runtime.testing.VirtualClock`) may also offer what the runtime then
+    calls: ``attach(app)`` and ``detach(app)`` as an app enters and leaves,
+    ``note_wake(wake_at)`` when a timer row is written, and ``tick(service)``, which a
+    timer service awaits between polls instead of sleeping ``poll_interval``."""
 
     def now(self) -> datetime: ...
 

@@ -5,7 +5,9 @@ Each poll asks the store for due rows and decides each one from the execution's 
 - the execution is gone or finished, or every wait the row was written for is answered:
   the row is obsolete and retired;
 - the execution is running (its driver will park again and re-schedule what it still
-  waits for, or is being recovered): the row is left for a later poll;
+  waits for, or is being recovered): the row is left, and looked at again after a
+  backoff of its own (as a contended one grows), or once this process writes it again;
+  rows waiting out that backoff do not count against ``batch``;
 - the execution is parked: it is resumed through the conditional fence
   (``fence_if_parked_at``), answering a waiting message first, else the wait this row was
   written for, else another due wait; when nothing in the park can be answered the row is
@@ -16,7 +18,8 @@ A contended resume (rivals keep taking the fence) backs off in process, per exec
 exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``, at most
 ``max_attempts`` tries, then one :class:`RedriveExhaustedError` to ``on_error`` and the
 row is retired (the park stays unanswered for an operator or a recovery). The memory of
-those tries is bounded (``capacity`` executions; the oldest is forgotten first). Re-drive
+those tries, and of the rows left, is bounded (``capacity`` entries each; the oldest is
+forgotten first, and tried again at the next poll). Re-drive
 rows (``TimerRecord.redrive``) belong to registered re-drivers; with none registered the
 service never asks for them.
 """

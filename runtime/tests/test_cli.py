@@ -25,7 +25,7 @@ def answer() -> int:
 
 @app.workflow(name="served")
 async def served(ctx: Context) -> int:
-    return await ctx.step(answer, name="answer")
+    return await ctx.step(answer, name="served")
 """
 
 
@@ -33,11 +33,14 @@ def answer() -> int:
     return 42
 
 
-def serve(directory: Path, url: str) -> subprocess.Popen[str]:
-    """``loom worker`` on ``served_app:app`` (written to ``directory``) over ``url``."""
-    (directory / "served_app.py").write_text(SERVED)
+def serve(
+    directory: Path, url: str, source: str = SERVED, *options: str
+) -> subprocess.Popen[str]:
+    """``loom worker`` on ``served_app:app`` (``source``, written to ``directory``) over
+    ``url``."""
+    (directory / "served_app.py").write_text(source)
     return subprocess.Popen(
-        [sys.executable, "-m", "loom_runtime", "worker", "--app", "served_app:app"],
+        [sys.executable, "-m", "loom_runtime", "worker", "--app", "served_app:app", *options],
         cwd=directory,
         env={**os.environ, "SERVED_URL": url},
         stdout=subprocess.PIPE,
@@ -46,22 +49,27 @@ def serve(directory: Path, url: str) -> subprocess.Popen[str]:
     )
 
 
+async def left_running(url: str, workflow: str, execution_id: str) -> None:
+    """An execution of ``workflow`` (one step, named as the workflow) left running under
+    node w1 with its step not run, as by a process that died: the worker's to recover."""
+    left = Loom(url, node="w1", recover=False)
+
+    async def one_step(ctx: Context) -> int:
+        return await ctx.step(answer, name=workflow)
+
+    left.workflow(name=workflow)(one_step)
+    async with left:
+        crash = crash_at(left, step=workflow, when="before")
+        await left.start(workflow, id=execution_id)
+        await crash.fired.wait()
+        await left.drain()
+
+
 async def test_the_worker_recovers_its_nodes_execution_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
     url = "sqlite:///" + str(tmp_path / "served.db")
-    left = Loom(url, node="w1", recover=False)
-
-    @left.workflow(name="served")
-    async def served(ctx: Context) -> int:
-        return await ctx.step(answer, name="answer")
-
-    async with left:
-        crash = crash_at(left, step="answer", when="before")
-        await left.start(served, id="left-running")
-        await crash.fired.wait()
-        await left.drain()
-
+    await left_running(url, "served", "left-running")
     worker = serve(tmp_path, url)
     try:
         checker = Loom(url, node="checker", recover=False, timers=False)
@@ -134,28 +142,8 @@ async def test_a_stopping_worker_does_not_wait_for_a_sync_step_that_never_return
     tmp_path: Path,
 ) -> None:
     url = "sqlite:///" + str(tmp_path / "stuck.db")
-    left = Loom(url, node="w1", recover=False)
-
-    @left.workflow(name="stuck")
-    async def stuck_workflow(ctx: Context) -> None:
-        await ctx.step(answer, name="stuck")
-
-    async with left:  # an execution left running under w1, for the worker to recover
-        crash = crash_at(left, step="stuck", when="before")
-        await left.start(stuck_workflow, id="s")
-        await crash.fired.wait()
-        await left.drain()
-
-    (tmp_path / "stuck_app.py").write_text(STUCK)
-    worker = subprocess.Popen(  # noqa: ASYNC220 (as serve() does; it returns at once)
-        [sys.executable, "-m", "loom_runtime", "worker", "--app", "stuck_app:app",
-         "--grace", "0.1"],
-        cwd=tmp_path,
-        env={**os.environ, "SERVED_URL": url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    await left_running(url, "stuck", "s")
+    worker = serve(tmp_path, url, STUCK, "--grace", "0.1")
     try:
         while not (tmp_path / "in-step").exists():  # the recovered run is in its step
             assert worker.poll() is None
