@@ -955,11 +955,10 @@ class Loom:
             )
 
     def busy(self) -> list[asyncio.Task[Any]]:
-        """The tasks of this app making progress of the runtime's own: a run that is not
-        finished or parked, unless every branch of it is running a step's own code or
-        waiting out a retry's interval on the app's clock; a run about to begin or
-        settling its end; the recovery on entering. What the test kit's virtual clock
-        waits for before it moves on."""
+        """The tasks of this app making progress: a run that is not finished or parked,
+        unless every branch of it waits out a retry's interval on the app's clock; a run
+        about to begin or settling its end; the recovery on entering. What the test kit's
+        virtual clock waits for before it moves on."""
         busy: list[asyncio.Task[Any]] = []
         driving_runs = set()
         for execution_id, task in self._runs.items():

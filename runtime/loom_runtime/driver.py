@@ -163,8 +163,7 @@ class Run:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._seen: list[Event] = []
         self._parked_at = -1  # the park this run wrote and could not go on from, if any
-        # Branches running a step's own code, or waiting out a retry's interval on the
-        # app's clock: progress that is not the runtime's to make (see settled).
+        # Branches waiting out a retry's interval on the app's clock (see settled).
         self._held = 0
 
     def _start_from(self, view: View, visited: set[Position]) -> None:
@@ -352,10 +351,9 @@ class Run:
 
     @property
     def settled(self) -> bool:
-        """Whether every branch making progress is running a step's own code or waiting
-        out a retry's interval on the app's clock: what is left to happen is the step's,
-        or the clock's (the test kit's virtual clock asks, to know when what it woke has
-        done the runtime's part)."""
+        """Whether every branch making progress waits out a retry's interval on the app's
+        clock: the run goes on only when that clock moves (the test kit's virtual clock
+        asks, to know when what it woke has done all it can)."""
         return 0 < self._active <= self._held
 
     def clock_now(self) -> str:
@@ -464,7 +462,6 @@ class Run:
         # calls: a replay serves the step without running it, so a call inside would be
         # recorded at a position no replay makes (a thread gets a copy of the context).
         reset = BRANCH.set(IN_STEP)
-        self._held += 1
         try:
             code = getattr(fn, "__code__", None)
             if (
@@ -476,7 +473,6 @@ class Run:
                 return await result
             return result
         finally:
-            self._held -= 1
             BRANCH.reset(reset)
 
     async def sleep(

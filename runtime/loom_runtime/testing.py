@@ -52,13 +52,16 @@ class VirtualClock:
     try), fires what is due there, and lets what that woke run until every app on the
     clock is quiet again, before it moves on.
 
-    "Quiet" means each run of each app on this clock (``Loom(clock=...)``, entered) has
-    finished or parked, or each of its branches is running a step's own code or waiting
-    out a retry's interval on this clock: so ``ctx.now()`` in a body woken at 10:00:30
-    reads 10:00:30 however far the advance goes, a timer its body then sets inside the
-    advance fires too, and when ``advance`` returns, what fell due has happened as far as
-    the runtime goes. A step still running (awaiting an event your test sets, say) is not
-    waited for: its run goes on when it returns, at the clock's time then. The apps'
+    "Quiet" means each run of each app on this clock (``Loom(clock=...)``, entered, with
+    its timer service: an app made with ``timers=False`` is polled by its test, and this
+    clock only moves its time) has
+    finished or parked, or each of its branches waits out a retry's interval on this
+    clock: so ``ctx.now()`` in a body woken at 10:00:30 reads 10:00:30 however far the
+    advance goes, a timer its body then sets inside the advance fires too, and when
+    ``advance`` returns, what fell due has happened. Steps are waited for, as in
+    Temporal's time-skipping tests: a step that awaits something your test provides
+    (an event it sets) holds the advance until it has it, so provide it first, or
+    advance from a task of its own. The apps'
     timer services poll at each instant it stops at, and only then, however long the
     step: an advance of a month costs what the instants in it cost, not a poll every
     ``poll_interval``.
@@ -206,8 +209,11 @@ class VirtualClock:
             await _settle()
 
     def _busy(self) -> list[asyncio.Task[Any]]:
-        busy = [task for app in self._apps for task in app.busy()]
+        busy: list[asyncio.Task[Any]] = []
         for app in self._apps:
+            if not app.serves_timers:
+                continue  # its test polls its timers itself, and waits as it sees fit
+            busy.extend(app.busy())
             task = app.timer_task
             if task is not None and not task.done() and app.timer_service not in self._ticking:
                 busy.append(task)

@@ -124,25 +124,28 @@ async def test_a_long_advance_polls_only_at_the_instants_in_it(
     assert len(polls) == 2 * 4 + 1
 
 
-async def test_a_step_still_running_does_not_hold_the_clock(app: Loom) -> None:
-    release = asyncio.Event()
+async def test_an_advance_waits_for_a_step_still_running(app: Loom) -> None:
+    in_step, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> str:
+        in_step.set()
         await release.wait()
         return "held"
 
     @app.workflow(name="holds")
     async def holds(ctx: Context) -> object:
         value = await ctx.step(hold)
-        await ctx.sleep(5)
+        await ctx.sleep(5)  # set once the step returns, due inside the same advance
         return value
 
     handle = await app.start(holds, id="h")
-    await clock_of(app).advance(60)  # returns though the step waits for the test
-    assert await handle.status() == "running"
+    advancing = asyncio.create_task(clock_of(app).advance(60))
+    await in_step.wait()
+    assert app.busy()  # the run, in its step: the advance cannot end before it does
+    assert not advancing.done()
     release.set()
-    await app.drain()
-    await clock_of(app).advance(5)
+    await advancing
+    assert await handle.status() == "completed"
     assert await handle.result() == "held"
 
 
