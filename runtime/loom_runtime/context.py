@@ -180,7 +180,8 @@ class Context:
 
     @property
     def is_replaying(self) -> bool:
-        """True while the body is making calls the log already holds."""
+        """True while the body is making calls the log already holds (and throughout a
+        replay by the test kit's ``check_replay``, which runs nothing live)."""
         return self._run.is_replaying()
 
     @overload

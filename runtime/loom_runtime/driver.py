@@ -110,10 +110,12 @@ class Run:
 
     __slots__ = (
         "_active",
+        "_beyond",
         "_blocked",
         "_consumed",
         "_cut_by_cancel",
         "_fn",
+        "_frontier",
         "_head",
         "_held",
         "_lock",
@@ -153,6 +155,11 @@ class Run:
         # matched, at the first call the log does not hold, and any ending of the body
         # matches once every recorded call was made.
         self._cut_by_cancel = replay_only and view.status == "cancelled"
+        # The replay of an execution that has not finished runs up to where its log ends
+        # (its frontier): a call the log does not hold holds its branch there, as a live
+        # run would go on from it, and the replay ends, matched, once every branch is
+        # held, waits or has ended (see _frontier_reached).
+        self._frontier = replay_only and not view.terminal
         self._start_from(view, set())
         self._stopped = False
         # Futures of the gathers and waits that block until the run is quiet or stops.
@@ -178,6 +185,7 @@ class Run:
         # Branches making progress: the body, or the branches of the gathers it is in.
         # When none is left and some wait, the run is quiet: it parks.
         self._active = 1
+        self._beyond = 0  # branches held where the log ends (a replay to the frontier)
         self._quiet = False
 
     # -- the run ---------------------------------------------------------------------------
@@ -213,6 +221,8 @@ class Run:
         if self._stopped:
             return self._outcome("stopped", reason=self._stop_reason)
         if self._quiet:
+            if self._frontier:
+                return self._frontier_reached()
             if self._parked_at >= 0:  # written by the wait that tried to go on from it
                 return self._outcome("suspended", park_seq=self._parked_at, tried=True)
             return await self._park()
@@ -314,6 +324,11 @@ class Run:
         return self._outcome("completed")
 
     def _expect_terminal(self, kind: str) -> None:
+        if self._frontier:
+            # The log has not ended: a live run would end here, as the body did, unless
+            # the park it answers waits for a call the body no longer makes.
+            self._check_waits_reached(f"a body that ends {kind}")
+            return
         if self._view.status != kind and not self._cut_by_cancel:
             self._diverge(
                 (len(self._view.records),),
@@ -347,7 +362,7 @@ class Run:
     # -- what Context calls ----------------------------------------------------------------
 
     def is_replaying(self) -> bool:
-        return len(self._visited) < len(self._view.records)
+        return self._replay_only or len(self._visited) < len(self._view.records)
 
     @property
     def settled(self) -> bool:
@@ -384,6 +399,8 @@ class Run:
                     )
                 return fresh(recorded.value)
             self._go_live(position, "step", name, site)
+            if self._frontier:
+                await self._hold()
         else:
             self._check_alive()  # a new run's call: nothing to match, only the run to be alive
         # What the body drew or recorded before this step (a uuid it passes in, an
@@ -505,6 +522,8 @@ class Run:
             wake_at = self.app.clock.now() + timedelta(seconds=seconds)
         else:
             wake_at = None
+        if self._replay_only:  # what the inbox holds is a live run's to consume
+            return await self._wait(Wait(position, "receive", wake_at, topic, site))
         try:
             message = await self.app.inbox.next(self.execution_id, topic, self._consumed)
         except LoomError as exc:  # the store's failure, never the body's to catch
@@ -584,6 +603,8 @@ class Run:
             return recorded.value
         self._go_live(position, call, "", site)
         value = draw()
+        if self._frontier:
+            return value  # past the log: drawn as a live run would, recorded by none
         self._pending.append(records.step_completed(position, call, "", value, 1, site))
         return value
 
@@ -597,10 +618,15 @@ class Run:
                 self._visited.add(position)
                 return True
             return False
-        if position in self._view.waits or self._has_history(branch) or self._replay_only:
+        if (
+            position in self._view.waits
+            or self._has_history(branch)
+            or (self._replay_only and not self._frontier)
+        ):
             return False
         branch.take()
-        self._pending.append(records.step_completed(position, "patch", name, None, 1, site))
+        if not self._frontier:
+            self._pending.append(records.step_completed(position, "patch", name, None, 1, site))
         return True
 
     def deprecate_patch(self, branch: Branch, name: str) -> None:
@@ -643,7 +669,7 @@ class Run:
         (unless this call is that wait), or any live call when only replaying."""
         if not waits and (earlier := self._view.waits.get(position)) is not None:
             self._diverge(position, _describe_wait(earlier), _describe_call(call, name, site))
-        if self._replay_only:
+        if self._replay_only and not self._frontier:
             if self._cut_by_cancel:
                 self._stopped = True  # where the cancellation cut the run: replay ends here
                 self._release()
@@ -722,8 +748,44 @@ class Run:
         recorded = view.records.get(wait.position)
         return None if recorded is None else fresh(recorded.value)
 
+    async def _hold(self) -> NoReturn:
+        """Hold the branch at a call past the end of the log (a replay to the frontier):
+        it makes no progress, as a wait makes none, until the run is quiet or stops."""
+        self._beyond += 1
+        self._active -= 1
+        if not self._check_quiet():
+            blocked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._blocked.add(blocked)
+            try:
+                await blocked  # until the run is quiet or stops
+            finally:
+                self._blocked.discard(blocked)
+        raise _Stop if self._stopped else _Park
+
+    def _frontier_reached(self) -> Outcome:
+        """Every branch of a replay to the frontier is held, waits or has ended: it
+        matches if every recorded call was made and every wait the log leaves open is
+        waited for again (answering it would otherwise record a call no body makes)."""
+        try:
+            self._check_all_visited("a body that stops short of it")
+            self._check_waits_reached("a body that parks without it")
+        except _Stop:
+            return self._outcome("stopped", reason=self._stop_reason)
+        return self._outcome("stopped")
+
+    def _check_waits_reached(self, attempted: str) -> None:
+        view = self._view
+        for position in sorted(view.waits):
+            if position not in view.records and position not in self._waits:
+                self._diverge(position, _describe_wait(view.waits[position]), attempted)
+
     def _check_quiet(self) -> bool:
-        if self._active == 0 and self._waits and not self._stopped and not self._quiet:
+        if (
+            self._active == 0
+            and (self._waits or self._beyond)
+            and not self._stopped
+            and not self._quiet
+        ):
             self._quiet = True
             self._release()
         return self._quiet

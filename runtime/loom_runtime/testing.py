@@ -369,9 +369,15 @@ def crash_at(
 
 
 async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) -> list[str]:
-    """Replay every finished execution (or those named) against the app's current code,
-    appending nothing; raise ReplayDivergedError at the first that no longer matches its
-    log. Returns the ids replayed (one named that has not finished is skipped).
+    """Replay every execution (or those named) against the app's current code, appending
+    nothing; raise ReplayDivergedError at the first that no longer matches its log.
+    Returns the ids replayed (one named that has no log is skipped).
+
+    A finished execution is replayed to its end. One that has not finished (running, or
+    parked) is replayed up to where its log ends: each branch of its body stops at the
+    first call the log does not hold (a step is not run, a message is not consumed), and
+    the replay matches if every recorded call was made and every wait of its park is
+    waited for again, which is what resuming it with this code requires.
 
     Refused (InvalidInputError) before anything is replayed: an ``app`` that is not a
     :class:`Loom`; ``execution_ids`` that is a str (it would be read as its characters:
@@ -408,7 +414,7 @@ async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) ->
     replayed: list[str] = []
     for execution_id in ids:
         view = await app.inspect(execution_id)
-        if not view.terminal:
+        if view.status is None:
             continue
         fn = app._body_of(view)
         outcome = await Run(app, view, view.fence, fn, replay_only=True).drive()
