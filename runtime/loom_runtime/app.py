@@ -883,6 +883,11 @@ class Loom:
                     raise
                 token = await events.acquire_fence(execution_id)
                 continue
+            run = self._drivers.get(execution_id)
+            if run is not None:
+                # This process's run stops now, not at its next write: a step waiting to
+                # try again does not (a run elsewhere finds the cancel between attempts).
+                run.stop()
             await self._cancelled(execution_id)
             return True
 

@@ -124,6 +124,13 @@ class Durable(Generic[T]):
         self._coro = coro
 
     def __await__(self) -> Generator[Any, None, T]:
+        branch = BRANCH.get()
+        if branch.owner is not asyncio.current_task():
+            # Awaited by a task the body started (asyncio.ensure_future, asyncio.wait,
+            # asyncio.gather): the run could not tell when every branch waits, and would
+            # park before the task's wait is listed. ctx.gather is the way.
+            self._coro.close()
+            branch.peek()  # raises ContextOutsideBodyError, naming where
         return self._coro.__await__()
 
     def close(self) -> None:

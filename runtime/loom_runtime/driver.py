@@ -426,9 +426,14 @@ class Run:
                 if attempt < policy.attempts and policy.retries(failure):
                     self._held += 1
                     try:
-                        await self.app.clock.sleep(policy.delay(attempt))
+                        await self._pause(policy.delay(attempt))
                     finally:
                         self._held -= 1
+                    # Cancelled, or taken over, meanwhile (here, or by another process):
+                    # another attempt would repeat the step's effects for a result no
+                    # write would take.
+                    self._check_alive()
+                    await self._skip_unfenced_tail()
                     continue
                 await self._step_failed(position, name, failure, attempt, site)
             self._check_alive()
@@ -455,6 +460,26 @@ class Run:
                 if self.app.crash_point(self, position, name, "after"):
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return fresh(result)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait out a retry's interval on the app's clock, or until the run stops."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        sleeper = loop.create_task(self.app.clock.sleep(seconds))
+
+        def wake(_: object) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        sleeper.add_done_callback(wake)
+        self._blocked.add(woken)
+        try:
+            await woken
+        finally:
+            self._blocked.discard(woken)
+            sleeper.cancel()
+        if sleeper.done() and not sleeper.cancelled():
+            sleeper.result()  # raises what the clock's sleep raised
 
     async def _step_failed(
         self, position: Position, name: str, failure: BaseException, attempt: int, site: str

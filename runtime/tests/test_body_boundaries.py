@@ -121,6 +121,36 @@ async def test_a_durable_call_from_a_task_the_body_started_is_refused(app: Loom)
     assert await check_replay(app) == ["s"]
 
 
+async def test_a_durable_call_awaited_by_a_task_the_body_started_is_refused(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """Two receives raced with asyncio.wait: each is awaited by a task of asyncio's, so
+    the run would park as soon as one of them waits, listing only that one, and a message
+    on the other topic would never wake it. Refused; ctx.gather is the way."""
+
+    @app.workflow()
+    async def races(ctx: Context) -> list[str]:
+        approve = asyncio.ensure_future(ctx.receive("approve", timeout=3600))
+        reject = asyncio.ensure_future(ctx.receive("reject", timeout=3600))
+        done, _ = await asyncio.wait([approve, reject], return_when=asyncio.ALL_COMPLETED)
+        refused = [
+            exc.where
+            for task in (approve, reject)
+            if isinstance(exc := task.exception(), ContextOutsideBodyError)
+        ]
+        assert len(done) == 2
+        step = ctx.step(echo, "awaited by the body")  # made and awaited by the body: fine
+        return [*refused, await step]
+
+    handle = await app.start(races, id="race")
+    assert await handle.result(timeout=5) == ["task", "task", "awaited by the body"]
+    assert await check_replay(app) == ["race"]
+
+
+async def echo(value: str) -> str:
+    return value
+
+
 async def test_a_task_the_body_left_behind_writes_nothing_after_the_end(app: Loom) -> None:
     go = asyncio.Event()
     ran: list[str] = []

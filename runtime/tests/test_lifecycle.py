@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import random
 import warnings
 from datetime import datetime, timedelta
 
@@ -19,6 +20,7 @@ from loom_runtime import (
     Loom,
     NotJsonError,
     ReservedExecutionIdError,
+    Retry,
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
@@ -98,6 +100,58 @@ async def test_continue_as_new_names_its_successor_and_the_handle_follows(app: L
     assert (second.continued_from, second.successor, second.input) == ("cd", "cd#2", [1])
     assert (await app.inspect("cd#2")).status == "completed"
     assert sorted(await check_replay(app)) == ["cd", "cd#1", "cd#2"]
+
+
+async def test_a_step_waiting_to_retry_makes_no_attempt_after_a_cancel(
+    app: Loom, clock: VirtualClock
+) -> None:
+    attempts: list[float] = []
+
+    async def flaky() -> None:
+        attempts.append(clock.now().timestamp())
+        raise ConnectionError("down")
+
+    @app.workflow()
+    async def retrying(ctx: Context) -> None:
+        await ctx.step(flaky, retry=Retry(attempts=5, initial_interval=10, backoff=1))
+
+    handle = await app.start(retrying, id="r")
+    await clock.advance(0)
+    assert len(attempts) == 1  # the first attempt failed; the next is due in 10 s
+    assert await app.cancel("r") is True
+    async with asyncio.timeout(5):  # a bound for a failing test, not a measurement
+        await app.drain()  # the run stopped: drain does not wait out the interval
+    await clock.advance(60)
+    assert len(attempts) == 1
+    assert await handle.status() == "cancelled"
+
+
+async def test_a_step_retrying_in_another_process_stops_at_its_next_attempt_after_a_cancel(
+) -> None:
+    """The cancel is written by another app on the same store (another process): the run
+    reads its log between attempts and stops, rather than repeat the step's effects."""
+    clock = VirtualClock()
+    attempts: list[float] = []
+
+    async def flaky() -> None:
+        attempts.append(clock.now().timestamp())
+        raise ConnectionError("down")
+
+    async def retrying(ctx: Context) -> None:
+        await ctx.step(flaky, retry=Retry(attempts=5, initial_interval=10, backoff=1))
+
+    async with open_storage("memory://") as storage:
+        worker = Loom(storage, node="worker", clock=clock, random=random.Random(1))
+        worker.workflow(name="retrying")(retrying)
+        async with worker, Loom(storage, node="ops", timers=False, recover=False) as ops:
+            await worker.start("retrying", id="r")
+            await clock.advance(0)
+            assert len(attempts) == 1
+            assert await ops.cancel("r") is True
+            await clock.advance(60)
+            await worker.drain()
+            assert len(attempts) == 1
+            assert (await worker.inspect("r")).status == "cancelled"
 
 
 async def test_cancelling_an_execution_that_continued_cancels_its_live_successor(
