@@ -298,6 +298,9 @@ class Loom:
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
         self._stranded: dict[str, None] = {}
+        # The recovery on entering could not list the executions (the store, or a shard
+        # of it, failed): the carry-on tries it again.
+        self._relist = False
         self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         self._signals: dict[str, asyncio.Event] = {}
@@ -429,7 +432,7 @@ class Loom:
             self.timer_task = asyncio.create_task(self.timer_service.run())
             self._services.append(self.timer_task)
         if self._recover_on_enter:
-            self._recovering = asyncio.create_task(self._quietly(self.recover))
+            self._recovering = asyncio.create_task(self._quietly(self._recover_on_entering))
             self._services.append(self._recovering)
         attach = getattr(self.clock, "attach", None)
         if attach is not None:
@@ -466,6 +469,7 @@ class Loom:
         self._recovering = None
         self.timer_task = None
         self._carrying_on = None
+        self._relist = False
         self._stranded.clear()
         self._runs.clear()
         self._driving.clear()
@@ -677,16 +681,35 @@ class Loom:
         if not self._entered:
             return  # leaving: the node's next start recovers it
         self._stranded[execution_id] = None
+        self._carry_on_later()
+
+    def _carry_on_later(self) -> None:
         if self._carrying_on is None or self._carrying_on.done():
             self._carrying_on = asyncio.get_running_loop().create_task(
                 self._carry_on(), name="loom:carry-on"
             )
 
     async def _carry_on(self) -> None:
-        """Take back every stranded execution, waiting longer each time the store fails."""
+        """Take back every stranded execution, and make the recovery on entering that
+        could not list the executions, waiting longer each time the store fails."""
         delay = CARRY_ON_AFTER
-        while self._stranded:
+        while self._stranded or self._relist:
             await self.clock.sleep(delay * (0.5 + self.random.random() / 2))
+            if self._relist:
+                try:
+                    await self.recover()  # what it cannot take over now, it strands
+                except StoreClosedError as exc:
+                    self.hooks.error(exc)
+                    self._relist = False
+                    self._stranded.clear()
+                    return
+                except StorageError as exc:
+                    self.hooks.error(exc)
+                    delay = min(delay * 2, CARRY_ON_CAP)
+                    continue
+                except Exception as exc:
+                    self.hooks.error(exc)
+                self._relist = False
             for execution_id in list(self._stranded):
                 self._stranded.pop(execution_id, None)  # stranded again meanwhile: it comes back
                 try:
@@ -891,10 +914,28 @@ class Loom:
             await self._cancelled(execution_id)
             return True
 
+    async def _recover_on_entering(self) -> None:
+        """:meth:`recover`, made again in the background (after 1 s, then up to every
+        30 s) while the store fails to list the executions: a shard that is down, say."""
+        try:
+            await self.recover()
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            self.hooks.error(exc)
+            self._relist = True
+            self._carry_on_later()
+
     async def recover(self) -> list[Handle[JsonValue]]:
         """Re-drive every execution this node was running when it last stopped: take a
         fresh fence (anything left of the previous process is fenced out), record
-        EXECUTION_RECOVERED, and replay. Returns a handle per execution taken over."""
+        EXECUTION_RECOVERED, and replay. Returns a handle per execution taken over.
+
+        One execution that cannot be taken over does not stop the others: a store call
+        that failed for it goes to ``on_storage_error`` and it is carried on once the
+        store answers (it is in :attr:`stranded` meanwhile); any other refusal (its log
+        cannot be read, its payloads shredded) goes to ``on_error``, and it is left.
+        A failure to list the executions is raised."""
         storage = self._running("app.recover")
         events = storage.events
         handles: list[Handle[JsonValue]] = []
@@ -905,10 +946,21 @@ class Loom:
                 return handles
             after = ids[-1]
             for execution_id in ids:
-                if not execution_id.startswith("$"):
+                if execution_id.startswith("$"):
+                    continue
+                try:
                     handle = await self._recover_one(execution_id)
-                    if handle is not None:
-                        handles.append(handle)
+                except StoreClosedError:
+                    raise
+                except StorageError as exc:
+                    self.hooks.storage_error(execution_id, exc)
+                    self._strand(execution_id)
+                    continue
+                except LoomError as exc:
+                    self.hooks.error(exc)
+                    continue
+                if handle is not None:
+                    handles.append(handle)
 
     async def _recover_one(self, execution_id: str) -> Handle[JsonValue] | None:
         """Take ``execution_id`` over when its log says it runs under this node and no run

@@ -17,7 +17,10 @@ Each poll asks the store for due rows and decides each one from the execution's 
 A contended resume (rivals keep taking the fence) backs off in process, per execution:
 exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``, at most
 ``max_attempts`` tries, then one :class:`RedriveExhaustedError` to ``on_error`` and the
-row is retired (the park stays unanswered for an operator or a recovery). The memory of
+row is retired (the park stays unanswered for an operator or a recovery). A row whose
+execution cannot be read or answered (its payloads shredded, a shard it needs down) backs
+off the same way without giving up, reported to ``on_error`` once per run of failures:
+one such row never holds up the rows behind it. The memory of
 those tries, and of the rows left, is bounded (``capacity`` entries each; the oldest is
 forgotten first, and tried again at the next poll). Re-drive
 rows (``TimerRecord.redrive``) belong to registered re-drivers; with none registered the
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, Literal
 
-from loom_core import InvalidOptionError, LoomError, Redrive, TimerRecord
+from loom_core import InvalidOptionError, LoomError, Redrive, StoreClosedError, TimerRecord
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.errors import (
     RedriveExhaustedError,
@@ -90,6 +93,8 @@ class _Backoff:
     next_try: datetime
     missing: bool = False
     """The tries were for a workflow this app does not register (reported once)."""
+    failing: bool = False
+    """The tries failed on the execution itself (reported once)."""
 
 
 class TimerService:
@@ -225,6 +230,10 @@ class TimerService:
             return self._missing(row, exc)
         except ResumeRefusedError:
             outcome = "obsolete"
+        except StoreClosedError:
+            raise  # nothing will answer again: the poll ends
+        except LoomError as exc:
+            return self._failed(row, exc)
         self._backoff.pop(row.execution_id, None)
         key = (row.execution_id, row.wake_at)
         if outcome == "left":
@@ -246,7 +255,11 @@ class TimerService:
     async def _contended(self, row: TimerRecord) -> Fired:
         now = self.app.clock.now()
         entry = self._backoff.pop(row.execution_id, None)
-        attempt = (entry.attempt if entry is not None and not entry.missing else 0) + 1
+        attempt = (
+            entry.attempt
+            if entry is not None and not entry.missing and not entry.failing
+            else 0
+        ) + 1
         if attempt >= self.max_attempts:
             self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
             await self.app.storage.timers.complete(row.execution_id, row.wake_at)
@@ -267,6 +280,23 @@ class TimerService:
         attempt = (entry.attempt if entry is not None and entry.missing else 0) + 1
         self._backoff[row.execution_id] = _Backoff(
             attempt, self.app.clock.now() + self._jitter(attempt), missing=True
+        )
+        while len(self._backoff) > self.capacity:
+            self._backoff.popitem(last=False)
+        return "backing-off"
+
+    def _failed(self, row: TimerRecord, exc: LoomError) -> Fired:
+        """Waking the row failed on its execution (its log cannot be read, a store call
+        for it failed): the row is left, and tried again after a backoff that grows as a
+        contended one does, never giving up (the cause may pass: a shard comes back);
+        ``on_error`` hears of it once per run of failures. The poll goes on with the next
+        row."""
+        entry = self._backoff.pop(row.execution_id, None)
+        if entry is None or not entry.failing:
+            self.app.hooks.error(exc)
+        attempt = (entry.attempt if entry is not None and entry.failing else 0) + 1
+        self._backoff[row.execution_id] = _Backoff(
+            attempt, self.app.clock.now() + self._jitter(attempt), failing=True
         )
         while len(self._backoff) > self.capacity:
             self._backoff.popitem(last=False)

@@ -1,0 +1,127 @@
+"""One execution the runtime cannot read or take over (its payloads shredded, a shard it
+lives on down) holds up no other: the timer service backs its row off and fires the rows
+behind it, and recovery takes every other execution over, carrying the failed one on once
+the store answers. A recovery on entering that cannot list the executions is made again."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+from loom_runtime import Context, Loom
+from loom_runtime.records import started
+from loom_runtime.testing import VirtualClock
+from store_probes import ProbedEventStore, kinds, wired
+
+from loom_core import (
+    EventKind,
+    LoomError,
+    PayloadShreddedError,
+    Storage,
+    StorageReadError,
+    StorageUnavailableError,
+    open_storage,
+)
+
+
+def failing_reads(probe: ProbedEventStore, failures: dict[str, LoomError]) -> None:
+    """Every read of an execution named in ``failures`` raises its error (while named)."""
+
+    def after_read(execution_id: str) -> None:
+        error = failures.get(execution_id)
+        if error is not None:
+            raise error
+
+    probe.after_read = after_read
+
+
+async def left_behind(ctx: Context) -> str:
+    return "recovered"
+
+
+def started_by(node: str, root: str) -> list[object]:
+    return [started("left", [], fingerprint="", node=node, root=root)]
+
+
+async def test_a_row_whose_execution_cannot_be_read_holds_up_no_row_behind_it() -> None:
+    async with wired() as w:
+        for execution_id in ("a", "b"):
+            await w.app.start("nap", id=execution_id)
+        await w.app.drain()
+        shredded = PayloadShreddedError("a", 0, "key-alice")
+        failures: dict[str, LoomError] = {"a": shredded}
+        failing_reads(w.probe, failures)
+        await w.clock.advance(60)
+        service = w.app.timer_service
+        fired = {row.execution_id: what for row, what in (await service.poll_once()).items()}
+        assert fired == {"a": "backing-off", "b": "resumed"}
+        assert await w.app.get("b").result(timeout=5) == "awake"
+        # Tried again after its backoff, and reported once for the run of failures.
+        await w.clock.advance(3600)
+        fired = {row.execution_id: what for row, what in (await service.poll_once()).items()}
+        assert fired == {"a": "backing-off"}
+        assert w.errors == [shredded]
+        # Readable again (a shard came back, say): the next try after the backoff wakes it.
+        failures.clear()
+        await w.clock.advance(3600)
+        fired = {row.execution_id: what for row, what in (await service.poll_once()).items()}
+        assert fired == {"a": "resumed"}
+        assert await w.app.get("a").result(timeout=5) == "awake"
+
+
+async def test_recovery_takes_over_every_execution_it_can_and_carries_on_the_rest() -> None:
+    async with wired() as w:
+        w.app.workflow(name="left")(left_behind)
+        for execution_id in ("shredded", "unreadable", "z"):
+            await w.base.events.append(
+                execution_id, started_by(w.app.node, execution_id),  # type: ignore[arg-type]
+                expected_sequence=0, fence=0,
+            )
+        shredded = PayloadShreddedError("shredded", 0, "key-alice")
+        unreadable = StorageReadError("the shard holding 'unreadable' did not answer")
+        failures: dict[str, LoomError] = {"shredded": shredded, "unreadable": unreadable}
+        failing_reads(w.probe, failures)
+        handles = await w.app.recover()
+        assert [h.execution_id for h in handles] == ["z"]
+        assert await handles[0].result(timeout=5) == "recovered"
+        assert w.errors == [shredded]  # left: a refusal that no retry ends
+        assert w.app.stranded == frozenset({"unreadable"})  # carried on once it answers
+        failures.pop("unreadable")
+        await w.clock.advance(CARRY_ON_WAIT)
+        await w.app.drain()
+        assert await w.app.get("unreadable").result(timeout=5) == "recovered"
+        assert w.app.stranded == frozenset()
+        assert await kinds(w.base.events, "shredded") == [EventKind.EXECUTION_STARTED]
+
+
+CARRY_ON_WAIT = timedelta(seconds=1)  # the carry-on's first wait is at most this
+
+
+async def test_a_recovery_on_entering_that_cannot_list_the_executions_is_made_again() -> None:
+    async with open_storage("memory://") as base:
+        await base.events.append(
+            "y", started_by("n1", "y"), expected_sequence=0, fence=0  # type: ignore[arg-type]
+        )
+        probe = ProbedEventStore(base.events)
+        down = StorageUnavailableError("shard 1 refused the connection")
+        listing_fails = [down]
+
+        def after_list() -> None:
+            if listing_fails:
+                raise listing_fails.pop()
+
+        probe.after_list = after_list
+        storage = Storage(probe, base.timers, base.leases)
+        clock = VirtualClock()
+        errors: list[BaseException] = []
+        app = Loom(storage, node="n1", clock=clock, random=random.Random(3),
+                   on_error=errors.append, timers=False)
+        app.workflow(name="left")(left_behind)
+        async with app:
+            await app.drain()  # the recovery on entering ran, and could not list
+            assert errors == [down]
+            assert await app.get("y").status() == "running"
+            await clock.advance(CARRY_ON_WAIT)  # the carry-on lists again
+            await app.drain()
+            assert await app.get("y").result(timeout=5) == "recovered"
+            assert errors == [down]
