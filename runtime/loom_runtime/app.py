@@ -568,6 +568,21 @@ class Loom:
             return completion_result(last)
         return await Handle(self, execution_id).result()
 
+    async def _check_derived_ids(self, execution_id: str) -> None:
+        """Refuse a long id whose inbox or successors' ids the store would refuse: a
+        decorator may take room from every id (the tenant decorator's prefix), and an
+        execution that could not receive or continue would be stuck, not refused."""
+        longest = f"{INBOX_PREFIX}{execution_id}#{'9' * 20}"
+        try:
+            await self.storage.events.read(longest, limit=1)
+        except InvalidExecutionIdError as exc:
+            raise InvalidExecutionIdError(
+                execution_id,
+                f"the store leaves too little room after it for the ids the runtime "
+                f"derives from it (its inbox's, {INBOX_PREFIX}<id>, and its successors', "
+                f"<id>#<generation>: 32 bytes in all): {exc}; use a shorter id",
+            ) from None
+
     async def _begin(
         self, what: str, workflow: object, args: tuple[object, ...], id: str | None
     ) -> Run:
@@ -576,6 +591,10 @@ class Loom:
         name, fn = self._resolve(workflow)
         self.check_arguments(name, len(args), what)
         execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
+        if len(execution_id) > _PROBED_ID_LENGTH // 4 and (
+            len(execution_id.encode("utf-8")) > _PROBED_ID_LENGTH
+        ):
+            await self._check_derived_ids(execution_id)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
@@ -779,9 +798,16 @@ class Loom:
         # due row behind, and the timer service delivers what it finds.
         wake = TimerRecord(execution_id, self.clock.now())
         await self.schedule_wake(wake)
-        stored = [
-            await self.inbox.put(execution_id, *m, wake_at=wake.wake_at) for m in messages
-        ]
+        stored: list[Message] = []
+        try:
+            for m in messages:
+                stored.append(await self.inbox.put(execution_id, *m, wake_at=wake.wake_at))
+        except LoomError as exc:
+            if not stored and not isinstance(exc, WriteOutcomeUnknownError):
+                # Refused, nothing stored: the row would wake the receiver for nothing
+                # (and the refusal leaves the store as it was).
+                await timers.complete(wake.execution_id, wake.wake_at)
+            raise
         try:
             outcome = await self._deliver(wake)
         except (ResumeContendedError, WorkflowNotFoundError):
@@ -1712,6 +1738,11 @@ MAX_NEW_ID_BYTES: Final = MAX_ID_BYTES - 32
 """The longest id a start may give an execution, in UTF-8 bytes: the store's limit less
 room for the ids the runtime derives from it (its inbox, ``$inbox:<id>``, and its
 successors, ``<id>#<generation>``)."""
+
+_PROBED_ID_LENGTH: Final = 256
+"""Ids longer than this (in UTF-8 bytes) are checked against the store's own limit, which
+a decorator may lower, before a start writes anything; shorter ones leave room under any
+tenant name."""
 
 _SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
 

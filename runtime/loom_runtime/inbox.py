@@ -61,23 +61,36 @@ def _message(event: Event) -> Message | None:
 
 @final
 class Inbox:
-    """Reads and writes inbox streams; keeps what it read (the streams only grow)."""
+    """Reads and writes inbox streams; keeps what it read. A stream only grows, unless it
+    is deleted (an execution pruned) and its id used again: each read takes the last event
+    it knew again, and reads the stream anew when that is not the one it knew."""
 
     __slots__ = ("_cache", "_events")
 
     def __init__(self, events: EventStore) -> None:
         self._events = events
-        self._cache: OrderedDict[str, tuple[int, list[Message]]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[int, list[Message], datetime | None]] = (
+            OrderedDict()
+        )
 
     async def messages(self, execution_id: str) -> list[Message]:
         """Every message sent to ``execution_id``, in the order they were stored."""
         stream = inbox_of(execution_id)
-        head, known = self._cache.pop(stream, (0, []))
-        tail = await self._events.read(stream, from_sequence=head)
+        head, known, last_at = self._cache.pop(stream, (0, [], None))
+        if head:
+            tail = await self._events.read(stream, from_sequence=head - 1)
+            if tail and tail[0].sequence == head - 1 and tail[0].recorded_at == last_at:
+                tail = tail[1:]
+            else:  # deleted since (and perhaps written again): what was known is gone
+                head, known = 0, []
+                tail = await self._events.read(stream)
+        else:
+            tail = await self._events.read(stream)
         if tail:
             known = [*known, *(m for e in tail if (m := _message(e)) is not None)]
             head = tail[-1].sequence + 1
-        self._cache[stream] = (head, known)
+            last_at = tail[-1].recorded_at
+        self._cache[stream] = (head, known, last_at)
         while len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
         return known
@@ -109,7 +122,7 @@ class Inbox:
                 for existing in known:
                     if existing.key == key:
                         return existing
-            head, _known = self._cache[stream]
+            head = self._cache[stream][0]
             try:
                 written = await self._events.append(
                     stream, [message(topic, value, key, wake_at)], expected_sequence=head
