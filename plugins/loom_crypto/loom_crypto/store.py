@@ -53,7 +53,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, TypeAlias
 
-from loom_core import Event, JsonObject, JsonValue, NewEvent
+from loom_core import Event, JsonObject, JsonValue, LoomError, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
 from loom_core.errors import (
     InvalidInputError,
@@ -217,7 +217,15 @@ class CryptoEventStore(EventStoreDecorator):
         subjects: list[str | None] = []
         for i, event in enumerate(events):
             refuse_reserved(event.payload, event.metadata, f"events[{i}]")
-            subject = self._subject_of(execution_id, event)
+            try:
+                subject = self._subject_of(execution_id, event)
+            except LoomError:
+                raise
+            except Exception as exc:
+                raise InvalidOptionError(
+                    f"subject_of raised {type(exc).__name__}: {exc} for events[{i}] of "
+                    f"{execution_id!r}; nothing was written"
+                ) from exc
             if subject is not None:
                 try:
                     subject = check_key(subject, "subject")

@@ -186,6 +186,23 @@ async def test_a_bad_subject_is_refused_before_any_key_is_created(inner: MemoryE
     assert await inner.head("e") == 0
 
 
+async def test_a_subject_of_that_raises_is_refused_as_a_loom_error(
+    inner: MemoryEventStore,
+) -> None:
+    def subject_of(execution_id: str, event: NewEvent) -> str:
+        if event.kind == "BAD":
+            raise ValueError("no subject for this event")
+        return execution_id
+
+    keys = MemoryKeyStore()
+    store = CryptoEventStore(inner, key_store=keys, subject_of=subject_of)
+    with pytest.raises(InvalidOptionError, match="subject_of raised ValueError") as caught:
+        await store.append("e", [NewEvent("OK", 1), NewEvent("BAD", 2)], expected_sequence=0)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert await keys.key_id_for("e") is None
+    assert await inner.head("e") == 0
+
+
 async def test_a_tampered_ciphertext_is_refused(
     sealed: CryptoEventStore, inner: MemoryEventStore
 ) -> None:

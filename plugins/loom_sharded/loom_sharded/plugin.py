@@ -143,6 +143,15 @@ class ShardedDecorator:
                 raise InvalidOptionError(
                     f"shard {i} is a {type(item).__name__}; give a URL or an open Storage"
                 )
+            if (
+                isinstance(item, str)
+                and item == storage.url
+                and not item.startswith("memory:")  # each opening is a store of its own
+            ):
+                raise InvalidOptionError(
+                    f"shard {i}, {item!r}, is the decorated storage itself (shard 0): its "
+                    "executions would be listed twice"
+                )
         names = _names(options.get("names"), 1 + len(extra))
         colocate = options.get("colocate")
         if colocate is not None and not isinstance(colocate, str):

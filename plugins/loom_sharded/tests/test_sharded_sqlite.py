@@ -18,7 +18,7 @@ from loom_conformance.suites import (
 from loom_sharded import ShardedEventStore, ShardUnavailableError, sharded_storage
 from loom_sqlite import SeveralDatabasesError
 
-from loom_core import NewEvent, Storage, TimerRecord, open_storage
+from loom_core import InvalidOptionError, NewEvent, Storage, TimerRecord, open_storage
 from loom_core.decorating import base_stores, find_layer
 
 __all__ = ["TestEventStoreContract", "TestLeaseStoreContract", "TestTimerStoreContract"]
@@ -126,3 +126,9 @@ async def test_backup_all_of_a_sharded_storage_restores_every_execution(tmp_path
         assert sorted(ids) == sorted(f"order-{n}" for n in range(20))
         for n in range(20):
             assert await restored.events.read(f"order-{n}") == before[n]
+
+
+async def test_the_decorated_file_given_again_as_a_shard_is_refused(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "one.db")
+    with pytest.raises(InvalidOptionError, match="is the decorated storage itself"):
+        await open_storage(url, decorators=[("sharded", {"shards": [url]})])
