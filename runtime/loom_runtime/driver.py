@@ -744,10 +744,14 @@ class Run:
             ):
                 return await self._go_on(wait)
             raise _Park
+        await self._until_released()
+
+    async def _until_released(self) -> NoReturn:
+        """Block the branch until the run is quiet or stops, then unwind it."""
         blocked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._blocked.add(blocked)
         try:
-            await blocked  # until the run is quiet or stops
+            await blocked
         finally:
             self._blocked.discard(blocked)
         raise _Stop if self._stopped else _Park
@@ -778,14 +782,9 @@ class Run:
         it makes no progress, as a wait makes none, until the run is quiet or stops."""
         self._beyond += 1
         self._active -= 1
-        if not self._check_quiet():
-            blocked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._blocked.add(blocked)
-            try:
-                await blocked  # until the run is quiet or stops
-            finally:
-                self._blocked.discard(blocked)
-        raise _Stop if self._stopped else _Park
+        if self._check_quiet():
+            raise _Stop if self._stopped else _Park
+        await self._until_released()
 
     def _frontier_reached(self) -> Outcome:
         """Every branch of a replay to the frontier is held, waits or has ended: it

@@ -91,10 +91,9 @@ def _seconds(name: str, value: object, *, most: float, positive: bool = False) -
 class _Backoff:
     attempt: int
     next_try: datetime
-    missing: bool = False
-    """The tries were for a workflow this app does not register (reported once)."""
-    failing: bool = False
-    """The tries failed on the execution itself (reported once)."""
+    cause: Literal["contended", "missing", "failing"] = "contended"
+    """What the tries met: rivals holding the fence; a workflow this app does not
+    register; a failure on the execution itself (the last two reported once a run)."""
 
 
 class TimerService:
@@ -227,13 +226,13 @@ class TimerService:
         except ResumeContendedError:
             return await self._contended(row)
         except WorkflowNotFoundError as exc:
-            return self._missing(row, exc)
+            return self._retry_later(row, exc, "missing")
         except ResumeRefusedError:
             outcome = "obsolete"
         except StoreClosedError:
             raise  # nothing will answer again: the poll ends
         except LoomError as exc:
-            return self._failed(row, exc)
+            return self._retry_later(row, exc, "failing")
         self._backoff.pop(row.execution_id, None)
         key = (row.execution_id, row.wake_at)
         if outcome == "left":
@@ -255,11 +254,7 @@ class TimerService:
     async def _contended(self, row: TimerRecord) -> Fired:
         now = self.app.clock.now()
         entry = self._backoff.pop(row.execution_id, None)
-        attempt = (
-            entry.attempt
-            if entry is not None and not entry.missing and not entry.failing
-            else 0
-        ) + 1
+        attempt = (entry.attempt if entry is not None and entry.cause == "contended" else 0) + 1
         if attempt >= self.max_attempts:
             self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
             await self.app.storage.timers.complete(row.execution_id, row.wake_at)
@@ -269,34 +264,21 @@ class TimerService:
             self._backoff.popitem(last=False)
         return "backing-off"
 
-    def _missing(self, row: TimerRecord, exc: WorkflowNotFoundError) -> Fired:
-        """This app does not register the workflow; a node that does may wake it. The row
-        is left, and tried again after a backoff that grows as a contended one does (but
-        never gives up: another node's row is not this one's to retire); ``on_error``
-        hears of it once per execution, not at every try."""
+    def _retry_later(
+        self, row: TimerRecord, exc: LoomError, cause: Literal["missing", "failing"]
+    ) -> Fired:
+        """The row is left, and tried again after a backoff that grows as a contended one
+        does, never giving up; ``on_error`` hears of ``exc`` once per run of such tries.
+        ``missing``: this app does not register the workflow, and a node that does may
+        wake it (another node's row is not this one's to retire). ``failing``: waking it
+        failed on its execution (its log cannot be read, a store call for it failed), a
+        cause that may pass (a shard comes back). The poll goes on with the next row."""
         entry = self._backoff.pop(row.execution_id, None)
-        if entry is None or not entry.missing:
+        if entry is None or entry.cause != cause:
             self.app.hooks.error(exc)
-        attempt = (entry.attempt if entry is not None and entry.missing else 0) + 1
+        attempt = (entry.attempt if entry is not None and entry.cause == cause else 0) + 1
         self._backoff[row.execution_id] = _Backoff(
-            attempt, self.app.clock.now() + self._jitter(attempt), missing=True
-        )
-        while len(self._backoff) > self.capacity:
-            self._backoff.popitem(last=False)
-        return "backing-off"
-
-    def _failed(self, row: TimerRecord, exc: LoomError) -> Fired:
-        """Waking the row failed on its execution (its log cannot be read, a store call
-        for it failed): the row is left, and tried again after a backoff that grows as a
-        contended one does, never giving up (the cause may pass: a shard comes back);
-        ``on_error`` hears of it once per run of failures. The poll goes on with the next
-        row."""
-        entry = self._backoff.pop(row.execution_id, None)
-        if entry is None or not entry.failing:
-            self.app.hooks.error(exc)
-        attempt = (entry.attempt if entry is not None and entry.failing else 0) + 1
-        self._backoff[row.execution_id] = _Backoff(
-            attempt, self.app.clock.now() + self._jitter(attempt), failing=True
+            attempt, self.app.clock.now() + self._jitter(attempt), cause
         )
         while len(self._backoff) > self.capacity:
             self._backoff.popitem(last=False)
