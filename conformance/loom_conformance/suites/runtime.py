@@ -506,6 +506,10 @@ class TestRuntimeContract:
         await loom_node.settled()
         assert await handle.status() == "suspended"
         assert await timers.pending("nap-1") == (TimerRecord("nap-1", wake_at),)
+        parked = await loom_node.log("nap-1")
+        # Replayed up to its park, reading through your store and writing nothing.
+        assert await check_replay(app) == ["nap-1"]
+        assert await loom_node.log("nap-1") == parked
 
         assert await loom_node.fire_timers(29) == {}
         assert await handle.status() == "suspended"
