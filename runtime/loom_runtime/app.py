@@ -578,9 +578,10 @@ class Loom:
         except InvalidExecutionIdError as exc:
             raise InvalidExecutionIdError(
                 execution_id,
-                f"the store leaves too little room after it for the ids the runtime "
-                f"derives from it (its inbox's, {INBOX_PREFIX}<id>, and its successors', "
-                f"<id>#<generation>: 32 bytes in all): {exc}; use a shorter id",
+                f"{len(execution_id.encode('utf-8'))} bytes leave too little room for the "
+                f"ids the runtime derives from it (its inbox's, {INBOX_PREFIX}<id>, and "
+                f"its successors', <id>#<generation>: 32 bytes more) in this store: "
+                f"{exc.reason}; use a shorter id",
             ) from None
 
     async def _begin(
