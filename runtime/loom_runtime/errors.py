@@ -245,7 +245,7 @@ class RedriveExhaustedError(LoomError):
 class ContextOutsideBodyError(LoomError, RuntimeError):
     """A durable call through a ``ctx`` outside the workflow body it was handed to:
     ``where`` is ``"outside"`` (a ``ctx`` kept after its body ended, or used by code no
-    body runs), ``"step"`` (inside a step's function) or ``"task"`` (from a task or
+    body runs), ``"step"`` (inside a step's function) or ``"task"`` (made or awaited in a task or
     thread the body started itself, rather than through ``ctx.gather``)."""
 
     def __init__(self, where: Literal["outside", "step", "task"] = "outside") -> None:
@@ -266,11 +266,11 @@ _OUTSIDE: Final = {
         "body, between steps"
     ),
     "task": (
-        "a ctx call was made from a task or thread the body started itself (with "
-        "asyncio.create_task, or a timeout that runs its awaitable in a task of its own): "
-        "its position would depend on the order the tasks happen to run in, so a replay "
-        "could differ, and it can outlive the body; run concurrent durable calls through "
-        "ctx.gather"
+        "a ctx call was made, or awaited, in a task or thread the body started itself "
+        "(asyncio.create_task or ensure_future, asyncio.wait or gather, a timeout that "
+        "runs its awaitable in a task of its own): the run cannot tell when such a task "
+        "waits, its calls' positions would depend on the order the tasks happen to run "
+        "in, and it can outlive the body; run concurrent durable calls through ctx.gather"
     ),
 }
 
