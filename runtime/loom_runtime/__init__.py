@@ -26,7 +26,7 @@ from loom_core import (
 )
 from loom_runtime.app import MAX_NEW_ID_BYTES, Authorize, Handle, Loom
 from loom_runtime.clock import Clock, RandomSource, SystemClock
-from loom_runtime.context import Context, Durable
+from loom_runtime.context import Context, Durable, Received
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
@@ -73,6 +73,7 @@ __all__ = [
     "LoomError",
     "NotJsonError",
     "RandomSource",
+    "Received",
     "RedriveExhaustedError",
     "ReplayDivergedError",
     "ReservedExecutionIdError",

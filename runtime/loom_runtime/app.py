@@ -1258,7 +1258,7 @@ class Loom:
         answer can die before it looks again (docs/design.md, "Resuming a park")."""
         waits = view.pending_waits()
         wakes = {w.wake_at for w in waits if w.wake_at is not None}
-        if not wakes and all(w.topic is None for w in waits):
+        if not wakes and all(not w.topics for w in waits):
             return
         timers = self.storage.timers
         have = {row.wake_at for row in await timers.pending(view.execution_id)}
@@ -1468,7 +1468,7 @@ class Loom:
         message undelivered (docs/design.md, "Resuming a park")."""
         if self.clock.now() - row.wake_at >= SENDER_GRACE:
             return False
-        if all(wait.topic is None for wait in view.pending_waits()):
+        if all(not wait.topics for wait in view.pending_waits()):
             return False  # nothing in this park could take a message
         messages = await self.inbox.messages(view.execution_id)
         return all(m.wake_at != row.wake_at for m in messages)
@@ -1480,8 +1480,8 @@ class Loom:
     async def _waiting_message(self, view: View) -> Message | None:
         """A message in the inbox for a receive of the open park, if there is one."""
         for wait in view.pending_waits():
-            if wait.topic is not None:
-                found = await self.inbox.next(view.execution_id, wait.topic, view.consumed)
+            if wait.topics:
+                found = await self.inbox.next(view.execution_id, wait.topics, view.consumed)
                 if found is not None:
                     return found
         return None
@@ -1555,11 +1555,14 @@ class Loom:
     ) -> tuple[list[NewEvent], Wait]:
         pending = view.pending_waits()
         for wait in pending:
-            if wait.call == "receive" and wait.topic is not None:
-                found = await self.inbox.next(view.execution_id, wait.topic, view.consumed)
+            if wait.topics:
+                found = await self.inbox.next(view.execution_id, wait.topics, view.consumed)
                 if found is not None:
+                    any_of = wait.topics if wait.call == "receive_any" else ()
                     batch = [
-                        records.consumed(wait.position, wait.topic, found.sequence, found.value),
+                        records.consumed(
+                            wait.position, found.topic, found.sequence, found.value, any_of
+                        ),
                         records.resumed(
                             park_seq,
                             wait.position,

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final,
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
 from loom_runtime.errors import ContextOutsideBodyError, InvalidDurationError
-from loom_runtime.records import Position, check_text, json_value
+from loom_runtime.records import Position, Received, check_text, json_value
 from loom_runtime.retry import Retry
 
 if TYPE_CHECKING:
     from loom_runtime.driver import Run
 
-__all__ = ["Context", "Durable"]
+__all__ = ["Context", "Durable", "Received"]
 
 T = TypeVar("T")
 T1 = TypeVar("T1")
@@ -290,7 +290,40 @@ class Context:
             self._check_end(seconds, timeout, "ctx.receive(timeout=...)")
         position = BRANCH.get().take()
         site = call_site()
-        return Durable(position, self._run.receive(position, topic, seconds, site))
+        return Durable(position, self._run.receive(position, "receive", (topic,), seconds, site))
+
+    def receive_any(
+        self, *topics: str, timeout: float | timedelta | None = None
+    ) -> Durable[Received | None]:
+        """The oldest message sent on any of ``topics``, exactly once, as a
+        :class:`Received` (``topic, value``); ``None`` when ``timeout`` passes first.
+        Messages on the other topics stay in the inbox for a later receive."""
+        if not topics:
+            raise InvalidInputError(
+                "ctx.receive_any() needs at least one topic: name the topics to wait on, "
+                "as in ctx.receive_any('approve', 'reject')"
+            )
+        for topic in topics:
+            if isinstance(topic, list | tuple | set | frozenset):
+                raise InvalidInputError(
+                    f"ctx.receive_any() takes each topic as its own argument, not {topic!r}; "
+                    "write ctx.receive_any('approve', 'reject'), or unpack a list with *"
+                )
+        checked = tuple(check_text(topic, "a topic") for topic in topics)
+        if len(set(checked)) != len(checked):
+            twice = next(t for t in checked if checked.count(t) > 1)
+            raise InvalidInputError(
+                f"ctx.receive_any() names the topic {twice!r} more than once; name each "
+                "topic once"
+            )
+        seconds = None if timeout is None else _seconds(timeout, "ctx.receive_any(timeout=...)")
+        if seconds is not None:
+            self._check_end(seconds, timeout, "ctx.receive_any(timeout=...)")
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(
+            position, self._run.receive(position, "receive_any", checked, seconds, site)
+        )
 
     def _check_end(self, seconds: float, duration: object, what: str) -> None:
         """Refuse a wait that, from the app's clock's now, would end after LATEST_DEADLINE

@@ -39,8 +39,8 @@ from loom_runtime.errors import (
     RunStoppedError,
     StepFailedError,
 )
-from loom_runtime.fold import Recorded, View, advance
-from loom_runtime.records import Position, Wait, fresh, json_value, position_text
+from loom_runtime.fold import Recorded, View, advance, describe_any
+from loom_runtime.records import Position, Received, Wait, fresh, json_value, position_text
 from loom_runtime.retry import NO_RETRY, Retry
 
 if TYPE_CHECKING:
@@ -522,7 +522,7 @@ class Run:
     ) -> None:
         if self._recorded(position, "sleep", "", site) is not None:
             return
-        earlier = self._earlier_wait(position, "sleep", None, site)
+        earlier = self._earlier_wait(position, "sleep", (), site)
         self._go_live(position, "sleep", "", site, waits=True)
         if earlier is not None:
             wake_at = earlier.wake_at
@@ -531,37 +531,51 @@ class Run:
         else:
             assert seconds is not None
             wake_at = self.app.clock.now() + timedelta(seconds=seconds)
-        await self._wait(Wait(position, "sleep", wake_at, None, site))
+        await self._wait(Wait(position, "sleep", wake_at, (), site))
 
     async def receive(
-        self, position: Position, topic: str, seconds: float | None, site: str
-    ) -> JsonValue:
-        recorded = self._recorded(position, "receive", topic, site)
+        self,
+        position: Position,
+        call: Literal["receive", "receive_any"],
+        topics: tuple[str, ...],
+        seconds: float | None,
+        site: str,
+    ) -> Any:
+        """A ``receive`` (one topic; the message's value) or a ``receive_any`` (several;
+        a :class:`Received`), either None on timeout."""
+        recorded = self._recorded_receive(position, call, topics, site)
         if recorded is not None:
-            return fresh(recorded.value)
-        earlier = self._earlier_wait(position, "receive", topic, site)
-        self._go_live(position, "receive", topic, site, waits=True)
+            return _taken(recorded)
+        earlier = self._earlier_wait(position, call, topics, site)
+        self._go_live(position, call, _receive_name(call, topics), site, waits=True)
         if earlier is not None:
             wake_at = earlier.wake_at
         elif seconds is not None:
             wake_at = self.app.clock.now() + timedelta(seconds=seconds)
         else:
             wake_at = None
+        wait = Wait(position, call, wake_at, topics, site)
         if self._replay_only:  # what the inbox holds is a live run's to consume
-            return await self._wait(Wait(position, "receive", wake_at, topic, site))
+            return await self._wait(wait)
         try:
-            message = await self.app.inbox.next(self.execution_id, topic, self._consumed)
+            message = await self.app.inbox.next(self.execution_id, topics, self._consumed)
         except LoomError as exc:  # the store's failure, never the body's to catch
             self.app.hooks.storage_error(self.execution_id, exc)
             self._halt(exc)
         self._check_alive()
         if message is not None:
             self._consumed.add(message.sequence)
+            any_of = topics if call == "receive_any" else ()
             await self._append(
-                [records.consumed(position, topic, message.sequence, message.value)]
+                [
+                    records.consumed(
+                        position, message.topic, message.sequence, message.value, any_of
+                    )
+                ]
             )
-            return fresh(message.value)
-        return await self._wait(Wait(position, "receive", wake_at, topic, site))
+            value = fresh(message.value)
+            return Received(message.topic, value) if any_of else value
+        return await self._wait(wait)
 
     async def gather(self, position: Position, aws: Sequence[Awaitable[Any]]) -> tuple[Any, ...]:
         self._check_alive()
@@ -674,17 +688,29 @@ class Run:
             self._diverge(position, recorded.describe(), _describe_call(call, name, site))
         return recorded
 
+    def _recorded_receive(
+        self, position: Position, call: str, topics: tuple[str, ...], site: str
+    ) -> Recorded | None:
+        if call == "receive":
+            return self._recorded(position, call, topics[0], site)
+        self._check_alive()
+        recorded = self._view.records.get(position)
+        if recorded is None:
+            return None
+        self._visited.add(position)
+        if recorded.call != call or set(recorded.topics) != set(topics):
+            self._diverge(position, recorded.describe(), _describe_receive(call, topics, site))
+        return recorded
+
     def _earlier_wait(
-        self, position: Position, call: str, topic: str | None, site: str
+        self, position: Position, call: str, topics: tuple[str, ...], site: str
     ) -> Wait | None:
         """The unanswered wait an earlier park recorded here (its deadline stands)."""
         earlier = self._view.waits.get(position)
         if earlier is None:
             return None
-        if earlier.call != call or earlier.topic != topic:
-            self._diverge(
-                position, _describe_wait(earlier), _describe_call(call, topic or "", site)
-            )
+        if earlier.call != call or set(earlier.topics) != set(topics):
+            self._diverge(position, _describe_wait(earlier), _describe_receive(call, topics, site))
         return earlier
 
     def _go_live(
@@ -775,7 +801,7 @@ class Run:
         self._start_from(view, set(view.records))  # every recorded call was made by this run
         self._parked_at = -1
         recorded = view.records.get(wait.position)
-        return None if recorded is None else fresh(recorded.value)
+        return None if recorded is None else _taken(recorded)
 
     async def _hold(self) -> NoReturn:
         """Hold the branch at a call past the end of the log (a replay to the frontier):
@@ -968,6 +994,8 @@ def _describe_call(call: str, name: str, site: str) -> str:
         what = f"step {name!r}"
     elif call == "receive":
         what = f"receive({name!r})"
+    elif call == "receive_any":
+        what = f"receive_any({name})"
     elif call == "sleep":
         what = "sleep()"
     else:
@@ -976,6 +1004,28 @@ def _describe_call(call: str, name: str, site: str) -> str:
 
 
 def _describe_wait(wait: Wait) -> str:
-    what = "sleep()" if wait.call == "sleep" else f"receive({wait.topic!r})"
+    if wait.call == "sleep":
+        what = "sleep()"
+    elif wait.call == "receive":
+        what = f"receive({wait.topics[0]!r})"
+    else:
+        what = describe_any(wait.topics)
     return what + (f" at {wait.site}" if wait.site else "")
+
+
+def _describe_receive(call: str, topics: tuple[str, ...], site: str) -> str:
+    return _describe_call(call, _receive_name(call, topics), site)
+
+
+def _receive_name(call: str, topics: tuple[str, ...]) -> str:
+    """A receive's name in a divergence: its topic, or a receive_any's topics listed."""
+    return topics[0] if call == "receive" else ", ".join(repr(t) for t in topics)
+
+
+def _taken(recorded: Recorded) -> Any:
+    """What a recorded receive gives the body again: the message's value for a
+    ``receive``, a :class:`Received` for a ``receive_any``; None for a timeout."""
+    if recorded.call == "receive_any":
+        return Received(recorded.name, fresh(recorded.value)) if recorded.name else None
+    return fresh(recorded.value)
 

@@ -17,7 +17,8 @@ from loom_runtime.errors import LogFormatError
 from loom_runtime.records import Position, Wait, parse_position
 
 __all__ = [
-    "Park", "Recorded", "Status", "TERMINAL", "View", "advance", "completion_result", "fold"
+    "Park", "Recorded", "Status", "TERMINAL", "View", "advance", "completion_result",
+    "describe_any", "fold",
 ]
 
 Status: TypeAlias = Literal[
@@ -38,14 +39,22 @@ class Recorded:
     attempt: int = 1
     site: str = ""
     sequence: int = 0
+    topics: tuple[str, ...] = ()
+    """A ``receive_any``'s topics; its ``name`` is the topic it took ("" on timeout)."""
 
     def describe(self) -> str:
         what = {
             "step": f"step {self.name!r}",
             "patch": f"patched({self.name!r})",
             "receive": f"receive({self.name!r})",
+            "receive_any": describe_any(self.topics),
         }.get(self.call, f"{self.call}()")
         return what + (f" at {self.site}" if self.site else "")
+
+
+def describe_any(topics: tuple[str, ...]) -> str:
+    """How a divergence names a ``receive_any`` call."""
+    return "receive_any(" + ", ".join(repr(t) for t in topics) + ")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,13 +229,17 @@ def _consumed(view: View, event: Event) -> None:
     position = parse_position(p.get("position"))
     view.consumed.add(_int(p, "message"))
     wait = view.waits.get(position)
+    raw_topics = p.get("topics")
     view.records[position] = Recorded(
         position=position,
-        call="receive",
+        call="receive_any" if p.get("call") == "receive_any" else "receive",
         name=_str(p, "topic"),
         value=p.get("value"),
         site=wait.site if wait is not None else "",
         sequence=event.sequence,
+        topics=tuple(t for t in raw_topics if isinstance(t, str))
+        if isinstance(raw_topics, list)
+        else (),
     )
 
 
@@ -251,10 +264,11 @@ def _resumed(view: View, event: Event) -> None:
         view.records[position] = Recorded(
             position=position,
             call=wait.call if wait is not None else "sleep",
-            name=(wait.topic or "") if wait is not None else "",
+            name=wait.topics[0] if wait is not None and wait.call == "receive" else "",
             value=None,
             site=wait.site if wait is not None else "",
             sequence=event.sequence,
+            topics=wait.topics if wait is not None and wait.call == "receive_any" else (),
         )
     view.park = None
     view.status = "running"

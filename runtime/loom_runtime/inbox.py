@@ -96,11 +96,11 @@ class Inbox:
         return known
 
     async def next(
-        self, execution_id: str, topic: str, consumed: Set[int]
+        self, execution_id: str, topics: tuple[str, ...], consumed: Set[int]
     ) -> Message | None:
-        """The oldest message on ``topic`` that is not in ``consumed``."""
+        """The oldest message on any of ``topics`` that is not in ``consumed``."""
         for candidate in await self.messages(execution_id):
-            if candidate.topic == topic and candidate.sequence not in consumed:
+            if candidate.topic in topics and candidate.sequence not in consumed:
                 return candidate
         return None
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 from loom_core import EventKind, JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidInputError
@@ -23,6 +23,7 @@ __all__ = [
     "INBOX_PREFIX",
     "MESSAGE_KIND",
     "Position",
+    "Received",
     "Wait",
     "WaitCall",
     "cancelled",
@@ -47,7 +48,16 @@ __all__ = [
 ]
 
 Position: TypeAlias = tuple[int, ...]
-WaitCall: TypeAlias = Literal["sleep", "receive"]
+WaitCall: TypeAlias = Literal["sleep", "receive", "receive_any"]
+
+
+
+class Received(NamedTuple):
+    """What ``ctx.receive_any`` took: the message's ``topic`` and its ``value``."""
+
+    topic: str
+    value: JsonValue
+
 
 INBOX_PREFIX: Final = "$inbox:"
 """Messages for execution ``x`` live in the reserved stream ``$inbox:x``."""
@@ -209,21 +219,24 @@ def _iso(moment: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """One thing a park waits for: a timer (``sleep``) or a message on ``topic``
-    (``receive``, with ``wake_at`` as its timeout when it has one)."""
+    """One thing a park waits for: a timer (``sleep``), or a message on one of
+    ``topics`` (``receive`` has one, ``receive_any`` several), with ``wake_at`` as its
+    timeout when it has one."""
 
     position: Position
     call: WaitCall
     wake_at: datetime | None = None
-    topic: str | None = None
+    topics: tuple[str, ...] = ()
     site: str = ""
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"position": position_json(self.position), "call": self.call}
         if self.wake_at is not None:
             out["wake_at"] = _iso(self.wake_at)
-        if self.topic is not None:
-            out["topic"] = self.topic
+        if self.call == "receive":
+            out["topic"] = self.topics[0]
+        elif self.call == "receive_any":
+            out["topics"] = list(self.topics)
         if self.site:
             out["site"] = self.site
         return out
@@ -233,18 +246,27 @@ class Wait:
         """Read a wait back; ValueError when ``raw`` is not one."""
         position = parse_position(raw.get("position"))
         call = raw.get("call")
-        wake_at = raw.get("wake_at")
-        topic = raw.get("topic")
+        raw_wake = raw.get("wake_at")
+        wake_at = datetime.fromisoformat(raw_wake) if isinstance(raw_wake, str) else None
         site = raw.get("site")
-        if call in ("sleep", "receive"):
-            return Wait(
-                position=position,
-                call="sleep" if call == "sleep" else "receive",
-                wake_at=datetime.fromisoformat(wake_at) if isinstance(wake_at, str) else None,
-                topic=topic if isinstance(topic, str) else None,
-                site=site if isinstance(site, str) else "",
-            )
-        raise ValueError(f"a wait's call is 'sleep' or 'receive', not {call!r}")
+        site = site if isinstance(site, str) else ""
+        if call == "sleep":
+            return Wait(position, "sleep", wake_at, (), site)
+        if call == "receive":
+            topic = raw.get("topic")
+            if not isinstance(topic, str):
+                raise ValueError(f"a receive's wait names its topic, not {topic!r}")
+            return Wait(position, "receive", wake_at, (topic,), site)
+        if call == "receive_any":
+            topics = raw.get("topics")
+            if (
+                not isinstance(topics, list)
+                or not topics
+                or not all(isinstance(t, str) for t in topics)
+            ):
+                raise ValueError(f"a receive_any's wait lists its topics, not {topics!r}")
+            return Wait(position, "receive_any", wake_at, tuple(str(t) for t in topics), site)
+        raise ValueError(f"a wait's call is 'sleep', 'receive' or 'receive_any', not {call!r}")
 
 
 def started(
@@ -330,17 +352,25 @@ def resumed(
     )
 
 
-def consumed(position: Position, topic: str, message_seq: int, value: JsonValue) -> NewEvent:
-    return build_new_event(
-        EventKind.MESSAGE_CONSUMED,
-        {
-            "position": position_json(position),
-            "topic": topic,
-            "message": message_seq,
-            "value": value,
-        },
-        {},
-    )
+def consumed(
+    position: Position,
+    topic: str,
+    message_seq: int,
+    value: JsonValue,
+    any_of: tuple[str, ...] = (),
+) -> NewEvent:
+    """A message taken by the receive at ``position``; ``any_of`` is the topics of a
+    ``receive_any`` (empty for a ``receive``, whose topic is ``topic``)."""
+    payload: JsonObject = {
+        "position": position_json(position),
+        "topic": topic,
+        "message": message_seq,
+        "value": value,
+    }
+    if any_of:
+        payload["call"] = "receive_any"
+        payload["topics"] = list(any_of)
+    return build_new_event(EventKind.MESSAGE_CONSUMED, payload, {})
 
 
 def completed(result: JsonValue) -> NewEvent:

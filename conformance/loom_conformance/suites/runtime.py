@@ -553,6 +553,32 @@ class TestRuntimeContract:
         assert_gapless(log)
         assert await check_replay(app) == ["req-1"]
 
+    async def test_a_receive_any_takes_the_first_message_on_its_topics(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """A parked ``receive_any`` wakes for a message on any topic it lists, not for
+        one on another topic; the message left over stays for a later receive."""
+        app = loom_node.app
+
+        @app.workflow(name="review")
+        async def review(ctx: Context) -> Any:
+            first = await ctx.receive_any("approve", "reject")
+            rest = await ctx.receive("other")
+            return [list(first) if first is not None else None, rest]
+
+        handle = await app.start(review, id="rev-1")
+        await loom_node.settled()
+        await app.send("rev-1", "other", 1)
+        await loom_node.settled()
+        assert await handle.status() == "suspended"  # "other" is not one of its topics
+        await app.send("rev-1", "reject", {"by": "ann"})
+        assert await result(handle) == [["reject", {"by": "ann"}], 1]
+        log = await loom_node.log("rev-1")
+        taken = [e.payload for e in log if e.kind == EventKind.MESSAGE_CONSUMED]
+        assert [p["topic"] for p in taken] == ["reject", "other"]  # type: ignore[index,call-overload]
+        assert_gapless(log)
+        assert await check_replay(app) == ["rev-1"]
+
     async def test_a_message_sent_before_the_receive_is_waiting_for_it(
         self, loom_node: RuntimeNode
     ) -> None:
