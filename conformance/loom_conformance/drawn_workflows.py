@@ -95,7 +95,9 @@ Op: TypeAlias = list[Any]
 """One operation of a drawn workflow, as JSON (the workflow's input is the list):
 ``["step", k]``, ``["fail", k]``, ``["sleep", seconds]``, ``["recv", k, arrival,
 timeout, topic]`` (arrival ``"early"``, ``"late"`` or ``"never"``; its message is
-``{"m": k}``), ``["gather", [ops]]`` (steps and sleeps), ``["draw", kind, k]`` (``ctx.uuid``,
+``{"m": k}``, sent on ``topic``; with a sixth item ``"any"`` the receive is
+``ctx.receive_any(*TOPICS)``, which gives ``[topic, value]``), ``["gather", [ops]]``
+(steps and sleeps), ``["draw", kind, k]`` (``ctx.uuid``,
 ``ctx.random`` or ``ctx.now``, then a step ``k`` that returns what it is given),
 ``["cancel"]`` (a long sleep the world answers by cancelling the execution; what follows
 it never runs), ``["continue"]`` (``ctx.continue_as_new`` with the ops left and the results
@@ -118,6 +120,8 @@ execution whose id contains a text (``"append:$inbox:"``: a message stored;
 
 WHEN: Final[tuple[Literal["before", "after"], ...]] = ("before", "after")
 WORKFLOW: Final = "drawn"
+TOPICS: Final = ("t0", "t1")
+"""The topics a drawn receive is on, and all a ``receive_any`` waits for."""
 ATTEMPTS: Final = 2
 """Attempts of a failing step."""
 ROUNDS: Final = 200
@@ -153,6 +157,13 @@ CHOSEN: Final[tuple[Plan, ...]] = (
     # Two receives on one topic: the first takes the second's early message, the second
     # times out.
     Plan([["recv", 0, "never", 60, "t0"], ["recv", 1, "early", 60, "t0"]], [("park", "before")]),
+    # A receive_any takes the next receive's early message (the oldest on its topics),
+    # so that receive times out; a later receive_any takes its own.
+    Plan(
+        [["recv", 0, "late", None, "t1", "any"], ["recv", 1, "early", 60, "t0"],
+         ["recv", 2, "early", None, "t1", "any"]],
+        [("park", "before")],
+    ),
     # A gather of a step and a sleep, killed after the step.
     Plan([["gather", [["step", 0], ["sleep", 10]]], ["step", 1]], [("s0", "after")]),
     # A recorded uuid handed to a step killed before it runs; a failing step killed after
@@ -269,7 +280,10 @@ def _workflows(draw: st.DrawFn, cancel: Cancel) -> list[Op]:
         elif kind == "recv":
             arrival = draw(st.sampled_from(["early", "late", "never"]))
             topic = f"t{draw(st.integers(min_value=0, max_value=1))}"
-            ops.append(["recv", next(numbers), arrival, draw(st.sampled_from([None, 60])), topic])
+            op = ["recv", next(numbers), arrival, draw(st.sampled_from([None, 60])), topic]
+            if draw(st.sampled_from([False, False, True])):
+                op.append("any")
+            ops.append(op)
         elif kind == "gather":
             branches: list[Op] = []
             kinds = st.lists(st.sampled_from(["step", "sleep"]), min_size=1, max_size=3)
@@ -359,26 +373,33 @@ def _fails(ops: Sequence[Op]) -> bool:
 def _messages(ops: Sequence[Op]) -> tuple[list[JsonValue], list[tuple[str, JsonValue]]]:
     """What each op's receive gets (None for other ops), and every message consumed, in
     order. The early messages are all sent at the start, in the order of their receives;
-    a late one when its receive waits. Each topic is first in, first out."""
-    queues: dict[str, deque[JsonValue]] = {}
-    for op in ops:
-        if op[0] == "recv" and op[2] == "early":
-            queues.setdefault(op[4], deque()).append({"m": op[1]})
+    a late one when its receive waits. A receive takes the oldest message on its topic, a
+    receive_any the oldest on any of :data:`TOPICS`."""
+    stored: deque[tuple[str, JsonValue]] = deque(
+        (op[4], {"m": op[1]}) for op in ops if op[0] == "recv" and op[2] == "early"
+    )
     got: list[JsonValue] = []
     consumed: list[tuple[str, JsonValue]] = []
     live = len(_live(ops))
     for i, op in enumerate(ops):
         value: JsonValue = None
         if op[0] == "recv" and i < live:
-            queue = queues.get(op[4])
-            if queue:
-                value = queue.popleft()
+            listens = TOPICS if _any(op) else (op[4],)
+            taken = next((m for m in stored if m[0] in listens), None)
+            if taken is not None:
+                stored.remove(taken)
             elif op[2] == "late":
-                value = {"m": op[1]}
-            if value is not None:
-                consumed.append((op[4], value))
+                taken = (op[4], {"m": op[1]})
+            if taken is not None:
+                consumed.append(taken)
+                value = [taken[0], taken[1]] if _any(op) else taken[1]
         got.append(value)
     return got, consumed
+
+
+def _any(op: Op) -> bool:
+    """Whether a ``recv`` op is a ``receive_any``."""
+    return len(op) > 5 and op[5] == "any"
 
 
 def _waits(ops: Sequence[Op]) -> dict[tuple[int, ...], Op]:
@@ -482,6 +503,9 @@ def _register(app: Loom, world: _World) -> None:
             elif op[0] == "sleep":
                 await ctx.sleep(op[1])
                 out.append("slept")
+            elif op[0] == "recv" and _any(op):
+                got = await ctx.receive_any(*TOPICS, timeout=op[3])
+                out.append(None if got is None else [got.topic, got.value])
             elif op[0] == "recv":
                 out.append(await ctx.receive(op[4], timeout=op[3]))
             elif op[0] == "gather":
@@ -1025,7 +1049,7 @@ async def _play_armed(
         late = [
             waiting[w.position]
             for w in waits
-            if w.call == "receive"
+            if w.call in ("receive", "receive_any")
             and waiting[w.position][2] == "late"
             and waiting[w.position][1] not in sent
         ]
