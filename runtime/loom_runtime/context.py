@@ -199,6 +199,7 @@ class Context:
         *args: object,
         name: str | None = None,
         retry: Retry | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Durable[T]: ...
     @overload
     def step(
@@ -208,6 +209,7 @@ class Context:
         *args: object,
         name: str | None = None,
         retry: Retry | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Durable[T]: ...
     def step(
         self,
@@ -216,19 +218,30 @@ class Context:
         *args: object,
         name: str | None = None,
         retry: Retry | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Durable[Any]:
         """Run ``fn(*args)`` at least once and record its result.
 
         ``fn`` may be async, or sync (it then runs in a worker thread, so it cannot stall
         the event loop); bind keyword arguments with ``functools.partial``. ``name``
         defaults to ``fn``'s qualified name and is what replay matches; ``retry`` defaults
-        to one attempt. The result must be JSON, and the body gets the recorded JSON value
-        live and on replay alike (a tuple comes back as a list).
+        to one attempt. ``timeout`` (seconds or a timedelta, on the event loop's clock)
+        bounds each attempt: one that runs longer fails with ``TimeoutError``, which
+        ``retry`` retries as any failure (an async function is cancelled; a sync one's
+        thread cannot be, and runs on with its result dropped). The result must be JSON,
+        and the body gets the recorded JSON value live and on replay alike (a tuple comes
+        back as a list).
         """
         if not callable(fn):
             raise InvalidInputError(f"ctx.step needs a function, not {fn!r}")
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")
+        limit = None if timeout is None else _seconds(timeout, "ctx.step(timeout=...)")
+        if limit is not None and limit <= 0:
+            raise InvalidDurationError(
+                f"ctx.step(timeout=...) bounds each attempt and must be more than 0 "
+                f"seconds, not {shown(timeout)}; leave it out for no bound"
+            )
         step_name = name if name is not None else _qualname(fn)
         if type(step_name) is not str or not step_name.isascii() or "\x00" in step_name:
             step_name = check_text(step_name, "a step name")
@@ -236,7 +249,9 @@ class Context:
             raise InvalidInputError("a step name must be a non-empty str, not ''")
         position = BRANCH.get().take()
         site = call_site()
-        return Durable(position, self._run.step(position, step_name, fn, args, retry, site))
+        return Durable(
+            position, self._run.step(position, step_name, fn, args, retry, site, limit)
+        )
 
     def sleep(self, duration: float | timedelta) -> Durable[None]:
         """Park for ``duration`` (seconds or a timedelta); the deadline is computed once.

@@ -388,6 +388,7 @@ class Run:
         args: tuple[object, ...],
         retry: Retry | None,
         site: str,
+        limit: float | None = None,
     ) -> Any:
         view = self._view
         if view.records or view.waits or self._replay_only:
@@ -414,7 +415,10 @@ class Run:
                 self._halt(SimulatedCrash(f"simulated crash before step {name!r}"))
             failure: BaseException | None = None
             try:
-                value = await self._call(fn, args)
+                if limit is None:
+                    value = await self._call(fn, args)
+                else:
+                    value = await self._call_within(fn, args, limit, name, attempt)
             except Exception as exc:
                 failure = exc
             except asyncio.CancelledError as exc:
@@ -516,6 +520,23 @@ class Run:
             return result
         finally:
             BRANCH.reset(reset)
+
+    async def _call_within(
+        self, fn: Callable[..., Any], args: tuple[object, ...], limit: float, name: str,
+        attempt: int,
+    ) -> Any:
+        """:meth:`_call`, failing with TimeoutError once ``limit`` seconds pass."""
+        scope = asyncio.timeout(limit)
+        try:
+            async with scope:
+                return await self._call(fn, args)
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the step's own
+            raise TimeoutError(
+                f"step {name!r} did not finish within its timeout of {limit:g} s "
+                f"(attempt {attempt})"
+            ) from None
 
     async def sleep(
         self, position: Position, seconds: float | None, until: Any, site: str
