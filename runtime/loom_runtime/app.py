@@ -16,7 +16,15 @@ import re
 import socket
 import types
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
@@ -758,6 +766,55 @@ class Loom:
         storage = self.storage
         execution_id = _check_id(execution_id)
         return fold(await storage.events.read(execution_id), execution_id=execution_id)
+
+    def executions(
+        self,
+        *,
+        status: Status | Collection[Status] | None = None,
+        workflow: object = None,
+    ) -> AsyncIterator[View]:
+        """Each execution in the store, folded, in id order: those with ``status`` (one or
+        a collection of them) running ``workflow`` (a registered workflow, or any name),
+        every one when both are None. Each generation of a continue-as-new chain is an
+        execution of its own (``view.root`` names the first, ``view.generation`` counts).
+
+        It reads every log, one after another: a listing for a person or a script, not a
+        call for every request. An execution whose log cannot be read (a shredded subject,
+        a log the runtime did not write) goes to ``on_error`` and is left out; a store
+        that fails is raised, and the listing can start again after the last id it gave.
+        """
+        self._running("app.executions")
+        wanted = _statuses(status)
+        if workflow is None or isinstance(workflow, str):
+            name = workflow if workflow is None else check_text(workflow, "a workflow name")
+        else:
+            name = self._resolve(workflow)[0]
+        return self._executions(wanted, name)
+
+    async def _executions(
+        self, wanted: frozenset[str] | None, name: str | None
+    ) -> AsyncIterator[View]:
+        events = self.storage.events
+        after: str | None = None
+        while ids := await events.list_executions(after=after, limit=100):
+            after = ids[-1]
+            for execution_id in ids:
+                if execution_id.startswith("$"):
+                    continue  # the runtime's own streams (an inbox), never an execution
+                try:
+                    view = await self.inspect(execution_id)
+                except StorageError:
+                    raise
+                except LoomError as exc:
+                    self.hooks.error(exc)
+                    continue
+                if view.status is None:
+                    continue  # a stream of events the runtime did not start
+                if wanted is not None and view.status not in wanted:
+                    continue
+                if name is not None and view.workflow != name:
+                    continue
+                yield view
 
     async def send(
         self,
@@ -1749,6 +1806,28 @@ a decorator may lower, before a start writes anything; shorter ones leave room u
 tenant name."""
 
 _SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
+
+
+_STATUSES: Final[frozenset[str]] = frozenset(
+    ("running", "suspended", "completed", "failed", "cancelled", "continued")
+)
+
+
+def _statuses(status: object) -> frozenset[str] | None:
+    """``app.executions(status=...)``: one status or a collection of them, checked."""
+    if status is None:
+        return None
+    if isinstance(status, str) or not isinstance(status, Iterable):
+        given: tuple[object, ...] = (status,)
+    else:
+        given = tuple(status)
+    unknown = [s for s in given if not isinstance(s, str) or s not in _STATUSES]
+    if unknown or not given:
+        raise InvalidInputError(
+            f"status= takes one of {', '.join(sorted(_STATUSES))}, or a collection of them, "
+            f"not {status!r}"
+        )
+    return frozenset(cast("tuple[str, ...]", given))
 
 
 def _check_new_id(execution_id: object) -> str:

@@ -1,0 +1,134 @@
+"""``app.executions()``: every execution in the store, folded, filtered by status and
+workflow; the runtime's own streams and streams it did not start are left out."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from loom_runtime import (
+    AppNotRunningError,
+    Context,
+    LogFormatError,
+    Loom,
+    WorkflowNotFoundError,
+)
+from loom_runtime.testing import VirtualClock
+
+from loom_core import EventKind, InvalidInputError, NewEvent
+
+
+async def listed(app: Loom, **filters: object) -> list[tuple[str, str | None]]:
+    return [(v.execution_id, v.status) async for v in app.executions(**filters)]  # type: ignore[arg-type]
+
+
+async def test_it_lists_every_execution_with_its_status_and_filters_them(app: Loom) -> None:
+    @app.workflow()
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    @app.workflow()
+    async def waits(ctx: Context) -> object:
+        return await ctx.receive("go")
+
+    @app.workflow()
+    async def breaks(ctx: Context) -> None:
+        raise RuntimeError("broken")
+
+    @app.workflow(name="hands_on")
+    async def hands_on(ctx: Context, n: int) -> int:
+        if n == 0:
+            return 0
+        ctx.continue_as_new(n - 1)
+
+    await app.execute(quick, id="a-done")
+    await app.start(waits, id="b-parked")
+    await app.start(waits, id="c-cancelled")
+    await app.drain()
+    await app.cancel("c-cancelled", reason="test")
+    await app.send("b-parked", "other", 1)  # writes its inbox stream, which is not listed
+    failed = await app.start(breaks, id="d-failed")
+    await app.drain()
+    assert await failed.status() == "failed"
+    assert await (await app.start(hands_on, 1, id="e-chain")).result(timeout=5) == 0
+    # A stream the runtime did not start (an application's own events) is not listed.
+    await app.storage.events.append(
+        "f-not-mine", [NewEvent("ORDER_PLACED", {"n": 1})], expected_sequence=0
+    )
+
+    assert await listed(app) == [
+        ("a-done", "completed"),
+        ("b-parked", "suspended"),
+        ("c-cancelled", "cancelled"),
+        ("d-failed", "failed"),
+        ("e-chain", "continued"),
+        ("e-chain#1", "completed"),
+    ]
+    assert await listed(app, status="suspended") == [("b-parked", "suspended")]
+    assert await listed(app, status=("failed", "cancelled")) == [
+        ("c-cancelled", "cancelled"),
+        ("d-failed", "failed"),
+    ]
+    assert await listed(app, workflow=waits) == [
+        ("b-parked", "suspended"),
+        ("c-cancelled", "cancelled"),
+    ]
+    assert await listed(app, workflow="hands_on", status={"completed"}) == [
+        ("e-chain#1", "completed")
+    ]
+    views = [v async for v in app.executions(workflow=hands_on)]
+    assert [(v.root, v.generation) for v in views] == [("e-chain", 0), ("e-chain", 1)]
+    # A name this app does not register is a filter all the same (an operator's script).
+    assert await listed(app, workflow="somebody.elses") == []
+
+
+async def test_it_pages_through_a_store_of_more_executions_than_a_page(app: Loom) -> None:
+    @app.workflow()
+    async def quick(ctx: Context, k: int) -> int:
+        return k
+
+    for k in range(230):
+        await app.execute(quick, k, id=f"x-{k:04d}")
+    ids = [v.execution_id async for v in app.executions(status="completed")]
+    assert ids == [f"x-{k:04d}" for k in range(230)]
+
+
+async def test_an_unreadable_log_goes_to_on_error_and_the_listing_goes_on(app: Loom) -> None:
+    @app.workflow()
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    await app.execute(quick, id="a")
+    await app.storage.events.append(
+        "b", [NewEvent(EventKind.EXECUTION_STARTED, {"workflow": 7})], expected_sequence=0
+    )
+    await app.execute(quick, id="c")
+    assert await listed(app) == [("a", "completed"), ("c", "completed")]
+    reported = app.reported  # type: ignore[attr-defined]
+    assert len(reported) == 1
+    assert isinstance(reported[0], LogFormatError)
+    assert reported[0].execution_id == "b"
+
+
+@pytest.mark.parametrize(
+    ("filters", "error", "says"),
+    [
+        ({"status": "done"}, InvalidInputError, "status= takes one of"),
+        ({"status": ["completed", "finished"]}, InvalidInputError, "status= takes one of"),
+        ({"status": []}, InvalidInputError, "status= takes one of"),
+        ({"status": 3}, InvalidInputError, "status= takes one of"),
+        ({"workflow": ""}, InvalidInputError, "workflow name"),
+        ({"workflow": print}, WorkflowNotFoundError, "print"),
+    ],
+)
+async def test_bad_filters_are_refused_where_they_are_given(
+    app: Loom, filters: dict[str, object], error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        app.executions(**filters)  # type: ignore[arg-type]
+
+
+async def test_a_listing_needs_the_app_running(clock: VirtualClock) -> None:
+    app = Loom("memory://", clock=clock, random=random.Random(1))
+    with pytest.raises(AppNotRunningError):
+        app.executions()
