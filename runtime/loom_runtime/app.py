@@ -27,7 +27,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, Generic, TypeAlias, TypeVar, cast, final, overload
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, final, overload
 
 from loom_core import (
     Event,
@@ -105,6 +105,10 @@ CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
 crash injection; see :mod:`loom_runtime.testing`)."""
 
 DecoratorSpec: TypeAlias = "str | tuple[str, Mapping[str, object]]"
+
+IfExists: TypeAlias = Literal["raise", "attach"]
+"""What ``app.start`` and ``app.execute`` do with an id that has an execution already:
+refuse it with ExecutionAlreadyExistsError, or attach to that execution."""
 
 
 @final
@@ -517,36 +521,70 @@ class Loom:
 
     @overload
     async def start(
-        self, workflow: Callable[..., Awaitable[R]], *args: object, id: str | None = None
+        self,
+        workflow: Callable[..., Awaitable[R]],
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
     ) -> Handle[R]: ...
     @overload
     async def start(
-        self, workflow: str, *args: object, id: str | None = None
+        self, workflow: str, *args: object, id: str | None = None, if_exists: IfExists = "raise"
     ) -> Handle[JsonValue]: ...
     async def start(
-        self, workflow: object, *args: object, id: str | None = None
+        self, workflow: object, *args: object, id: str | None = None, if_exists: IfExists = "raise"
     ) -> Handle[Any]:
         """Start ``workflow(ctx, *args)`` as a new execution and drive it in this process.
 
         ``id`` defaults to a random one; a start onto an id that exists is refused with
-        ExecutionAlreadyExistsError before the body runs. The arguments must be JSON.
+        ExecutionAlreadyExistsError before the body runs, or, with ``if_exists="attach"``,
+        returns a handle to that execution when it runs the same workflow (its arguments
+        are not compared). The arguments must be JSON.
         """
-        run = await self._begin("app.start", workflow, args, id)
+        _check_if_exists(if_exists, id)
+        try:
+            run = await self._begin("app.start", workflow, args, id)
+        except ExecutionAlreadyExistsError as exc:
+            if if_exists == "raise":
+                raise
+            return await self._attach(workflow, exc)
         self._spawn(run)
         return Handle(self, run.execution_id)
 
+    async def _attach(self, workflow: object, refused: ExecutionAlreadyExistsError) -> Handle[Any]:
+        """The handle ``if_exists="attach"`` gives for the execution a start found."""
+        name = self._resolve(workflow)[0]
+        view = await self.inspect(refused.execution_id)
+        if view.status is None:
+            raise refused  # deleted since: a start again decides, not this one
+        if view.workflow != name:
+            refused.add_note(
+                f"it runs workflow {view.workflow!r}, not {name!r}: if_exists='attach' "
+                "attaches only to an execution of the same workflow"
+            )
+            raise refused
+        return Handle(self, refused.execution_id)
+
     @overload
     async def execute(
-        self, workflow: Callable[..., Awaitable[R]], *args: object, id: str | None = None
+        self,
+        workflow: Callable[..., Awaitable[R]],
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
     ) -> R: ...
     @overload
     async def execute(
-        self, workflow: str, *args: object, id: str | None = None
+        self, workflow: str, *args: object, id: str | None = None, if_exists: IfExists = "raise"
     ) -> JsonValue: ...
-    async def execute(self, workflow: object, *args: object, id: str | None = None) -> Any:
+    async def execute(
+        self, workflow: object, *args: object, id: str | None = None, if_exists: IfExists = "raise"
+    ) -> Any:
         """Start ``workflow(ctx, *args)`` as a new execution, drive it in the calling task
         and return its result: what ``start`` then ``result()`` do, without a task of its
-        own, as calling a workflow function does in DBOS.
+        own, as calling a workflow function does in DBOS. With ``if_exists="attach"``, an
+        execution of the workflow already at ``id`` is waited for instead, as ``start``
+        attaches to it.
 
         The body runs in your task until it ends or parks; a parked execution is resumed
         as any other, and this waits for its result as :meth:`Handle.result` does (and
@@ -555,7 +593,13 @@ class Loom:
         task of its own, under a fresh fence, as a restarted node would, and the
         cancellation goes on to you. Context variables the body sets are set in your task.
         """
-        run = await self._begin("app.execute", workflow, args, id)
+        _check_if_exists(if_exists, id)
+        try:
+            run = await self._begin("app.execute", workflow, args, id)
+        except ExecutionAlreadyExistsError as exc:
+            if if_exists == "raise":
+                raise
+            return await (await self._attach(workflow, exc)).result()
         execution_id = run.execution_id
         done = asyncio.get_running_loop().create_future()
         self._inline[done] = asyncio.current_task()
@@ -1806,6 +1850,18 @@ a decorator may lower, before a start writes anything; shorter ones leave room u
 tenant name."""
 
 _SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
+
+
+def _check_if_exists(if_exists: object, execution_id: str | None) -> None:
+    if if_exists not in ("raise", "attach"):
+        raise InvalidInputError(
+            f"if_exists= is 'raise' (refuse an id that has an execution) or 'attach' (give "
+            f"that execution's handle), not {if_exists!r}"
+        )
+    if if_exists == "attach" and execution_id is None:
+        raise InvalidInputError(
+            "if_exists='attach' needs id=: a random id never has an execution to attach to"
+        )
 
 
 _STATUSES: Final[frozenset[str]] = frozenset(
