@@ -579,6 +579,35 @@ class TestRuntimeContract:
         assert_gapless(log)
         assert await check_replay(app) == ["rev-1"]
 
+    async def test_the_app_lists_its_executions_and_not_their_inboxes(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """``app.executions`` pages the store's listing: every execution in id order with
+        its status, filtered, and never an inbox stream."""
+        app = loom_node.app
+
+        @app.workflow(name="kit.listed")
+        async def listed(ctx: Context, wait: bool) -> Any:
+            return await ctx.receive("go") if wait else "done"
+
+        for k in (3, 1, 2):
+            await app.execute(listed, False, id=f"kit-list-{k}")
+        parked = await app.start(listed, True, id="kit-list-0")
+        await loom_node.settled()
+        await app.send("kit-list-2", "late", 1)  # an inbox for a finished one, not listed
+        assert await parked.status() == "suspended"
+        found = [(v.execution_id, v.status) async for v in app.executions(workflow="kit.listed")]
+        assert found == [
+            ("kit-list-0", "suspended"),
+            ("kit-list-1", "completed"),
+            ("kit-list-2", "completed"),
+            ("kit-list-3", "completed"),
+        ]
+        suspended = app.executions(workflow="kit.listed", status="suspended")
+        assert [v.execution_id async for v in suspended] == ["kit-list-0"]
+        await app.send("kit-list-0", "go", 2)
+        assert await result(parked) == 2
+
     async def test_a_message_sent_before_the_receive_is_waiting_for_it(
         self, loom_node: RuntimeNode
     ) -> None:
