@@ -236,12 +236,9 @@ class Context:
             raise InvalidInputError(f"ctx.step needs a function, not {fn!r}")
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")
-        limit = None if timeout is None else _seconds(timeout, "ctx.step(timeout=...)")
-        if limit is not None and limit <= 0:
-            raise InvalidDurationError(
-                f"ctx.step(timeout=...) bounds each attempt and must be more than 0 "
-                f"seconds, not {shown(timeout)}; leave it out for no bound"
-            )
+        limit = None
+        if timeout is not None:
+            limit = _seconds(timeout, "ctx.step(timeout=...)", endless=_NO_BOUND, positive=True)
         step_name = name if name is not None else _qualname(fn)
         if type(step_name) is not str or not step_name.isascii() or "\x00" in step_name:
             step_name = check_text(step_name, "a step name")
@@ -300,7 +297,9 @@ class Context:
         """The next message sent on ``topic``, exactly once; ``None`` when ``timeout``
         (seconds or a timedelta) passes first."""
         topic = check_text(topic, "a topic")
-        seconds = None if timeout is None else _seconds(timeout, "ctx.receive(timeout=...)")
+        seconds = None
+        if timeout is not None:
+            seconds = _seconds(timeout, "ctx.receive(timeout=...)", endless=_NO_TIMEOUT)
         if seconds is not None:
             self._check_end(seconds, timeout, "ctx.receive(timeout=...)")
         position = BRANCH.get().take()
@@ -331,7 +330,9 @@ class Context:
                 f"ctx.receive_any() names the topic {twice!r} more than once; name each "
                 "topic once"
             )
-        seconds = None if timeout is None else _seconds(timeout, "ctx.receive_any(timeout=...)")
+        seconds = None
+        if timeout is not None:
+            seconds = _seconds(timeout, "ctx.receive_any(timeout=...)", endless=_NO_TIMEOUT)
         if seconds is not None:
             self._check_end(seconds, timeout, "ctx.receive_any(timeout=...)")
         position = BRANCH.get().take()
@@ -451,10 +452,18 @@ def _qualname(fn: object) -> str:
 _MAX_SECONDS: Final = MAX_DURATION.total_seconds()
 
 
-def _seconds(duration: object, what: str) -> float:
+_ENDLESS: Final = "use ctx.receive(topic) with no timeout to wait without end"
+_NO_TIMEOUT: Final = "leave timeout= out to wait without end"
+_NO_BOUND: Final = "leave timeout= out for no bound"
+
+
+def _seconds(
+    duration: object, what: str, *, endless: str = _ENDLESS, positive: bool = False
+) -> float:
     """``duration`` (seconds or a timedelta) in seconds. Refused: a bool, NaN, a negative
-    duration, and one longer than MAX_DURATION (an infinity, an int of any size, compared
-    as it is, never converted to a float that would overflow)."""
+    duration (0 too when ``positive``), and one longer than MAX_DURATION (an infinity, an
+    int of any size, compared as it is, never converted to a float that would overflow),
+    whose refusal ends with ``endless``: what to write for no end instead."""
     amount: float
     if isinstance(duration, int | float) and not isinstance(duration, bool):
         amount = duration
@@ -466,12 +475,16 @@ def _seconds(duration: object, what: str) -> float:
         )
     if amount != amount:  # NaN
         raise InvalidDurationError(f"{what} needs a number of seconds, not {duration!r}")
+    if positive and amount <= 0:
+        raise InvalidDurationError(
+            f"{what} needs a duration of more than 0 seconds, not {shown(duration)}; "
+            f"{endless}"
+        )
     if amount < 0:
         raise InvalidDurationError(f"{what} needs a duration >= 0, not {shown(duration)}")
     if amount > _MAX_SECONDS:
         raise InvalidDurationError(
             f"{what} takes at most {_MAX_SECONDS:.0f} seconds (MAX_DURATION, 1000 years), "
-            f"not {shown(duration)}; check the unit (seconds), or use ctx.receive(topic) "
-            "with no timeout to wait without end"
+            f"not {shown(duration)}; check the unit (seconds), or {endless}"
         )
     return float(amount)

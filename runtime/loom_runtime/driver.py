@@ -10,9 +10,11 @@ crash) that appends nothing more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -503,7 +505,9 @@ class Run:
             self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
         raise StepFailedError(name, position_text(position), attempt, error_type, message)
 
-    async def _call(self, fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
+    async def _call(
+        self, fn: Callable[..., Any], args: tuple[object, ...], *, own_thread: bool = False
+    ) -> Any:
         # The step's function runs with the step's own branch, which refuses durable
         # calls: a replay serves the step without running it, so a call inside would be
         # recorded at a position no replay makes (a thread gets a copy of the context).
@@ -514,7 +518,10 @@ class Run:
                 code is not None and code.co_flags & _CO_COROUTINE
             ) or inspect.iscoroutinefunction(fn):
                 return await fn(*args)
-            result = await asyncio.to_thread(fn, *args)
+            if own_thread:
+                result = await _in_own_thread(fn, args)
+            else:
+                result = await asyncio.to_thread(fn, *args)
             if inspect.isawaitable(result):
                 return await result
             return result
@@ -525,18 +532,24 @@ class Run:
         self, fn: Callable[..., Any], args: tuple[object, ...], limit: float, name: str,
         attempt: int,
     ) -> Any:
-        """:meth:`_call`, failing with TimeoutError once ``limit`` seconds pass."""
+        """:meth:`_call` bounded to ``limit`` seconds: past them the step is cancelled (an
+        async one; a sync one runs on a daemon thread of its own, left to finish), and the
+        attempt has failed with TimeoutError, whatever the step does after the cancel (a
+        result it returns anyway is dropped, an error it raises is chained)."""
         scope = asyncio.timeout(limit)
+        failure: Exception | None = None
         try:
             async with scope:
-                return await self._call(fn, args)
-        except TimeoutError:
+                value = await self._call(fn, args, own_thread=True)
+        except Exception as exc:
             if not scope.expired():
-                raise  # the step's own
-            raise TimeoutError(
-                f"step {name!r} did not finish within its timeout of {limit:g} s "
-                f"(attempt {attempt})"
-            ) from None
+                raise  # the step's own failure, within its bound
+            failure = exc
+        if not scope.expired():
+            return value
+        raise TimeoutError(
+            f"step {name!r} did not finish within its timeout of {limit:g} s (attempt {attempt})"
+        ) from failure
 
     async def sleep(
         self, position: Position, seconds: float | None, until: Any, site: str
@@ -1007,6 +1020,37 @@ def _storable(text: str) -> str:
     if text.isascii():
         return text if "\x00" not in text else text.replace("\x00", "\\x00")
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+async def _in_own_thread(fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
+    """``fn(*args)`` on a daemon thread of its own, in a copy of the caller's context: a
+    bounded sync step, which its bound cannot stop, so that one left running takes no
+    worker of the shared executor from the steps after it, and never holds up the
+    process's exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, failure: BaseException | None) -> None:
+        if done.done():
+            return  # given up on at the bound
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(value)
+
+    def run() -> None:
+        value: Any = None
+        failure: BaseException | None = None
+        try:
+            value = context.run(fn, *args)
+        except BaseException as exc:
+            failure = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, value, failure)
+
+    threading.Thread(target=run, name="loom-step", daemon=True).start()
+    return await done
 
 
 def _describe_call(call: str, name: str, site: str) -> str:

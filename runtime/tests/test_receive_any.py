@@ -4,6 +4,7 @@ topic it came on; the others stay in the inbox."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -271,6 +272,7 @@ async def test_check_replay_reaches_a_parked_receive_any(app: Loom) -> None:
         (("approve", 3), None, InvalidInputError, "non-empty str"),
         (("approve", "re\x00ject"), None, InvalidInputError, "U+0000"),
         (("approve",), -1, InvalidDurationError, "receive_any(timeout=...)"),
+        (("approve",), math.inf, InvalidDurationError, "leave timeout= out to wait without end"),
     ],
 )
 async def test_bad_arguments_are_refused_and_nothing_is_appended(

@@ -151,15 +151,89 @@ async def test_a_step_within_its_timeout_returns_its_result(app: Loom) -> None:
     assert await (await app.start(fine, id="f")).result(timeout=10) == 42
 
 
+@pytest.mark.parametrize("late", ["returns", "raises"])
+async def test_an_attempt_that_ignores_the_cancel_has_still_timed_out(
+    app: Loom, late: str
+) -> None:
+    attempts: list[int] = []
+    cancelled = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def stubborn() -> str:
+        attempts.append(1)
+        if len(attempts) == 2:
+            return "second"
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()  # the bound has passed
+            await finish.wait()  # and it goes on, as a careless client may
+            if late == "raises":
+                raise RuntimeError("cleaning up after the cancel failed") from None
+        return "first, too late"
+
+    @app.workflow()
+    async def bounded(ctx: Context) -> object:
+        return await ctx.step(
+            stubborn,
+            retry=Retry(attempts=2, initial_interval=0, non_retryable=(RuntimeError,)),
+            timeout=NEVER,
+        )
+
+    handle = await app.start(bounded, id="late")
+    await cancelled.wait()
+    finish.set()
+    # The first attempt's late result (or error) is dropped, and the second is taken.
+    assert await handle.result(timeout=10) == "second"
+    assert attempts == [1, 1]
+
+
+async def test_timed_sync_steps_left_running_take_no_worker_from_other_steps(
+    app: Loom,
+) -> None:
+    release = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def blocks() -> None:
+        threads.append(threading.current_thread())
+        release.wait()
+
+    def untimed() -> str:
+        return "ran"
+
+    @app.workflow()
+    async def hung(ctx: Context) -> object:
+        try:
+            await ctx.step(blocks, timeout=NEVER)
+        except StepFailedError as exc:
+            return exc.error_type
+        return "finished"
+
+    @app.workflow()
+    async def other(ctx: Context) -> object:
+        return await ctx.step(untimed)
+
+    # More left running than the default executor has workers (min(32, cpus + 4)).
+    try:
+        results = await asyncio.gather(*(app.execute(hung, id=f"h{k}") for k in range(40)))
+        assert results == ["TimeoutError"] * 40
+        assert len(threads) == 40
+        assert all(t.daemon and t.name == "loom-step" for t in threads)
+        assert await app.execute(other, id="o") == "ran"  # the shared executor is free
+    finally:
+        release.set()
+
+
 @pytest.mark.parametrize(
     ("limit", "says"),
     [
-        (0, "more than 0 seconds"),
-        (-1, "duration >= 0"),
+        (0, "more than 0 seconds, not 0; leave timeout= out for no bound"),
+        (-1, "more than 0 seconds"),
         (math.nan, "number of seconds"),
         ("5", "takes seconds"),
         (True, "takes seconds"),
-        (10.0**12, "at most"),
+        (10.0**12, "check the unit (seconds), or leave timeout= out for no bound"),
+        (math.inf, "leave timeout= out for no bound"),
     ],
 )
 async def test_a_bad_timeout_is_refused_before_the_step_runs(
