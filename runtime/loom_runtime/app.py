@@ -67,10 +67,10 @@ from loom_runtime.errors import (
     WorkflowFailedError,
     WorkflowNotFoundError,
 )
-from loom_runtime.fold import Status, View, completion_result, fold
+from loom_runtime.fold import Recorded, Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
 from loom_runtime.inbox import Inbox, Message
-from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, json_value
+from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, fresh, json_value
 from loom_runtime.resume import answer_park, read_tail
 from loom_runtime.timers import Fired, TimerService
 
@@ -145,15 +145,7 @@ class Handle(Generic[R]):
         RunStoppedError (when the run in this process diverged, or its body raised a
         BaseException) or ResultTimeoutError after ``timeout`` seconds.
         """
-        if timeout is not None and (
-            not isinstance(timeout, int | float)
-            or isinstance(timeout, bool)
-            or not 0 <= timeout < math.inf  # NaN compares false
-        ):
-            raise InvalidInputError(
-                f"timeout= must be a finite number of seconds >= 0, or None to wait as long as "
-                f"it takes, not {timeout!r}"
-            )
+        _check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         execution_id = self.execution_id
@@ -810,6 +802,55 @@ class Loom:
         storage = self.storage
         execution_id = _check_id(execution_id)
         return fold(await storage.events.read(execution_id), execution_id=execution_id)
+
+    async def get_event(
+        self,
+        execution_id: str,
+        key: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (the API, as Handle.result's)
+    ) -> JsonValue:
+        """The latest value the execution published under ``key`` with ``ctx.set_event``
+        (following continue-as-new: a successor's replaces its predecessor's), waiting
+        for one while the execution runs. None when it ended without one, or when
+        ``timeout`` seconds passed first; ExecutionNotFoundError when there is no such
+        execution."""
+        self._running("app.get_event")
+        execution_id = _check_id(execution_id)
+        key = check_text(key, "an event key")
+        _check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        found: Recorded | None = None
+        current = execution_id
+        interval = 0.01
+        while True:
+            changed = self.watch(current)
+            view = await self.inspect(current)
+            if view.status is None:
+                if current == execution_id:
+                    raise ExecutionNotFoundError(execution_id)
+                return None if found is None else fresh(found.value)  # a pruned successor
+            latest: Recorded | None = None
+            for recorded in view.records.values():
+                if recorded.call == "event" and recorded.name == key and (
+                    latest is None or recorded.sequence > latest.sequence
+                ):
+                    latest = recorded
+            if latest is not None:
+                found = latest  # a successor's replaces its predecessor's
+            if view.status == "continued" and view.successor is not None:
+                current = view.successor
+                continue
+            if found is not None or view.terminal:
+                return None if found is None else fresh(found.value)
+            wait = interval
+            remaining = _remaining(loop, deadline)
+            if remaining is not None:
+                if remaining <= 0:
+                    return None
+                wait = min(wait, remaining)
+            await self.wait_changed(current, wait, changed)
+            interval = min(interval * 2, 1.0)
 
     def executions(
         self,
@@ -1814,6 +1855,19 @@ async def _stop_tasks(tasks: Collection[asyncio.Task[Any]]) -> None:
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved, so asyncio does not report it as never retrieved
+
+
+def _check_timeout(timeout: object) -> None:
+    """A wait's ``timeout=``: None, or a finite number of seconds >= 0."""
+    if timeout is not None and (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not 0 <= timeout < math.inf  # NaN compares false
+    ):
+        raise InvalidInputError(
+            f"timeout= must be a finite number of seconds >= 0, or None to wait as long as "
+            f"it takes, not {timeout!r}"
+        )
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:

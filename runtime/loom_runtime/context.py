@@ -380,6 +380,17 @@ class Context:
         position = BRANCH.get().take()
         return await self._run.gather(position, aws)
 
+    def set_event(self, key: str, value: JsonValue) -> Durable[None]:
+        """Publish ``value`` under ``key`` for code outside the workflow to read with
+        ``app.get_event(execution_id, key)``: written when awaited, before the body goes
+        on; a later ``set_event`` of the key replaces it. Refused before anything is
+        written: a key that is not a non-empty str, a value that is not JSON."""
+        key = check_text(key, "an event key")
+        checked = json_value(value, f"the value of event {key!r}")
+        position = BRANCH.get().take()
+        site = call_site()
+        return Durable(position, self._run.set_event(position, key, checked, site))
+
     def now(self) -> datetime:
         """The current time (UTC), recorded so replay sees the same value."""
         position = BRANCH.get().take()

@@ -668,6 +668,14 @@ class Run:
                 raise failure
         return tuple(task.result() for task in tasks)
 
+    async def set_event(self, position: Position, key: str, value: JsonValue, site: str) -> None:
+        if self._recorded(position, "event", key, site) is not None:
+            return
+        self._go_live(position, "event", key, site)
+        if self._frontier:
+            return  # past the log: a replay to it publishes nothing
+        await self._append([records.step_completed(position, "event", key, value, 1, site)])
+
     def value(
         self, position: Position, call: str, site: str, draw: Callable[[], JsonValue]
     ) -> JsonValue:
@@ -1057,6 +1065,8 @@ def _describe_call(call: str, name: str, site: str) -> str:
     """How a divergence names the call the body attempted."""
     if call == "step":
         what = f"step {name!r}"
+    elif call == "event":
+        what = f"set_event({name!r})"
     elif call == "receive":
         what = f"receive({name!r})"
     elif call == "receive_any":

@@ -48,6 +48,7 @@ class Recorded:
             "patch": f"patched({self.name!r})",
             "receive": f"receive({self.name!r})",
             "receive_any": describe_any(self.topics),
+            "event": f"set_event({self.name!r})",
         }.get(self.call, f"{self.call}()")
         return what + (f" at {self.site}" if self.site else "")
 

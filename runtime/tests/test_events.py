@@ -1,0 +1,169 @@
+"""``ctx.set_event`` and ``app.get_event``: a workflow publishes a value under a key for
+code outside it to read, durably, once, and the latest value wins."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from loom_runtime import Context, Loom, NotJsonError, ReplayDivergedError
+from loom_runtime.testing import check_replay, crash_at
+
+from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError
+
+
+async def events_of(app: Loom, execution_id: str) -> list[object]:
+    return [
+        (e.payload["name"], e.payload["result"])  # type: ignore[index,call-overload]
+        for e in await app.storage.events.read(execution_id)
+        if e.kind == EventKind.STEP_COMPLETED and e.payload["call"] == "event"  # type: ignore[index,call-overload]
+    ]
+
+
+async def test_a_parked_workflow_publishes_what_a_caller_reads(app: Loom) -> None:
+    @app.workflow()
+    async def checkout(ctx: Context, order: str) -> object:
+        await ctx.set_event("payment_url", f"https://pay.example/{order}")
+        paid = await ctx.receive("paid")
+        await ctx.set_event("status", "paid")
+        return paid
+
+    handle = await app.start(checkout, "o-1", id="c")
+    assert await app.get_event("c", "payment_url", timeout=5) == "https://pay.example/o-1"
+    assert await handle.status() == "suspended"
+    await app.send("c", "paid", True)
+    assert await handle.result(timeout=5) is True
+    assert await app.get_event("c", "status") == "paid"
+    assert await events_of(app, "c") == [
+        ("payment_url", "https://pay.example/o-1"),
+        ("status", "paid"),
+    ]
+    assert await check_replay(app, ["c"]) == ["c"]
+
+
+async def test_get_event_waits_for_the_value_and_the_latest_wins(app: Loom) -> None:
+    gate = asyncio.Event()
+
+    async def wait_gate() -> None:
+        await gate.wait()
+
+    @app.workflow()
+    async def progress(ctx: Context) -> None:
+        await ctx.set_event("stage", 1)
+        await ctx.step(wait_gate)
+        await ctx.set_event("stage", 2)
+        await ctx.set_event("done", {"ok": True})
+        await ctx.receive("never")
+
+    await app.start(progress, id="p")
+    waiting = asyncio.ensure_future(app.get_event("p", "done"))
+    assert await app.get_event("p", "stage") == 1
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    gate.set()
+    assert await asyncio.wait_for(waiting, 5) == {"ok": True}
+    assert await app.get_event("p", "stage") == 2
+
+
+async def test_none_when_it_ends_without_the_key_or_the_timeout_passes(app: Loom) -> None:
+    @app.workflow()
+    async def quiet(ctx: Context) -> str:
+        return "done"
+
+    @app.workflow()
+    async def parked(ctx: Context) -> object:
+        return await ctx.receive("never")
+
+    await app.execute(quiet, id="q")
+    assert await app.get_event("q", "anything") is None  # ended: no wait, even unbounded
+    await app.start(parked, id="w")
+    assert await app.get_event("w", "anything", timeout=0.05) is None
+
+
+async def test_a_recovered_run_publishes_once(app: Loom) -> None:
+    ran: list[int] = []
+
+    async def after() -> None:
+        ran.append(1)
+
+    @app.workflow()
+    async def once(ctx: Context) -> None:
+        await ctx.set_event("k", "v")
+        await ctx.step(after)
+
+    crash_at(app, step="after", when="before")
+    handle = await app.start(once, id="r")
+    await app.drain()
+    assert await app.get_event("r", "k") == "v"  # durable before the crash
+    await app.recover()
+    await handle.result(timeout=5)
+    assert await events_of(app, "r") == [("k", "v")]
+    assert ran == [1]
+
+
+async def test_a_successors_value_replaces_its_predecessors(app: Loom) -> None:
+    @app.workflow(name="chain")
+    async def chain(ctx: Context, n: int) -> int:
+        if n == 2:
+            await ctx.set_event("stage", "first")
+            await ctx.set_event("only-first", 1)
+        if n == 1:
+            await ctx.set_event("stage", "second")
+        if n == 0:
+            return 0
+        ctx.continue_as_new(n - 1)
+
+    assert await (await app.start(chain, 2, id="ch")).result(timeout=5) == 0
+    assert await app.get_event("ch", "stage") == "second"
+    assert await app.get_event("ch", "only-first") == 1
+    assert await app.get_event("ch#1", "stage") == "second"  # a generation by its own id
+
+
+async def test_a_changed_key_under_a_parked_execution_diverges(app: Loom) -> None:
+    version = {"key": "a"}
+
+    @app.workflow(name="keyed")
+    async def keyed(ctx: Context) -> object:
+        await ctx.set_event(version["key"], 1)
+        return await ctx.receive("go")
+
+    await app.start(keyed, id="d")
+    await app.drain()
+    version["key"] = "b"
+    with pytest.raises(ReplayDivergedError, match="set_event"):
+        await check_replay(app, ["d"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "says"),
+    [
+        ("", 1, InvalidInputError, "event key"),
+        (3, 1, InvalidInputError, "event key"),
+        ("k", object(), NotJsonError, "event 'k'"),
+        ("k", math.nan, NotJsonError, "event 'k'"),
+    ],
+)
+async def test_bad_input_is_refused_and_nothing_is_written(
+    app: Loom, key: object, value: object, error: type[Exception], says: str
+) -> None:
+    @app.workflow()
+    async def bad(ctx: Context) -> str:
+        try:
+            await ctx.set_event(key, value)  # type: ignore[arg-type]
+        except error as exc:
+            return str(exc)
+        return "accepted"
+
+    assert says in await (await app.start(bad, id="b")).result(timeout=5)
+    assert await events_of(app, "b") == []
+
+
+async def test_get_event_refuses_what_it_cannot_read(app: Loom) -> None:
+    with pytest.raises(ExecutionNotFoundError):
+        await app.get_event("nobody", "k")
+    for timeout in (-1, math.inf, "5", True):
+        with pytest.raises(InvalidInputError, match="timeout="):
+            await app.get_event("nobody", "k", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="event key"):
+        await app.get_event("nobody", "")
