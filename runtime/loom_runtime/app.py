@@ -138,6 +138,20 @@ class Handle(Generic[R]):
         assert view.status is not None
         return view.status
 
+    async def send(self, topic: str, value: object = None, *, key: str | None = None) -> int:
+        """``app.send`` to this execution: store a message, then wake it."""
+        return await self._app.send(self.execution_id, topic, value, key=key)
+
+    async def cancel(self, *, reason: str | None = None, principal: object = None) -> bool:
+        """``app.cancel`` of this execution; False if it had finished."""
+        return await self._app.cancel(self.execution_id, reason=reason, principal=principal)
+
+    async def get_event(
+        self, key: str, timeout: float | None = None  # noqa: ASYNC109 (the API)
+    ) -> JsonValue:
+        """``app.get_event`` of this execution: the latest value published under ``key``."""
+        return await self._app.get_event(self.execution_id, key, timeout)
+
     async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the API)
         """The workflow's return value, once it has one (following continue-as-new).
 

@@ -1,10 +1,12 @@
-"""``handle.result()`` wakes on a write that lands between its read and its wait."""
+"""A handle: ``result()`` wakes on a write that lands between its read and its wait, and
+``send``, ``get_event`` and ``cancel`` act on its own execution."""
 
 from __future__ import annotations
 
 import asyncio
 
-from loom_runtime import Context, Loom
+import pytest
+from loom_runtime import Context, ExecutionCancelledError, Loom
 from loom_runtime.fold import View
 
 
@@ -46,3 +48,26 @@ async def test_a_completion_between_the_handles_read_and_its_wait_wakes_it(app: 
     app.wait_changed = record_wait  # type: ignore[method-assign]
     assert await handle.result(timeout=5) == 7
     assert waits == [True]  # the wait began already woken: the completion was not missed
+
+
+async def test_a_handle_sends_reads_events_and_cancels_its_own_execution(app: Loom) -> None:
+    @app.workflow()
+    async def approval(ctx: Context) -> object:
+        await ctx.set_event("stage", "waiting")
+        first = await ctx.receive("note")
+        await ctx.set_event("stage", first)
+        return await ctx.receive("never")
+
+    handle = await app.start(approval, id="h")
+    other = await app.start(approval, id="other")
+    assert await handle.get_event("stage", timeout=5) == "waiting"
+    message_id = await handle.send("note", "read", key="n-1")
+    assert await handle.send("note", "again", key="n-1") == message_id
+    await app.drain()  # the delivery drives the body on in a task of the app's
+    assert await handle.get_event("stage", timeout=5) == "read"
+    assert await handle.cancel(reason="done") is True
+    with pytest.raises(ExecutionCancelledError):
+        await handle.result(timeout=5)
+    assert await handle.cancel() is False  # finished already
+    assert await other.status() == "suspended"  # only its own execution
+    assert await other.get_event("stage") == "waiting"
