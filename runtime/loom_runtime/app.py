@@ -16,6 +16,7 @@ import re
 import socket
 import types
 import uuid
+import weakref
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -321,7 +322,12 @@ class Loom:
         self._relist = False
         self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
-        self._signals: dict[str, asyncio.Event] = {}
+        # Held weakly: an event lives while a reader that took it may wait on it, so reads
+        # of executions never written again (a finished one's result, its events) leave
+        # nothing behind.
+        self._signals: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
         self._resumers: dict[str, _Resumers] = {}
         # Executions whose next run this process is about to drive: written (a start, a
         # successor's start, a takeover, an answer to its own park) but not yet spawned.
@@ -1260,7 +1266,10 @@ class Loom:
 
     def watch(self, execution_id: str) -> asyncio.Event:
         """An event the next write of a run in this process to ``execution_id`` sets."""
-        return self._signals.setdefault(execution_id, asyncio.Event())
+        signal = self._signals.get(execution_id)
+        if signal is None:
+            signal = self._signals[execution_id] = asyncio.Event()
+        return signal
 
     async def wait_changed(
         self, execution_id: str, seconds: float, signal: asyncio.Event | None = None

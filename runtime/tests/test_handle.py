@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 from loom_runtime import Context, ExecutionCancelledError, Loom
@@ -71,3 +72,18 @@ async def test_a_handle_sends_reads_events_and_cancels_its_own_execution(app: Lo
     assert await handle.cancel() is False  # finished already
     assert await other.status() == "suspended"  # only its own execution
     assert await other.get_event("stage") == "waiting"
+
+
+async def test_reading_finished_executions_leaves_no_watch_behind(app: Loom) -> None:
+    @app.workflow()
+    async def quick(ctx: Context, k: int) -> int:
+        await ctx.set_event("k", k)
+        return k
+
+    for k in range(50):
+        await app.execute(quick, k, id=f"q{k}")
+    for k in range(50):
+        assert await app.get(f"q{k}").result(timeout=5) == k
+        assert await app.get_event(f"q{k}", "k") == k
+    gc.collect()
+    assert len(app._signals) == 0  # nothing waits: nothing is kept
