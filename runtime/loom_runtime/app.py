@@ -553,15 +553,29 @@ class Loom:
         returns a handle to that execution when it runs the same workflow (its arguments
         are not compared). The arguments must be JSON.
         """
-        _check_if_exists(if_exists, id)
-        try:
-            run = await self._begin("app.start", workflow, args, id)
-        except ExecutionAlreadyExistsError as exc:
-            if if_exists == "raise":
-                raise
-            return await self._attach(workflow, exc)
+        run = await self._begin_or_attach("app.start", workflow, args, id, if_exists)
+        if isinstance(run, Handle):
+            return run
         self._spawn(run)
         return Handle(self, run.execution_id)
+
+    async def _begin_or_attach(
+        self,
+        what: str,
+        workflow: object,
+        args: tuple[object, ...],
+        id: str | None,
+        if_exists: IfExists,
+    ) -> Run | Handle[Any]:
+        """:meth:`_begin`, or with ``if_exists="attach"`` the handle of the execution of
+        the same workflow already at ``id``."""
+        _check_if_exists(if_exists, id)
+        try:
+            return await self._begin(what, workflow, args, id)
+        except ExecutionAlreadyExistsError as refused:
+            if if_exists == "raise":
+                raise
+            return await self._attach(workflow, refused)
 
     async def _attach(self, workflow: object, refused: ExecutionAlreadyExistsError) -> Handle[Any]:
         """The handle ``if_exists="attach"`` gives for the execution a start found."""
@@ -605,13 +619,9 @@ class Loom:
         task of its own, under a fresh fence, as a restarted node would, and the
         cancellation goes on to you. Context variables the body sets are set in your task.
         """
-        _check_if_exists(if_exists, id)
-        try:
-            run = await self._begin("app.execute", workflow, args, id)
-        except ExecutionAlreadyExistsError as exc:
-            if if_exists == "raise":
-                raise
-            return await (await self._attach(workflow, exc)).result()
+        run = await self._begin_or_attach("app.execute", workflow, args, id, if_exists)
+        if isinstance(run, Handle):
+            return await run.result()
         execution_id = run.execution_id
         done = asyncio.get_running_loop().create_future()
         self._inline[done] = asyncio.current_task()

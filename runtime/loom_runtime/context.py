@@ -297,11 +297,7 @@ class Context:
         """The next message sent on ``topic``, exactly once; ``None`` when ``timeout``
         (seconds or a timedelta) passes first."""
         topic = check_text(topic, "a topic")
-        seconds = None
-        if timeout is not None:
-            seconds = _seconds(timeout, "ctx.receive(timeout=...)", endless=_NO_TIMEOUT)
-        if seconds is not None:
-            self._check_end(seconds, timeout, "ctx.receive(timeout=...)")
+        seconds = self._timeout(timeout, "ctx.receive(timeout=...)")
         position = BRANCH.get().take()
         site = call_site()
         return Durable(position, self._run.receive(position, "receive", (topic,), seconds, site))
@@ -330,16 +326,20 @@ class Context:
                 f"ctx.receive_any() names the topic {twice!r} more than once; name each "
                 "topic once"
             )
-        seconds = None
-        if timeout is not None:
-            seconds = _seconds(timeout, "ctx.receive_any(timeout=...)", endless=_NO_TIMEOUT)
-        if seconds is not None:
-            self._check_end(seconds, timeout, "ctx.receive_any(timeout=...)")
+        seconds = self._timeout(timeout, "ctx.receive_any(timeout=...)")
         position = BRANCH.get().take()
         site = call_site()
         return Durable(
             position, self._run.receive(position, "receive_any", checked, seconds, site)
         )
+
+    def _timeout(self, timeout: object, what: str) -> float | None:
+        """A receive's ``timeout=`` in seconds, checked; None for none."""
+        if timeout is None:
+            return None
+        seconds = _seconds(timeout, what, endless=_NO_TIMEOUT)
+        self._check_end(seconds, timeout, what)
+        return seconds
 
     def _check_end(self, seconds: float, duration: object, what: str) -> None:
         """Refuse a wait that, from the app's clock's now, would end after LATEST_DEADLINE
