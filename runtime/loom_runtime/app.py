@@ -16,7 +16,6 @@ import re
 import socket
 import types
 import uuid
-import weakref
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -165,46 +164,63 @@ class Handle(Generic[R]):
         deadline = None if timeout is None else loop.time() + timeout
         execution_id = self.execution_id
         interval = 0.01
-        while True:
-            # A run in this process ends with the log's last word on a finished execution
-            # (nothing changes a log after its terminal event): wait for it rather than
-            # reading the log after every append. Otherwise watch before reading, so a
-            # write between the read and the wait still wakes us.
-            last = await self._app._local_end(execution_id, _remaining(loop, deadline))
-            changed = None
-            if last is not None:
-                if last.kind == EventKind.EXECUTION_COMPLETED:
-                    done: R = completion_result(last)  # type: ignore[assignment]
-                    return done
-                view = fold([last])  # a terminal event says all a result needs
-            else:
-                changed = self._app.watch(execution_id)
-                view = await self._app.inspect(execution_id)
-            if view.status is None:
-                raise ExecutionNotFoundError(execution_id)
-            if view.status == "completed":
-                result: R = view.result  # type: ignore[assignment]
-                return result
-            if view.status == "failed":
-                assert view.error is not None
-                raise WorkflowFailedError(execution_id, *view.error)
-            if view.status == "cancelled":
-                raise ExecutionCancelledError(execution_id, view.cancel_reason)
-            if view.status == "continued":
-                assert view.successor is not None
-                execution_id = view.successor
-                continue
+        changed: asyncio.Event | None = None
+        try:
+            while True:
+                # A run in this process ends with the log's last word on a finished
+                # execution (nothing changes a log after its terminal event): wait for it
+                # rather than reading the log after every append. Otherwise watch before
+                # reading, so a write between the read and the wait still wakes us.
+                last = await self._app._local_end(execution_id, _remaining(loop, deadline))
+                if last is not None:
+                    if last.kind == EventKind.EXECUTION_COMPLETED:
+                        done: R = completion_result(last)  # type: ignore[assignment]
+                        return done
+                    view = fold([last])  # a terminal event says all a result needs
+                else:
+                    changed = self._app.watch(execution_id)
+                    view = await self._app.inspect(execution_id)
+                if view.status == "continued":
+                    assert view.successor is not None
+                    if changed is not None:
+                        self._app.unwatch(execution_id, changed)
+                        changed = None
+                    execution_id = view.successor
+                    continue
+                self._check_result_ready(view, execution_id)  # raises if it ended otherwise
+                if view.status == "completed":
+                    result: R = view.result  # type: ignore[assignment]
+                    return result
+                assert view.status is not None
+                wait = interval
+                remaining = _remaining(loop, deadline)
+                if remaining is not None:
+                    if remaining <= 0:
+                        raise ResultTimeoutError(
+                            self.execution_id, float(timeout or 0), view.status
+                        )
+                    wait = min(wait, remaining)
+                await self._app.wait_changed(execution_id, wait, changed)  # unwatches it
+                changed = None
+                interval = min(interval * 2, 1.0)
+        finally:
+            if changed is not None:
+                self._app.unwatch(execution_id, changed)
+
+    def _check_result_ready(self, view: View, execution_id: str) -> None:
+        """Raise what ``result()`` raises for ``view``: its failure, its cancellation,
+        the halt of its run in this process, or that it does not exist."""
+        if view.status is None:
+            raise ExecutionNotFoundError(execution_id)
+        if view.status == "failed":
+            assert view.error is not None
+            raise WorkflowFailedError(execution_id, *view.error)
+        if view.status == "cancelled":
+            raise ExecutionCancelledError(execution_id, view.cancel_reason)
+        if view.status != "completed":
             halted = self._app.halted.get(execution_id)
             if halted is not None:
                 raise halted
-            wait = interval
-            remaining = _remaining(loop, deadline)
-            if remaining is not None:
-                if remaining <= 0:
-                    raise ResultTimeoutError(self.execution_id, float(timeout or 0), view.status)
-                wait = min(wait, remaining)
-            await self._app.wait_changed(execution_id, wait, changed)
-            interval = min(interval * 2, 1.0)
 
 
 class Loom:
@@ -322,12 +338,10 @@ class Loom:
         self._relist = False
         self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
-        # Held weakly: an event lives while a reader that took it may wait on it, so reads
-        # of executions never written again (a finished one's result, its events) leave
-        # nothing behind.
-        self._signals: weakref.WeakValueDictionary[str, asyncio.Event] = (
-            weakref.WeakValueDictionary()
-        )
+        # One event per reader watching an execution, each taken away when its reader is
+        # done (see unwatch), so reads of executions never written again (a finished
+        # one's result, its events) leave nothing behind.
+        self._signals: dict[str, list[asyncio.Event]] = {}
         self._resumers: dict[str, _Resumers] = {}
         # Executions whose next run this process is about to drive: written (a start, a
         # successor's start, a takeover, an answer to its own park) but not yet spawned.
@@ -855,11 +869,11 @@ class Loom:
         interval = 0.01
         while True:
             changed = self.watch(current)
-            view = await self.inspect(current)
-            if view.status is None:
-                if current == execution_id:
-                    raise ExecutionNotFoundError(execution_id)
-                return None if found is None else fresh(found.value)  # a pruned successor
+            try:
+                view = await self.inspect(current)
+            except BaseException:
+                self.unwatch(current, changed)
+                raise
             latest: Recorded | None = None
             for recorded in view.records.values():
                 if recorded.call == "event" and recorded.name == key and (
@@ -868,18 +882,19 @@ class Loom:
                     latest = recorded
             if latest is not None:
                 found = latest  # a successor's replaces its predecessor's
-            if view.status == "continued" and view.successor is not None:
-                current = view.successor
-                continue
-            if found is not None or view.terminal:
-                return None if found is None else fresh(found.value)
-            wait = interval
             remaining = _remaining(loop, deadline)
-            if remaining is not None:
-                if remaining <= 0:
-                    return None
-                wait = min(wait, remaining)
-            await self.wait_changed(current, wait, changed)
+            if view.status is None or view.terminal or found is not None or (
+                remaining is not None and remaining <= 0
+            ):
+                self.unwatch(current, changed)
+                if view.status is None and current == execution_id:
+                    raise ExecutionNotFoundError(execution_id)
+                if view.status == "continued" and view.successor is not None:
+                    current = view.successor
+                    continue
+                return None if found is None else fresh(found.value)
+            wait = interval if remaining is None else min(interval, remaining)
+            await self.wait_changed(current, wait, changed)  # unwatches it
             interval = min(interval * 2, 1.0)
 
     def executions(
@@ -1270,16 +1285,31 @@ class Loom:
         return None
 
     def changed(self, execution_id: str) -> None:
-        signal = self._signals.pop(execution_id, None)
-        if signal is not None:
-            signal.set()
+        waiting = self._signals.pop(execution_id, None)
+        if waiting is not None:
+            for signal in waiting:
+                signal.set()
 
     def watch(self, execution_id: str) -> asyncio.Event:
-        """An event the next write of a run in this process to ``execution_id`` sets."""
-        signal = self._signals.get(execution_id)
-        if signal is None:
-            signal = self._signals[execution_id] = asyncio.Event()
+        """An event the next write of a run in this process to ``execution_id`` sets;
+        :meth:`wait_changed` on it, or :meth:`unwatch` it when not waiting after all."""
+        signal = asyncio.Event()
+        waiting = self._signals.get(execution_id)
+        if waiting is None:
+            self._signals[execution_id] = [signal]
+        else:
+            waiting.append(signal)
         return signal
+
+    def unwatch(self, execution_id: str, signal: asyncio.Event) -> None:
+        """Forget ``signal`` (set meanwhile, it is forgotten already)."""
+        waiting = self._signals.get(execution_id)
+        if waiting is None:
+            return
+        with contextlib.suppress(ValueError):
+            waiting.remove(signal)
+        if not waiting:
+            del self._signals[execution_id]
 
     async def wait_changed(
         self, execution_id: str, seconds: float, signal: asyncio.Event | None = None
@@ -1288,8 +1318,11 @@ class Loom:
         pass the :meth:`watch` event taken before reading, so no write is missed."""
         if signal is None:
             signal = self.watch(execution_id)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(signal.wait(), seconds)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), seconds)
+        finally:
+            self.unwatch(execution_id, signal)
 
     async def create_successor(self, view: View, args: list[JsonValue]) -> Successor:
         successor = f"{view.root or view.execution_id}#{view.generation + 1}"

@@ -7,7 +7,7 @@ import asyncio
 import gc
 
 import pytest
-from loom_runtime import Context, ExecutionCancelledError, Loom
+from loom_runtime import Context, ExecutionCancelledError, Loom, ResultTimeoutError
 from loom_runtime.fold import View
 
 
@@ -87,3 +87,24 @@ async def test_reading_finished_executions_leaves_no_watch_behind(app: Loom) -> 
         assert await app.get_event(f"q{k}", "k") == k
     gc.collect()
     assert len(app._signals) == 0  # nothing waits: nothing is kept
+
+
+async def test_a_reader_that_gives_up_leaves_the_others_watching(app: Loom) -> None:
+    @app.workflow()
+    async def parked(ctx: Context) -> object:
+        return await ctx.receive("go")
+
+    handle = await app.start(parked, id="p")
+    await app.drain()
+    patient = asyncio.ensure_future(handle.result())
+    events = asyncio.ensure_future(app.get_event("p", "never-set"))
+    await asyncio.sleep(0)
+    with pytest.raises(ResultTimeoutError):
+        await handle.result(timeout=0.01)
+    assert await app.get_event("p", "never-set", timeout=0.01) is None
+    assert len(app._signals["p"]) == 2  # the two still waiting, and only they
+    await app.send("p", "go", 1)
+    assert await asyncio.wait_for(patient, 5) == 1
+    assert await asyncio.wait_for(events, 5) is None  # it ended without the key
+    gc.collect()
+    assert app._signals == {}
