@@ -343,6 +343,7 @@ class Loom:
         # one's result, its events) leave nothing behind.
         self._signals: dict[str, list[asyncio.Event]] = {}
         self._resumers: dict[str, _Resumers] = {}
+        self._reusing: dict[str, _Resumers] = {}  # starts of an id used before, in line
         # Executions whose next run this process is about to drive: written (a start, a
         # successor's start, a takeover, an answer to its own park) but not yet spawned.
         # Recovery waits for such a write to be answered (see _unowned_view).
@@ -715,6 +716,15 @@ class Loom:
         )
         return Run(self, view, token, fn)
 
+    def _later(self, name: str, call: Callable[[], Awaitable[None]]) -> None:
+        """Run ``call`` in a task of the app's own, reporting what it raises to on_error;
+        none when the app is leaving."""
+        if not self._entered:
+            return
+        task = asyncio.get_running_loop().create_task(self._quietly(call), name=name)
+        self._driving.add(task)
+        task.add_done_callback(self._driving.discard)
+
     def _take_back_later(self, execution_id: str, *, fence_first: bool) -> None:
         """A call was cancelled while a write of this process for ``execution_id`` may
         have been in flight (a start's first write, a resume's answer, a run's own write):
@@ -917,20 +927,26 @@ class Loom:
         wanted = _statuses(status)
         if workflow is None or isinstance(workflow, str):
             name = workflow if workflow is None else check_text(workflow, "a workflow name")
-        else:
+        elif callable(workflow):
             name = self._resolve(workflow)[0]
+        else:
+            raise InvalidInputError(
+                f"workflow= takes a registered workflow or a workflow's name, not {workflow!r}"
+            )
         return self._executions(wanted, name)
 
     async def _executions(
         self, wanted: frozenset[str] | None, name: str | None
     ) -> AsyncIterator[View]:
-        events = self.storage.events
         after: str | None = None
-        while ids := await events.list_executions(after=after, limit=100):
+        while ids := await self._running("app.executions").events.list_executions(
+            after=after, limit=100
+        ):
             after = ids[-1]
             for execution_id in ids:
                 if execution_id.startswith("$"):
                     continue  # the runtime's own streams (an inbox), never an execution
+                self._running("app.executions")  # left meanwhile: the listing ends
                 try:
                     view = await self.inspect(execution_id)
                 except StorageError:
@@ -938,7 +954,7 @@ class Loom:
                 except LoomError as exc:
                     self.hooks.error(exc)
                     continue
-                if view.status is None:
+                if view.status is None or view.started_at is None:
                     continue  # a stream of events the runtime did not start
                 if wanted is not None and view.status not in wanted:
                     continue
@@ -1422,14 +1438,78 @@ class Loom:
             written = await events.append(execution_id, [event], expected_sequence=0, fence=0)
             token = 0
         except StaleFenceError:
-            # The id was used before and deleted; its token outlived the log. Take a newer
-            # one so no writer of the old log can write to this one.
-            token = await events.acquire_fence(execution_id)
-            written = await events.append(execution_id, [event], expected_sequence=0, fence=token)
+            # The id was used before and deleted; its token outlived the log.
+            async with _Answering(self._reusing, execution_id):  # one starter at a time here
+                token, written = await self._create_reused(execution_id, event)
         if hooks.on_durable_event is not None:
             for durable in written:
                 hooks.durable_event(durable)
         return token, written
+
+    async def _create_reused(
+        self, execution_id: str, event: NewEvent
+    ) -> tuple[int, tuple[Event, ...]]:
+        """Create the log of an id used before and deleted, under a newer token than the
+        old log's, so no writer of that log can write to this one. A start of another
+        process may be doing the same: the first to append creates it, and the other is
+        refused as for any id that exists, and carries on the run it may have fenced out
+        (docs/design.md, "Starting an id used before")."""
+        events = self.storage.events
+        refusal: StaleFenceError | None = None
+        for _ in range(_REUSE_ATTEMPTS):
+            head = await events.head(execution_id)
+            if head > 0:
+                raise ExecutionAlreadyExistsError(execution_id, head)
+            token = await events.acquire_fence(execution_id)
+            try:
+                written = await events.append(
+                    execution_id, [event], expected_sequence=0, fence=token
+                )
+            except StaleFenceError as exc:
+                refusal = exc  # another start took a newer token: the head tells whose it is
+                continue
+            except ExecutionAlreadyExistsError:
+                # Another start created it under an older token than ours, which its run
+                # holds: ours has fenced that run out, so this process carries it on (once
+                # this start's claim is let go).
+                self._later(f"loom:carry-on:{execution_id}", functools.partial(
+                    self._carry_on_fenced_out, execution_id
+                ))
+                raise
+            return token, written
+        assert refusal is not None
+        raise refusal
+
+    async def _carry_on_fenced_out(self, execution_id: str) -> None:
+        """Take over a running execution whose driver a token of ours fenced out (a run
+        of this process among them: it stops at its next write, and is waited for)."""
+        await self._unclaimed(execution_id)
+        task = self._runs.get(execution_id)
+        driver = self._drivers.get(execution_id)
+        if driver is not None:
+            driver.stop()
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+        if self._owned(execution_id):
+            return  # another takeover of this process won the race
+        view = await self.inspect(execution_id)
+        if view.status != "running":
+            return
+        try:
+            fn = self._body_of(view)
+        except WorkflowNotFoundError as exc:
+            self.hooks.error(exc)
+            return
+        self._claim(execution_id)
+        try:
+            taken = await self._take_over(view)
+        except StaleFenceError:
+            return  # someone took it after us: theirs now
+        finally:
+            self._unclaim(execution_id)
+        if taken is not None:
+            token, view = taken
+            self._spawn(Run(self, view, token, fn))
 
     async def _unowned_view(self, execution_id: str) -> View | None:
         """The execution's view when it runs under this node and no run of this process
@@ -1970,6 +2050,10 @@ a decorator may lower, before a start writes anything; shorter ones leave room u
 tenant name."""
 
 _SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
+
+_REUSE_ATTEMPTS: Final = 8
+"""How often a start of an id used before takes a newer token when starts of other
+processes keep taking newer ones before it appends; then it raises StaleFenceError."""
 
 
 def _check_if_exists(if_exists: object, execution_id: str | None) -> None:

@@ -15,7 +15,7 @@ from loom_runtime import (
 )
 from loom_runtime.testing import VirtualClock
 
-from loom_core import EventKind, InvalidInputError, NewEvent
+from loom_core import EventKind, InvalidInputError, NewEvent, open_storage
 
 
 async def listed(app: Loom, **filters: object) -> list[tuple[str, str | None]]:
@@ -51,9 +51,14 @@ async def test_it_lists_every_execution_with_its_status_and_filters_them(app: Lo
     await app.drain()
     assert await failed.status() == "failed"
     assert await (await app.start(hands_on, 1, id="e-chain")).result(timeout=5) == 0
-    # A stream the runtime did not start (an application's own events) is not listed.
+    # Streams the runtime did not start (an application's own events, or a terminal
+    # kind written by hand) are not listed.
     await app.storage.events.append(
         "f-not-mine", [NewEvent("ORDER_PLACED", {"n": 1})], expected_sequence=0
+    )
+    await app.storage.events.append(
+        "g-not-mine", [NewEvent(EventKind.EXECUTION_COMPLETED, {"result": 1})],
+        expected_sequence=0,
     )
 
     assert await listed(app) == [
@@ -119,6 +124,7 @@ async def test_an_unreadable_log_goes_to_on_error_and_the_listing_goes_on(app: L
         ({"status": 3}, InvalidInputError, "status= takes one of"),
         ({"workflow": ""}, InvalidInputError, "workflow name"),
         ({"workflow": print}, WorkflowNotFoundError, "print"),
+        ({"workflow": 3}, InvalidInputError, "workflow= takes"),
     ],
 )
 async def test_bad_filters_are_refused_where_they_are_given(
@@ -132,3 +138,23 @@ async def test_a_listing_needs_the_app_running(clock: VirtualClock) -> None:
     app = Loom("memory://", clock=clock, random=random.Random(1))
     with pytest.raises(AppNotRunningError):
         app.executions()
+
+
+async def test_a_listing_ends_when_the_app_leaves(clock: VirtualClock) -> None:
+    errors: list[BaseException] = []
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, clock=clock, on_error=errors.append)
+
+        @app.workflow()
+        async def quick(ctx: Context) -> str:
+            return "done"
+
+        async with app:
+            for k in range(5):
+                await app.execute(quick, id=f"x{k}")
+            listing = app.executions()
+            first = await anext(listing)
+        assert first.execution_id == "x0"
+        with pytest.raises(AppNotRunningError):
+            await anext(listing)
+        assert errors == []  # the rest was not taken for unreadable logs

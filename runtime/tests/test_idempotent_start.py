@@ -7,8 +7,15 @@ import asyncio
 
 import pytest
 from loom_runtime import Context, Loom
+from store_probes import ProbedEventStore
 
-from loom_core import ExecutionAlreadyExistsError, InvalidInputError
+from loom_core import (
+    EventKind,
+    ExecutionAlreadyExistsError,
+    InvalidInputError,
+    Storage,
+    open_storage,
+)
 
 
 async def test_a_second_start_attaches_to_the_first_and_the_body_runs_once(app: Loom) -> None:
@@ -111,3 +118,63 @@ async def test_a_bad_if_exists_is_refused_and_nothing_is_written(
         with pytest.raises(InvalidInputError, match=says):
             await call(quick, id=id_, if_exists=if_exists)  # type: ignore[call-overload]
     assert [v async for v in app.executions()] == []
+
+
+async def test_a_start_that_fences_out_the_creator_of_a_reused_id_carries_it_on() -> None:
+    """Two nodes start an id whose earlier execution was deleted. B finds no log and is
+    held before it takes a newer token; A creates the log meanwhile, under an older token
+    than B then takes, so B's token fences A's run out. B is refused as for any id that
+    exists, and carries the execution on: it finishes, driven by B."""
+    ran: list[str] = []
+    gate = asyncio.Event()
+    gate.set()
+    a_charging = asyncio.Event()
+
+    async def charge(node: str) -> str:
+        ran.append(node)
+        if node == "a":
+            a_charging.set()
+        await gate.wait()
+        return "charged"
+
+    def register(app: Loom, node: str) -> None:
+        @app.workflow(name="order")
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge, node, name="charge")
+
+    base = await open_storage("memory://")
+    probe = ProbedEventStore(base.events)
+    for_b = Storage(probe, base.timers, base.leases, url=base.url)
+    a = Loom(base, node="a", recover=False)
+    b = Loom(for_b, node="b", recover=False)
+    register(a, "a")
+    register(b, "b")
+    held, go_on = asyncio.Event(), asyncio.Event()
+
+    async def hold(execution_id: str) -> None:
+        held.set()
+        await go_on.wait()
+
+    async with a, b:
+        await a.execute("order", id="o")  # then deleted: its token outlives the log
+        gate.clear()
+        ran.clear()
+        assert await base.events.delete_execution("o")
+        probe.before_acquire = hold
+        started_b = asyncio.ensure_future(b.start("order", id="o", if_exists="attach"))
+        await held.wait()  # B found no log, and is about to take a token
+        await a.start("order", id="o")  # A creates the log under the older token
+        await a_charging.wait()  # A's run is in its step, holding the older token
+        go_on.set()
+        handle = await started_b  # refused as existing: attached
+        gate.set()
+        assert await handle.result(timeout=5) == "charged"
+        await a.drain()
+        log = await base.events.read("o")
+        assert [e.kind for e in log].count(EventKind.EXECUTION_STARTED) == 1
+        assert any(
+            e.kind == EventKind.EXECUTION_RECOVERED and e.payload["node"] == "b"  # type: ignore[index,call-overload]
+            for e in log
+        )
+        assert ran == ["a", "b"]  # B's run took the step on; A's was fenced out
+    await base.close()
