@@ -1946,8 +1946,9 @@ class _Resumers:
 
 @final
 class _Answering:
-    """``async with``: hold the in-process resumer lock of one execution (a class, not a
-    generator context manager: it is on every resume's path)."""
+    """``async with``: hold an in-process lock of one execution, from a table of them
+    (its resumers', or its reusing starts'; a class, not a generator context manager: it
+    is on every resume's path)."""
 
     __slots__ = ("_execution_id", "_resumers", "_table")
 

@@ -1070,7 +1070,7 @@ def _describe_call(call: str, name: str, site: str) -> str:
     elif call == "receive":
         what = f"receive({name!r})"
     elif call == "receive_any":
-        what = f"receive_any({name})"
+        what = name  # describe_any's, made by _receive_name
     elif call == "sleep":
         what = "sleep()"
     else:
@@ -1093,8 +1093,8 @@ def _describe_receive(call: str, topics: tuple[str, ...], site: str) -> str:
 
 
 def _receive_name(call: str, topics: tuple[str, ...]) -> str:
-    """A receive's name in a divergence: its topic, or a receive_any's topics listed."""
-    return topics[0] if call == "receive" else ", ".join(repr(t) for t in topics)
+    """A receive's name in a divergence: its topic, or a receive_any described whole."""
+    return topics[0] if call == "receive" else describe_any(topics)
 
 
 def _taken(recorded: Recorded) -> Any:
