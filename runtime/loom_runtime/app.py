@@ -51,13 +51,15 @@ from loom_core import (
 )
 from loom_core.spi import MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
-from loom_runtime.clock import Clock, RandomSource, SystemClock
-from loom_runtime.context import Context
+from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock, shown
+from loom_runtime.context import Context, seconds_of
 from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
     ExecutionCancelledError,
+    ExecutionTimedOutError,
+    InvalidDurationError,
     ReplayDivergedError,
     ReservedExecutionIdError,
     ResultTimeoutError,
@@ -216,6 +218,8 @@ class Handle(Generic[R]):
             assert view.error is not None
             raise WorkflowFailedError(execution_id, *view.error)
         if view.status == "cancelled":
+            if view.timed_out:
+                raise ExecutionTimedOutError(execution_id, view.cancel_reason)
             raise ExecutionCancelledError(execution_id, view.cancel_reason)
         if view.status != "completed":
             halted = self._app.halted.get(execution_id)
@@ -553,22 +557,38 @@ class Loom:
         *args: object,
         id: str | None = None,
         if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> Handle[R]: ...
     @overload
     async def start(
-        self, workflow: str, *args: object, id: str | None = None, if_exists: IfExists = "raise"
+        self,
+        workflow: str,
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> Handle[JsonValue]: ...
     async def start(
-        self, workflow: object, *args: object, id: str | None = None, if_exists: IfExists = "raise"
+        self,
+        workflow: object,
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> Handle[Any]:
         """Start ``workflow(ctx, *args)`` as a new execution and drive it in this process.
 
         ``id`` defaults to a random one; a start onto an id that exists is refused with
         ExecutionAlreadyExistsError before the body runs, or, with ``if_exists="attach"``,
         returns a handle to that execution when it runs the same workflow (its arguments
-        are not compared). The arguments must be JSON.
+        are not compared). The arguments must be JSON. ``execution_timeout`` (seconds or
+        a timedelta) gives the execution a deadline, computed once from the app's clock:
+        if it has not ended by then, a timer service cancels it, and its result raises
+        ExecutionTimedOutError; the deadline goes on through ``ctx.continue_as_new``.
         """
-        run = await self._begin_or_attach("app.start", workflow, args, id, if_exists)
+        run = await self._begin_or_attach(
+            "app.start", workflow, args, id, if_exists, execution_timeout
+        )
         if isinstance(run, Handle):
             return run
         self._spawn(run)
@@ -581,12 +601,13 @@ class Loom:
         args: tuple[object, ...],
         id: str | None,
         if_exists: IfExists,
+        execution_timeout: object,
     ) -> Run | Handle[Any]:
         """:meth:`_begin`, or with ``if_exists="attach"`` the handle of the execution of
         the same workflow already at ``id``."""
         _check_if_exists(if_exists, id)
         try:
-            return await self._begin(what, workflow, args, id)
+            return await self._begin(what, workflow, args, id, execution_timeout)
         except ExecutionAlreadyExistsError as refused:
             if if_exists == "raise":
                 raise
@@ -613,19 +634,31 @@ class Loom:
         *args: object,
         id: str | None = None,
         if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> R: ...
     @overload
     async def execute(
-        self, workflow: str, *args: object, id: str | None = None, if_exists: IfExists = "raise"
+        self,
+        workflow: str,
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> JsonValue: ...
     async def execute(
-        self, workflow: object, *args: object, id: str | None = None, if_exists: IfExists = "raise"
+        self,
+        workflow: object,
+        *args: object,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
     ) -> Any:
         """Start ``workflow(ctx, *args)`` as a new execution, drive it in the calling task
         and return its result: what ``start`` then ``result()`` do, without a task of its
         own, as calling a workflow function does in DBOS. With ``if_exists="attach"``, an
         execution of the workflow already at ``id`` is waited for instead, as ``start``
-        attaches to it.
+        attaches to it; ``execution_timeout`` is the execution's deadline, as for
+        ``start`` (not a bound on this call's wait: wrap it in ``asyncio.timeout`` for that).
 
         The body runs in your task until it ends or parks; a parked execution is resumed
         as any other, and this waits for its result as :meth:`Handle.result` does (and
@@ -634,7 +667,9 @@ class Loom:
         task of its own, under a fresh fence, as a restarted node would, and the
         cancellation goes on to you. Context variables the body sets are set in your task.
         """
-        run = await self._begin_or_attach("app.execute", workflow, args, id, if_exists)
+        run = await self._begin_or_attach(
+            "app.execute", workflow, args, id, if_exists, execution_timeout
+        )
         if isinstance(run, Handle):
             return await run.result()
         execution_id = run.execution_id
@@ -674,13 +709,23 @@ class Loom:
             ) from None
 
     async def _begin(
-        self, what: str, workflow: object, args: tuple[object, ...], id: str | None
+        self,
+        what: str,
+        workflow: object,
+        args: tuple[object, ...],
+        id: str | None,
+        execution_timeout: object = None,
     ) -> Run:
         """Write a new execution's EXECUTION_STARTED; the run that is to drive it."""
         self._running(what)
         name, fn = self._resolve(workflow)
         self.check_arguments(name, len(args), what)
         execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
+        deadline = (
+            None
+            if execution_timeout is None
+            else _deadline(execution_timeout, self.clock.now(), f"{what}'s execution_timeout=")
+        )
         if len(execution_id) > _PROBED_ID_LENGTH // 4 and (
             len(execution_id.encode("utf-8")) > _PROBED_ID_LENGTH
         ):
@@ -688,7 +733,12 @@ class Loom:
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
-            name, inputs, fingerprint=self._fingerprints[name], node=self.node, root=execution_id
+            name,
+            inputs,
+            fingerprint=self._fingerprints[name],
+            node=self.node,
+            root=execution_id,
+            deadline=deadline,
         )
         self._claim(execution_id)
         try:
@@ -713,8 +763,25 @@ class Loom:
             root=execution_id,
             fence=token,
             started_at=written[0].recorded_at,
+            deadline=deadline,
         )
+        if deadline is not None:
+            await self._schedule_deadline(view)
         return Run(self, view, token, fn)
+
+    async def _schedule_deadline(self, view: View) -> None:
+        """Write the timer row of ``view``'s deadline (after its EXECUTION_STARTED, so a
+        refused start writes nothing; every takeover and park writes it again, so one
+        lost to a crash or a failed write here is put back by the next driver). A failure
+        goes to ``on_storage_error``: the execution runs on, and its next park tries
+        again."""
+        assert view.deadline is not None
+        try:
+            await self.schedule_wake(TimerRecord(view.execution_id, view.deadline))
+        except StoreClosedError:
+            raise
+        except LoomError as exc:
+            self.hooks.storage_error(view.execution_id, exc)
 
     def _later(self, name: str, call: Callable[[], Awaitable[None]]) -> None:
         """Run ``call`` in a task of the app's own, reporting what it raises to on_error;
@@ -1104,12 +1171,13 @@ class Loom:
                 return True
             view = await self.inspect(view.execution_id)  # finished meanwhile: continued?
 
-    async def _cancel(self, view: View, reason: str | None) -> bool:
+    async def _cancel(self, view: View, reason: str | None, *, timed_out: bool = False) -> bool:
         """Append EXECUTION_CANCELLED to the execution ``view`` shows unfinished (see
-        :meth:`cancel`); False if it finished meanwhile."""
+        :meth:`cancel`); False if it finished meanwhile. ``timed_out``: its deadline
+        passed."""
         events = self.storage.events
         execution_id = view.execution_id
-        cancel_event = records.cancelled(reason, self.node)
+        cancel_event = records.cancelled(reason, self.node, timed_out=timed_out)
         if view.park is not None:
             try:
                 await answer_park(events, view, view.park.sequence, _constant([cancel_event]))
@@ -1351,12 +1419,16 @@ class Loom:
             generation=view.generation + 1,
             continued_from=view.execution_id,
             parent=view.parent,
+            deadline=view.deadline,
         )
         # Claimed until the run that continued hands it on (see release_successor).
         self._claim(successor)
         try:
             token, written = await self._create(successor, event)
-            return Successor(successor, token, fold(written))
+            created = fold(written)
+            if created.deadline is not None:
+                await self._schedule_deadline(created)
+            return Successor(successor, token, created)
         except ExecutionAlreadyExistsError:
             existing = await self.inspect(successor)
             if existing.continued_from != view.execution_id:
@@ -1396,6 +1468,10 @@ class Loom:
         """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
         itself) leaves a sender's row whose message is not stored yet (see _sending)."""
         view = await self.inspect(row.execution_id)
+        if view.deadline is not None and row.wake_at >= view.deadline and not view.terminal:
+            if await self._cancel(view, _TIMED_OUT, timed_out=True):
+                return "timed-out"
+            view = await self.inspect(row.execution_id)  # it ended meanwhile
         if view.status is None or view.terminal:
             if view.status == "continued":
                 # A sender that died between storing its message here and handing it on
@@ -1687,14 +1763,18 @@ class Loom:
             assert outcome.successor is not None
             successor = outcome.successor
             try:
-                await self._hand_on(run.final_view(), wake=False)
+                final = run.final_view()
+                if final.deadline is not None:
+                    # The successor has a row of its own at the same deadline.
+                    await self.storage.timers.complete(execution_id, final.deadline)
+                await self._hand_on(final, wake=False)
                 if successor.execution_id not in self._runs:
                     self._spawn(
                         Run(self, successor.view, successor.token, self._body_of(successor.view))
                     )
             finally:
                 self._unclaim(successor.execution_id)
-        elif run.waited:
+        elif run.waited or run.deadline is not None:
             await self.storage.timers.cancel(execution_id)
         return run.last_written, None
 
@@ -1929,6 +2009,8 @@ class Loom:
                 )
             except SequenceConflictError:
                 continue
+            if view.deadline is not None:
+                await self._schedule_deadline(view)
             return token, fold(written, into=view)
 
     async def _cancelled(self, execution_id: str) -> None:
@@ -2017,6 +2099,19 @@ def _check_timeout(timeout: object) -> None:
         )
 
 
+def _deadline(timeout: object, now: datetime, what: str) -> datetime:
+    """The deadline ``timeout`` (more than 0 seconds, or a timedelta) after ``now``;
+    refused when it would fall after LATEST_DEADLINE."""
+    seconds = seconds_of(timeout, what, endless="leave it out for no deadline", positive=True)
+    if seconds > (LATEST_DEADLINE - now).total_seconds():
+        raise InvalidDurationError(
+            f"{what} of {shown(timeout)} from now ({now.isoformat()}, the app's clock) would "
+            f"end after {LATEST_DEADLINE.isoformat()}, the latest deadline the runtime "
+            "keeps; leave it out for no deadline"
+        )
+    return now + timedelta(seconds=seconds)
+
+
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
     return None if deadline is None else deadline - loop.time()
 
@@ -2053,6 +2148,9 @@ tenant name."""
 _SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
 
 _REUSE_ATTEMPTS: Final = 8
+
+_TIMED_OUT: Final = "its execution_timeout passed"
+"""The reason a cancel by the execution's deadline records."""
 """How often a start of an id used before takes a newer token when starts of other
 processes keep taking newer ones before it appends; then it raises StaleFenceError."""
 

@@ -238,7 +238,7 @@ class Context:
             raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")
         limit = None
         if timeout is not None:
-            limit = _seconds(timeout, "ctx.step(timeout=...)", endless=_NO_BOUND, positive=True)
+            limit = seconds_of(timeout, "ctx.step(timeout=...)", endless=_NO_BOUND, positive=True)
         step_name = name if name is not None else _qualname(fn)
         if type(step_name) is not str or not step_name.isascii() or "\x00" in step_name:
             step_name = check_text(step_name, "a step name")
@@ -256,7 +256,7 @@ class Context:
         Refused (InvalidDurationError): a negative, NaN or infinite duration, one longer
         than ``MAX_DURATION`` (1000 years), one that would end after ``LATEST_DEADLINE``.
         """
-        seconds = _seconds(duration, "ctx.sleep")
+        seconds = seconds_of(duration, "ctx.sleep")
         self._check_end(seconds, duration, "ctx.sleep")
         position = BRANCH.get().take()
         site = call_site()
@@ -337,7 +337,7 @@ class Context:
         """A receive's ``timeout=`` in seconds, checked; None for none."""
         if timeout is None:
             return None
-        seconds = _seconds(timeout, what, endless=_NO_TIMEOUT)
+        seconds = seconds_of(timeout, what, endless=_NO_TIMEOUT)
         self._check_end(seconds, timeout, what)
         return seconds
 
@@ -468,7 +468,7 @@ _NO_TIMEOUT: Final = "leave timeout= out to wait without end"
 _NO_BOUND: Final = "leave timeout= out for no bound"
 
 
-def _seconds(
+def seconds_of(
     duration: object, what: str, *, endless: str = _ENDLESS, positive: bool = False
 ) -> float:
     """``duration`` (seconds or a timedelta) in seconds. Refused: a bool, NaN, a negative

@@ -18,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 from loom_core import (
@@ -255,6 +255,11 @@ class Run:
         return bool(self._view.waits)
 
     @property
+    def deadline(self) -> datetime | None:
+        """The execution's deadline, if it has one (its timer row is left to cancel)."""
+        return self._view.deadline
+
+    @property
     def last_written(self) -> Event | None:
         """The last event this run wrote or stepped over (after a terminal outcome: the
         terminal event)."""
@@ -350,7 +355,10 @@ class Run:
         try:
             if self.app.crash_points and self.app.crash_point(self, (), "park", "before"):
                 self._halt(SimulatedCrash("simulated crash before the park"))
-            for wake_at in sorted({w.wake_at for w in waits if w.wake_at is not None}):
+            wakes = {w.wake_at for w in waits if w.wake_at is not None}
+            if self._view.deadline is not None:
+                wakes.add(self._view.deadline)  # written again: see Loom._schedule_deadline
+            for wake_at in sorted(wakes):
                 try:
                     await self.app.schedule_wake(TimerRecord(self.execution_id, wake_at))
                 except LoomError as exc:

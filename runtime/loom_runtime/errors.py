@@ -15,6 +15,7 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     ├── StepFailedError                    a step's last attempt failed (raised into the body)
     ├── WorkflowFailedError                handle.result() of a failed execution
     ├── ExecutionCancelledError            handle.result() of a cancelled execution
+    │   └── ExecutionTimedOutError         ... cancelled because its deadline passed
     ├── ResultTimeoutError (TimeoutError)  handle.result(timeout=...) ran out
     ├── RedriveExhaustedError              a contended timer wake gave up; recover() it
     ├── RunStoppedError                    a body raised a BaseException: nothing recorded
@@ -37,6 +38,7 @@ __all__ = [
     "AppNotRunningError",
     "ContextOutsideBodyError",
     "ExecutionCancelledError",
+    "ExecutionTimedOutError",
     "InvalidDurationError",
     "LogFormatError",
     "NotJsonError",
@@ -214,6 +216,11 @@ class ExecutionCancelledError(LoomError):
         super().__init__(
             f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else "")
         )
+
+
+class ExecutionTimedOutError(ExecutionCancelledError):
+    """The execution was cancelled because its deadline (``timeout=`` at its start)
+    passed before it ended."""
 
 
 class ResultTimeoutError(LoomError, TimeoutError):

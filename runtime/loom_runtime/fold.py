@@ -93,6 +93,8 @@ class View:
     successor: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    deadline: datetime | None = None
+    timed_out: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -161,6 +163,8 @@ def _copy(view: View) -> View:
     copy.successor = view.successor
     copy.started_at = view.started_at
     copy.finished_at = view.finished_at
+    copy.deadline = view.deadline
+    copy.timed_out = view.timed_out
     return copy
 
 
@@ -207,6 +211,11 @@ def _started(view: View, event: Event) -> None:
     view.continued_from = _opt_str(p, "continued_from")
     view.parent = p.get("parent")
     view.started_at = event.recorded_at
+    deadline = p.get("deadline")
+    if deadline is not None:
+        if not isinstance(deadline, str):
+            raise TypeError(f"'deadline' must be an ISO 8601 str, not {deadline!r}")
+        view.deadline = datetime.fromisoformat(deadline)
 
 
 def _step(view: View, event: Event) -> None:
@@ -300,7 +309,9 @@ def _failed(view: View, event: Event) -> None:
 
 
 def _cancelled(view: View, event: Event) -> None:
-    view.cancel_reason = _opt_str(_obj(event.payload), "reason")
+    p = _obj(event.payload)
+    view.cancel_reason = _opt_str(p, "reason")
+    view.timed_out = p.get("timed_out") is True
     _finish(view, "cancelled", event)
 
 

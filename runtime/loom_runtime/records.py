@@ -279,23 +279,24 @@ def started(
     generation: int = 0,
     continued_from: str | None = None,
     parent: JsonValue = None,
+    deadline: datetime | None = None,
 ) -> NewEvent:
     """The first event of every execution. ``parent`` is the edge a child execution will
-    carry (``None`` for a top-level one)."""
-    return build_new_event(
-        EventKind.EXECUTION_STARTED,
-        {
-            "workflow": workflow,
-            "input": list(args),
-            "fingerprint": fingerprint,
-            "node": node,
-            "root": root,
-            "generation": generation,
-            "continued_from": continued_from,
-            "parent": parent,
-        },
-        {},
-    )
+    carry (``None`` for a top-level one); ``deadline``, when the execution has one, the
+    instant it is cancelled at if it has not ended (absent from the payload otherwise)."""
+    payload: dict[str, JsonValue] = {
+        "workflow": workflow,
+        "input": list(args),
+        "fingerprint": fingerprint,
+        "node": node,
+        "root": root,
+        "generation": generation,
+        "continued_from": continued_from,
+        "parent": parent,
+    }
+    if deadline is not None:
+        payload["deadline"] = _iso(deadline)
+    return build_new_event(EventKind.EXECUTION_STARTED, payload, {})
 
 
 def step_completed(
@@ -383,8 +384,12 @@ def failed(error_type: str, message_: str) -> NewEvent:
     , {})
 
 
-def cancelled(reason: str | None, node: str) -> NewEvent:
-    return build_new_event(EventKind.EXECUTION_CANCELLED, {"reason": reason, "node": node}, {})
+def cancelled(reason: str | None, node: str, *, timed_out: bool = False) -> NewEvent:
+    """``timed_out``: the execution's deadline passed (the payload says so only then)."""
+    payload: dict[str, JsonValue] = {"reason": reason, "node": node}
+    if timed_out:
+        payload["timed_out"] = True
+    return build_new_event(EventKind.EXECUTION_CANCELLED, payload, {})
 
 
 def continued(successor: str, args: Sequence[JsonValue]) -> NewEvent:

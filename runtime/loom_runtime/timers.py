@@ -2,6 +2,8 @@
 
 Each poll asks the store for due rows and decides each one from the execution's log:
 
+- the row is the execution's deadline (``execution_timeout=`` at its start) and the
+  execution has not ended: it is cancelled, as ``app.cancel`` does, and marked timed out;
 - the execution is gone or finished, or every wait the row was written for is answered:
   the row is obsolete and retired;
 - the execution is running (its driver will park again and re-schedule what it still
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Fired", "Redriver", "TimerService"]
 
-Fired = Literal["resumed", "obsolete", "left", "backing-off", "exhausted"]
+Fired = Literal["resumed", "obsolete", "left", "backing-off", "exhausted", "timed-out"]
 
 Redriver = Callable[[TimerRecord], Awaitable[Literal["done", "noop", "contended"]]]
 """Re-derives a resume for a re-drive row; the first answer other than ``noop`` wins."""

@@ -52,6 +52,7 @@ try:
     from loom_runtime import (
         Context,
         ExecutionCancelledError,
+        ExecutionTimedOutError,
         Handle,
         Loom,
         ReplayDivergedError,
@@ -1063,6 +1064,42 @@ class TestRuntimeContract:
         assert await loom_node.fire_timers(30) == {}
         assert await snapshot(loom_node.events) == finished
         assert await check_replay(app) == ["nap-cancel"]
+
+    async def test_an_execution_past_its_deadline_is_cancelled_as_timed_out(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """``execution_timeout=`` is kept in EXECUTION_STARTED and as a timer row (with a
+        sleep's row of the same execution beside it): firing it cancels the parked
+        execution, marks it timed out, and retires every row; one that ended in time
+        keeps its result and leaves no row."""
+        app, timers = loom_node.app, loom_node.storage.timers
+
+        @app.workflow(name="kit.deadline")
+        async def waits(ctx: Context, seconds: float) -> str:
+            await ctx.sleep(seconds)
+            return "in time"
+
+        handle = await app.start(waits, 100, id="kit-deadline-late", execution_timeout=60)
+        quick = await app.start(waits, 10, id="kit-deadline-quick", execution_timeout=60)
+        await loom_node.settled()
+        assert len(await timers.pending("kit-deadline-late")) == 2  # the sleep and deadline
+        assert (await app.inspect("kit-deadline-late")).deadline is not None
+        await loom_node.fire_timers(10)
+        assert await result(quick) == "in time"
+        assert await timers.pending("kit-deadline-quick") == ()
+        fired = await loom_node.fire_timers(50)
+        assert list(fired.values()) == ["timed-out"]
+        with pytest.raises(ExecutionTimedOutError) as timed_out:
+            await result(handle)
+        assert isinstance(timed_out.value, ExecutionCancelledError)
+        assert (await app.inspect("kit-deadline-late")).timed_out
+        assert await timers.pending("kit-deadline-late") == ()
+        assert await loom_node.kinds("kit-deadline-late") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_SUSPENDED,
+            EventKind.EXECUTION_CANCELLED,
+        ]
+        assert await check_replay(app) == ["kit-deadline-late", "kit-deadline-quick"]
 
     async def test_cancelling_a_running_execution_fences_its_driver_out(
         self, loom_node: RuntimeNode
