@@ -614,12 +614,13 @@ class Loom:
             return await self._attach(workflow, refused)
 
     async def _attach(self, workflow: object, refused: ExecutionAlreadyExistsError) -> Handle[Any]:
-        """The handle ``if_exists="attach"`` gives for the execution a start found."""
-        name = self._resolve(workflow)[0]
+        """The handle ``if_exists="attach"`` gives for the execution a start found: one
+        running the same function, under any name it is registered by."""
+        name, fn = self._resolve(workflow)
         view = await self.inspect(refused.execution_id)
         if view.status is None:
             raise refused  # deleted since: a start again decides, not this one
-        if view.workflow != name:
+        if view.workflow != name and self._workflows.get(view.workflow) is not fn:
             refused.add_note(
                 f"it runs workflow {view.workflow!r}, not {name!r}: if_exists='attach' "
                 "attaches only to an execution of the same workflow"
@@ -981,9 +982,10 @@ class Loom:
         workflow: object = None,
     ) -> AsyncIterator[View]:
         """Each execution in the store, folded, in id order: those with ``status`` (one or
-        a collection of them) running ``workflow`` (a registered workflow, or any name),
-        every one when both are None. Each generation of a continue-as-new chain is an
-        execution of its own (``view.root`` names the first, ``view.generation`` counts).
+        a collection of them) running ``workflow`` (a registered workflow, under any name
+        it is registered by, or one name), every one when both are None. Each generation
+        of a continue-as-new chain is an execution of its own (``view.root`` names the
+        first, ``view.generation`` counts).
 
         It reads every log, one after another: a listing for a person or a script, not a
         call for every request. An execution whose log cannot be read (a shredded subject,
@@ -992,18 +994,26 @@ class Loom:
         """
         self._running("app.executions")
         wanted = _statuses(status)
-        if workflow is None or isinstance(workflow, str):
-            name = workflow if workflow is None else check_text(workflow, "a workflow name")
+        names: frozenset[str] | None
+        if workflow is None:
+            names = None
+        elif isinstance(workflow, str):
+            names = frozenset((check_text(workflow, "a workflow name"),))
         elif callable(workflow):
-            name = self._resolve(workflow)[0]
+            names = self._names_of(self._resolve(workflow)[1])
         else:
             raise InvalidInputError(
                 f"workflow= takes a registered workflow or a workflow's name, not {workflow!r}"
             )
-        return self._executions(wanted, name)
+        return self._executions(wanted, names)
+
+    def _names_of(self, fn: Callable[..., Awaitable[Any]]) -> frozenset[str]:
+        """Every name ``fn`` is registered under (an old name kept beside a new one for
+        the executions started under it)."""
+        return frozenset(name for name, body in self._workflows.items() if body is fn)
 
     async def _executions(
-        self, wanted: frozenset[str] | None, name: str | None
+        self, wanted: frozenset[str] | None, names: frozenset[str] | None
     ) -> AsyncIterator[View]:
         after: str | None = None
         while ids := await self._running("app.executions").events.list_executions(
@@ -1025,7 +1035,7 @@ class Loom:
                     continue  # a stream of events the runtime did not start
                 if wanted is not None and view.status not in wanted:
                     continue
-                if name is not None and view.workflow != name:
+                if names is not None and view.workflow not in names:
                     continue
                 yield view
 
@@ -2176,7 +2186,9 @@ def _statuses(status: object) -> frozenset[str] | None:
     """``app.executions(status=...)``: one status or a collection of them, checked."""
     if status is None:
         return None
-    if isinstance(status, str) or not isinstance(status, Iterable):
+    if isinstance(status, str) or not isinstance(status, Iterable) or isinstance(
+        status, Mapping
+    ):
         given: tuple[object, ...] = (status,)
     else:
         given = tuple(status)

@@ -122,6 +122,7 @@ async def test_an_unreadable_log_goes_to_on_error_and_the_listing_goes_on(app: L
         ({"status": ["completed", "finished"]}, InvalidInputError, "status= takes one of"),
         ({"status": []}, InvalidInputError, "status= takes one of"),
         ({"status": 3}, InvalidInputError, "status= takes one of"),
+        ({"status": {"completed": 1}}, InvalidInputError, "status= takes one of"),
         ({"workflow": ""}, InvalidInputError, "workflow name"),
         ({"workflow": print}, WorkflowNotFoundError, "print"),
         ({"workflow": 3}, InvalidInputError, "workflow= takes"),
@@ -132,6 +133,21 @@ async def test_bad_filters_are_refused_where_they_are_given(
 ) -> None:
     with pytest.raises(error, match=says):
         app.executions(**filters)  # type: ignore[arg-type]
+
+
+async def test_a_function_under_two_names_lists_the_executions_of_both(app: Loom) -> None:
+    """A workflow renamed, its old name kept for the executions started under it: given
+    the function, the listing finds them under either name; given a name, under it."""
+
+    async def body(ctx: Context) -> str:
+        return "done"
+
+    app.workflow(name="checkout.v1")(body)
+    await app.execute("checkout.v1", id="old")
+    app.workflow(name="checkout.v2")(body)
+    await app.execute(body, id="new")
+    assert await listed(app, workflow=body) == [("new", "completed"), ("old", "completed")]
+    assert await listed(app, workflow="checkout.v1") == [("old", "completed")]
 
 
 async def test_a_listing_needs_the_app_running(clock: VirtualClock) -> None:

@@ -87,6 +87,22 @@ async def test_another_workflow_at_the_id_is_still_refused(app: Loom) -> None:
                for n in caught.value.__notes__)
 
 
+async def test_a_start_attaches_to_its_function_under_an_older_name(app: Loom) -> None:
+    async def body(ctx: Context) -> object:
+        return await ctx.receive("go")
+
+    app.workflow(name="approve.v1")(body)
+    first = await app.start("approve.v1", id="r")
+    app.workflow(name="approve.v2")(body)  # the new name: starts use it from now on
+    again = await app.start(body, id="r", if_exists="attach")
+    assert again.execution_id == first.execution_id
+    await app.send("r", "go", 1)
+    assert await again.result(timeout=5) == 1
+    assert [e.kind for e in await app.storage.events.read("r")].count(
+        EventKind.EXECUTION_STARTED
+    ) == 1
+
+
 async def test_a_start_without_attach_is_refused_as_before(app: Loom) -> None:
     @app.workflow()
     async def quick(ctx: Context) -> str:
