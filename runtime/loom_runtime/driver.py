@@ -34,6 +34,7 @@ from loom_core import (
 )
 from loom_core.spi import MAX_EVENTS_PER_APPEND
 from loom_runtime import records
+from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.context import BRANCH, IN_STEP, Branch, Context, ContinueAsNew
 from loom_runtime.errors import (
     NotJsonError,
@@ -401,7 +402,7 @@ class Run:
         limit: float | None = None,
     ) -> Any:
         view = self._view
-        if view.records or view.waits or self._replay_only:
+        if view.records or view.waits or self._replay_only or view.retries:
             recorded = self._recorded(position, "step", name, site)
             if recorded is not None:
                 if recorded.error is not None:
@@ -419,6 +420,8 @@ class Run:
         await self._flush()
         policy = retry or NO_RETRY
         attempt = 0
+        if view.retries and (retrying := view.retries.get(position)) is not None:
+            attempt = await self._retried(position, name, retrying, policy, site)
         while True:
             attempt += 1
             if self.app.crash_points and self.app.crash_point(self, position, name, "before"):
@@ -438,9 +441,20 @@ class Run:
             if failure is not None:
                 self._check_alive()
                 if attempt < policy.attempts and policy.retries(failure):
+                    delay = policy.delay(attempt)
+                    # Durable before the wait: a run that dies now goes on from the next
+                    # attempt, at the same instant, wherever it is recovered.
+                    await self._append([records.attempt_failed(
+                        position, name, _type_name(failure), _message(failure), attempt,
+                        _later_by(self.app.clock.now(), delay), site,
+                    )])
+                    _log.info(
+                        "step %r of execution %r failed (attempt %d); trying again in %g s",
+                        name, self.execution_id, attempt, delay, exc_info=failure,
+                    )
                     self._held += 1
                     try:
-                        await self._pause(policy.delay(attempt))
+                        await self._pause(delay)
                     finally:
                         self._held -= 1
                     # Cancelled, or taken over, meanwhile (here, or by another process):
@@ -475,6 +489,29 @@ class Run:
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return fresh(result)
 
+    async def _retried(
+        self, position: Position, name: str, retrying: Recorded, policy: Retry, site: str
+    ) -> int:
+        """Go on from a step's failed attempt the log holds: wait until the instant its
+        retry was due (at once if it has passed), and return the attempts made so far.
+        A policy that now allows no more records that failure as the step's last."""
+        if retrying.name != name:
+            self._diverge(position, retrying.describe(), _describe_call("step", name, site))
+        assert retrying.error is not None
+        assert retrying.retry_at is not None
+        if retrying.attempt >= policy.attempts:
+            await self._step_failed(position, name, retrying.error, retrying.attempt, site)
+        seconds = (retrying.retry_at - self.app.clock.now()).total_seconds()
+        if seconds > 0:
+            self._held += 1
+            try:
+                await self._pause(seconds)
+            finally:
+                self._held -= 1
+            self._check_alive()
+            await self._skip_unfenced_tail()
+        return retrying.attempt
+
     async def _pause(self, seconds: float) -> None:
         """Wait out a retry's interval on the app's clock, or until the run stops."""
         loop = asyncio.get_running_loop()
@@ -496,18 +533,28 @@ class Run:
             sleeper.result()  # raises what the clock's sleep raised
 
     async def _step_failed(
-        self, position: Position, name: str, failure: BaseException, attempt: int, site: str
+        self,
+        position: Position,
+        name: str,
+        failure: BaseException | tuple[str, str],
+        attempt: int,
+        site: str,
     ) -> NoReturn:
         """Record the step's failure and raise it into the body as a replay will: a
         StepFailedError naming the error's type and message, with no ``__cause__`` (a
-        replay has no exception object to chain; the live one is logged here)."""
-        error_type, message = _type_name(failure), _message(failure)
+        replay has no exception object to chain; the live one is logged here). A
+        ``(type, message)`` pair is a failed attempt the log already holds."""
+        if isinstance(failure, tuple):
+            error_type, message = failure
+        else:
+            error_type, message = _type_name(failure), _message(failure)
         await self._append(
             [records.step_failed(position, name, error_type, message, attempt, site)]
         )
         _log.warning(
             "step %r of execution %r failed after %d attempt%s",
-            name, self.execution_id, attempt, "" if attempt == 1 else "s", exc_info=failure,
+            name, self.execution_id, attempt, "" if attempt == 1 else "s",
+            exc_info=failure if isinstance(failure, BaseException) else None,
         )
         if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
             self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
@@ -770,6 +817,12 @@ class Run:
         (unless this call is that wait), or any live call when only replaying."""
         if not waits and (earlier := self._view.waits.get(position)) is not None:
             self._diverge(position, _describe_wait(earlier), _describe_call(call, name, site))
+        if (
+            self._view.retries
+            and (retrying := self._view.retries.get(position)) is not None
+            and (call != "step" or name != retrying.name)
+        ):
+            self._diverge(position, retrying.describe(), _describe_call(call, name, site))
         if self._replay_only and not self._frontier:
             if self._cut_by_cancel:
                 self._stopped = True  # where the cancellation cut the run: replay ends here
@@ -779,7 +832,7 @@ class Run:
 
     def _has_history(self, branch: Branch) -> bool:
         depth = len(branch.prefix)
-        for position in (*self._view.records, *self._view.waits):
+        for position in (*self._view.records, *self._view.waits, *self._view.retries):
             if (
                 len(position) > depth
                 and position[:depth] == branch.prefix
@@ -1020,6 +1073,14 @@ def _message(exc: BaseException) -> str:
     except Exception as failed:
         return f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
     return _storable(text)
+
+
+def _later_by(now: datetime, seconds: float) -> datetime:
+    """``now`` plus ``seconds``, kept at LATEST_DEADLINE at the latest (a retry's interval
+    may be up to MAX_DURATION, and a clock may be near the calendar's end)."""
+    if seconds >= (LATEST_DEADLINE - now).total_seconds():
+        return max(now, LATEST_DEADLINE)
+    return now + timedelta(seconds=seconds)
 
 
 def _type_name(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ from typing import Final, Literal, TypeAlias
 
 from loom_core import Event, EventKind, JsonObject, JsonValue
 from loom_runtime.errors import LogFormatError
-from loom_runtime.records import Position, Wait, parse_position
+from loom_runtime.records import ATTEMPT_FAILED_KIND, Position, Wait, parse_position
 
 __all__ = [
     "Park", "Recorded", "Status", "TERMINAL", "View", "advance", "completion_result",
@@ -41,8 +41,14 @@ class Recorded:
     sequence: int = 0
     topics: tuple[str, ...] = ()
     """A ``receive_any``'s topics; its ``name`` is the topic it took ("" on timeout)."""
+    retry_at: datetime | None = None
+    """For a step's failed attempt that is to be tried again (in ``View.retries``): when."""
 
     def describe(self) -> str:
+        if self.retry_at is not None:
+            return f"step {self.name!r} (attempt {self.attempt} failed, to be tried again)" + (
+                f" at {self.site}" if self.site else ""
+            )
         what = {
             "step": f"step {self.name!r}",
             "patch": f"patched({self.name!r})",
@@ -95,6 +101,9 @@ class View:
     finished_at: datetime | None = None
     deadline: datetime | None = None
     timed_out: bool = False
+    retries: dict[Position, Recorded] = field(default_factory=dict)
+    """The last failed attempt of each step that is being retried: a step that has
+    neither completed nor failed for good."""
 
     @property
     def terminal(self) -> bool:
@@ -165,6 +174,7 @@ def _copy(view: View) -> View:
     copy.finished_at = view.finished_at
     copy.deadline = view.deadline
     copy.timed_out = view.timed_out
+    copy.retries = dict(view.retries) if view.retries else {}
     return copy
 
 
@@ -222,6 +232,8 @@ def _step(view: View, event: Event) -> None:
     p = _obj(event.payload)
     position = parse_position(p.get("position"))
     error = _error(p.get("error")) if event.kind == EventKind.STEP_FAILED else None
+    if view.retries:
+        view.retries.pop(position, None)
     view.records[position] = Recorded(
         position=position,
         call=_str(p, "call"),
@@ -320,8 +332,27 @@ def _continued(view: View, event: Event) -> None:
     _finish(view, "continued", event)
 
 
+def _attempt_failed(view: View, event: Event) -> None:
+    p = _obj(event.payload)
+    position = parse_position(p.get("position"))
+    retry_at = p.get("retry_at")
+    if not isinstance(retry_at, str):
+        raise TypeError(f"'retry_at' must be an ISO 8601 str, not {retry_at!r}")
+    view.retries[position] = Recorded(
+        position=position,
+        call="step",
+        name=_str(p, "name"),
+        error=_error(p.get("error")),
+        attempt=_int(p, "attempt"),
+        site=_opt_str(p, "site") or "",
+        sequence=event.sequence,
+        retry_at=datetime.fromisoformat(retry_at),
+    )
+
+
 _APPLY: Final[Mapping[str, Callable[[View, Event], None]]] = {
     EventKind.EXECUTION_STARTED: _started,
+    ATTEMPT_FAILED_KIND: _attempt_failed,
     EventKind.STEP_COMPLETED: _step,
     EventKind.STEP_FAILED: _step,
     EventKind.MESSAGE_CONSUMED: _consumed,

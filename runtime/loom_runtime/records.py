@@ -20,12 +20,14 @@ from loom_core.spi import MAX_INT_BITS, build_new_event
 from loom_runtime.errors import NotJsonError
 
 __all__ = [
+    "ATTEMPT_FAILED_KIND",
     "INBOX_PREFIX",
     "MESSAGE_KIND",
     "Position",
     "Received",
     "Wait",
     "WaitCall",
+    "attempt_failed",
     "cancelled",
     "completed",
     "consumed",
@@ -64,6 +66,10 @@ INBOX_PREFIX: Final = "$inbox:"
 
 MESSAGE_KIND: Final = "MESSAGE"
 """The kind of an inbox event (an application kind: it never answers a park)."""
+
+ATTEMPT_FAILED_KIND: Final = "STEP_ATTEMPT_FAILED"
+"""The kind of a step's failed attempt that is to be tried again (a runtime kind, not the
+kernel's: only a running driver writes it, never while the execution is parked)."""
 
 
 def inbox_of(execution_id: str) -> str:
@@ -329,6 +335,31 @@ def step_failed(
             "name": name,
             "error": {"type": error_type, "message": message_},
             "attempt": attempt,
+            "site": site,
+        },
+        {},
+    )
+
+
+def attempt_failed(
+    position: Position,
+    name: str,
+    error_type: str,
+    message_: str,
+    attempt: int,
+    retry_at: datetime,
+    site: str,
+) -> NewEvent:
+    """A failed attempt of a step that its retry policy tries again at ``retry_at``."""
+    return build_new_event(
+        ATTEMPT_FAILED_KIND,
+        {
+            "position": position_json(position),
+            "call": "step",
+            "name": name,
+            "error": {"type": error_type, "message": message_},
+            "attempt": attempt,
+            "retry_at": _iso(retry_at),
             "site": site,
         },
         {},

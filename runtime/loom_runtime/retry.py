@@ -19,9 +19,10 @@ class Retry:
     seconds (at most ``max_interval``) after the n-th failure.
 
     Only exceptions that are instances of ``retry_on`` and not of ``non_retryable`` are
-    retried; the last failure is recorded as STEP_FAILED. The waits between attempts are
-    not durable: a process that dies while waiting tries the step again from attempt 1
-    (steps are at least once).
+    retried; the last failure is recorded as STEP_FAILED, each one before it as
+    STEP_ATTEMPT_FAILED with the instant of the next try, so a run that dies while it
+    waits goes on from the next attempt, at that instant (an attempt in flight when its
+    process dies is made again: steps are at least once).
 
     Every field is checked here, so a bad policy is refused where it is written, not at a
     step's first failure: ``attempts`` an int >= 1; the intervals numbers of seconds from 0

@@ -81,12 +81,12 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
         records={(0,): Recorded((0,), "step", "s")}, waits={(1,): wait},
         park=Park(6, 3, (wait,)), consumed={4}, result=5, error=("T", "m"),
         cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
-        deadline=moment, timed_out=True,
+        deadline=moment, timed_out=True, retries={(2,): Recorded((2,), "step", "r")},
     )
     defaults = View("e")
     assert all(getattr(view, f.name) != getattr(defaults, f.name) for f in fields(View)
                if f.name != "execution_id")
     copy = fold([], into=view)
     assert copy == view
-    for name in ("input", "records", "waits", "consumed"):
+    for name in ("input", "records", "waits", "consumed", "retries"):
         assert getattr(copy, name) is not getattr(view, name)

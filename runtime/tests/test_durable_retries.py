@@ -1,0 +1,231 @@
+"""A step's failed attempts are in the log: a run that dies while it waits to try again
+goes on from the next attempt, at the instant the retry was due, wherever it is
+recovered; the policy's attempts bound the step across process deaths."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from loom_runtime import (
+    Context,
+    Loom,
+    ReplayDivergedError,
+    Retry,
+    StepFailedError,
+    WorkflowFailedError,
+)
+from loom_runtime.records import ATTEMPT_FAILED_KIND
+from loom_runtime.testing import VirtualClock, check_replay
+
+from loom_core import EventKind, Storage, open_storage
+
+START = datetime(2030, 1, 1, tzinfo=UTC)  # where a VirtualClock starts
+
+
+@pytest.fixture
+async def storage() -> AsyncIterator[Storage]:
+    async with open_storage("memory://") as opened:
+        yield opened
+
+
+class Flaky:
+    """A step that fails its first ``failures`` calls, counting every call."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, order: str) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"gateway down (call {self.calls})")
+        return f"charged {order}"
+
+
+Body = Callable[..., Awaitable[object]]
+
+
+def node(storage: Storage, clock: VirtualClock, body: Body) -> Loom:
+    """An app of node "n" on ``storage``, with the workflow ``checkout`` registered."""
+    app = Loom(storage, node="n", clock=clock)
+    app.workflow(name="checkout")(body)
+    return app
+
+
+def checkout_with(step: Flaky, retry: Retry) -> Body:
+    async def checkout(ctx: Context, order: str) -> object:
+        return await ctx.step(step, order, name="charge", retry=retry)
+
+    return checkout
+
+
+async def attempts_of(storage: Storage, execution_id: str) -> list[tuple[object, object]]:
+    return [
+        (e.payload["attempt"], e.payload["retry_at"])  # type: ignore[call-overload,index]
+        for e in await storage.events.read(execution_id)
+        if e.kind == ATTEMPT_FAILED_KIND
+    ]
+
+
+async def test_each_failed_attempt_is_recorded_with_when_it_is_tried_again(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=2)
+    app = node(storage, clock, checkout_with(charge, Retry(attempts=3, initial_interval=10)))
+    async with app:
+        handle = await app.start("checkout", "o-1", id="o-1")
+        await clock.advance(0)
+        assert charge.calls == 1
+        view = await app.inspect("o-1")
+        (retrying,) = view.retries.values()
+        assert (retrying.name, retrying.attempt) == ("charge", 1)
+        assert retrying.error == ("ConnectionError", "gateway down (call 1)")
+        assert retrying.retry_at == START + timedelta(seconds=10)
+        await clock.advance(10)
+        assert charge.calls == 2
+        await clock.advance(20)  # the second interval: 10 * 2
+        assert await handle.result(timeout=5) == "charged o-1"
+        assert charge.calls == 3
+        assert await attempts_of(storage, "o-1") == [
+            (1, (START + timedelta(seconds=10)).isoformat()),
+            (2, (START + timedelta(seconds=30)).isoformat()),
+        ]
+        view = await app.inspect("o-1")
+        assert view.retries == {}  # the step completed
+        assert view.records[(0,)].attempt == 3
+        assert await check_replay(app, ["o-1"]) == ["o-1"]
+
+
+async def test_a_run_stopped_while_it_waits_goes_on_from_the_next_attempt_when_it_was_due(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=1)
+    checkout = checkout_with(charge, Retry(attempts=3, initial_interval=60))
+    first = node(storage, clock, checkout)
+    async with first:
+        await first.start("checkout", "o-2", id="o-2")
+        await clock.advance(30)  # halfway through the interval
+        assert charge.calls == 1
+    # The process is gone; its node starts again and recovers the execution.
+    again = node(storage, clock, checkout)
+    async with again:
+        await clock.advance(0)
+        assert charge.calls == 1  # not before the instant the log names
+        await clock.advance(29)
+        assert charge.calls == 1
+        await clock.advance(1)
+        assert await again.get("o-2").result(timeout=5) == "charged o-2"
+        assert charge.calls == 2
+        assert (await again.inspect("o-2")).records[(0,)].attempt == 2
+
+
+async def test_the_attempts_bound_the_step_across_process_deaths(storage: Storage) -> None:
+    """Each process dies while the step waits to be tried again: three attempts in all,
+    then the step fails for good (before, every restart began again from attempt 1)."""
+    clock = VirtualClock()
+    charge = Flaky(failures=10)
+    checkout = checkout_with(charge, Retry(attempts=3, initial_interval=5))
+    for calls in (1, 2):
+        app = node(storage, clock, checkout)
+        async with app:
+            if calls == 1:
+                await app.start("checkout", "o-3", id="o-3")
+            await clock.advance(1 if calls == 1 else 5)
+            assert charge.calls == calls
+    last = node(storage, clock, checkout)
+    async with last:
+        await clock.advance(10)
+        with pytest.raises(WorkflowFailedError) as failed:
+            await last.get("o-3").result(timeout=5)
+        assert failed.value.error_type.endswith("StepFailedError")
+        assert charge.calls == 3
+        view = await last.inspect("o-3")
+        assert view.records[(0,)].attempt == 3
+        assert view.records[(0,)].error == ("ConnectionError", "gateway down (call 3)")
+
+
+async def test_a_policy_that_now_allows_fewer_attempts_fails_the_step_without_running_it(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=10)
+    first = node(storage, clock, checkout_with(charge, Retry(attempts=5, initial_interval=5)))
+    async with first:
+        await first.start("checkout", "o-4", id="o-4")
+        await clock.advance(5)
+        assert charge.calls == 2
+    caught: list[str] = []
+
+    async def careful(ctx: Context, order: str) -> object:
+        try:
+            return await ctx.step(
+                charge, order, name="charge", retry=Retry(attempts=2, initial_interval=5)
+            )
+        except StepFailedError as exc:
+            caught.append(f"{exc.attempts}: {exc.error_message}")
+            return "gave up"
+
+    again = node(storage, clock, careful)
+    async with again:
+        assert await again.get("o-4").result(timeout=5) == "gave up"
+    assert charge.calls == 2
+    assert caught == ["2: gateway down (call 2)"]
+
+
+async def test_a_step_renamed_while_it_is_retried_diverges_and_writes_nothing(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=10)
+    first = node(storage, clock, checkout_with(charge, Retry(attempts=3, initial_interval=5)))
+    async with first:
+        await first.start("checkout", "o-5", id="o-5")
+        await clock.advance(1)
+
+    async def renamed(ctx: Context, order: str) -> object:
+        return await ctx.step(charge, order, name="pay", retry=Retry(attempts=3))
+
+    errors: list[BaseException] = []
+    again = Loom(storage, node="n", clock=clock, on_error=errors.append)
+    again.workflow(name="checkout")(renamed)
+    async with again:
+        head = await storage.events.head("o-5")
+        await again.drain()
+        (diverged,) = [e for e in errors if isinstance(e, ReplayDivergedError)]
+        assert "attempt 1 failed" in str(diverged)
+        assert "'pay'" in str(diverged)
+        # The takeover's EXECUTION_RECOVERED, and nothing after it.
+        assert await storage.events.head("o-5") == head + 1
+    assert charge.calls == 1
+
+
+async def test_a_patch_before_a_step_being_retried_takes_the_old_path(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=1)
+    first = node(storage, clock, checkout_with(charge, Retry(attempts=3, initial_interval=5)))
+    async with first:
+        await first.start("checkout", "o-6", id="o-6")
+        await clock.advance(1)
+    notes: list[str] = []
+
+    def notify(order: str) -> None:
+        notes.append(order)
+
+    async def patched(ctx: Context, order: str) -> object:
+        if ctx.patched("notify-first"):
+            await ctx.step(notify, order)
+        return await ctx.step(charge, order, name="charge", retry=Retry(attempts=3))
+
+    again = node(storage, clock, patched)
+    async with again:
+        await clock.advance(5)
+        assert await again.get("o-6").result(timeout=5) == "charged o-6"
+    assert notes == []
+    kinds = [e.kind for e in await storage.events.read("o-6")]
+    assert kinds.count(EventKind.STEP_COMPLETED) == 1
