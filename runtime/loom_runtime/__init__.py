@@ -49,6 +49,7 @@ from loom_runtime.errors import (
 )
 from loom_runtime.fold import Status, View, fold
 from loom_runtime.retry import Retry
+from loom_runtime.schedules import Schedule
 from loom_runtime.timers import TimerService
 
 __version__ = "0.1.0"
@@ -84,6 +85,7 @@ __all__ = [
     "ResumeRefusedError",
     "Retry",
     "RunStoppedError",
+    "Schedule",
     "Status",
     "StepFailedError",
     "SystemClock",

@@ -74,6 +74,7 @@ from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorag
 from loom_runtime.inbox import Inbox, Message
 from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, fresh, json_value
 from loom_runtime.resume import answer_park, read_tail
+from loom_runtime.schedules import Schedule, Scheduler, check_schedule, tick_id
 from loom_runtime.timers import Fired, TimerService
 
 __all__ = ["Authorize", "CrashPoint", "Handle", "Loom"]
@@ -316,6 +317,7 @@ class Loom:
         self.random: RandomSource = random if random is not None else random_module.Random()
         self._authorize = authorize
         self.timer_service = TimerService(self, poll_interval=float(poll_interval))
+        self.scheduler = Scheduler(self)
         self._serve_timers = timers
         self._recover_on_enter = recover
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
@@ -401,6 +403,73 @@ class Loom:
 
         return register if fn is None else register(fn)
 
+    def scheduled(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        name: str | None = None,
+    ) -> Callable[[F], F]:
+        """Start the workflow below at each instant of ``cron`` (a five-field cron
+        expression, in UTC) or every ``every`` seconds (counted from the Unix epoch),
+        with the instant (an ISO 8601 str) as its one argument after ``ctx``::
+
+            @app.scheduled(cron="0 9 * * MON-FRI")
+            @app.workflow()
+            async def report(ctx: Context, scheduled_at: str) -> None: ...
+
+        Each instant's execution has the id ``<name>@<instant>`` (``name`` defaults to
+        the workflow's), started by whichever node serving timers comes first and found
+        by the others. Instants that pass while no node serves the schedule are not made
+        up for. Refused with InvalidOptionError: not exactly one of ``cron`` and
+        ``every``, an expression cronsim cannot read, an interval under a second, a
+        workflow this app has not registered (put ``@app.scheduled`` above
+        ``@app.workflow``) or one that does not take one argument, a name already used
+        by another schedule.
+        """
+
+        def register(fn: F) -> F:
+            try:
+                workflow = self._resolve(fn)[0]
+            except WorkflowNotFoundError:
+                raise InvalidOptionError(
+                    f"@app.scheduled needs a workflow this app has registered, not {fn!r}: "
+                    "put @app.scheduled(...) above @app.workflow()"
+                ) from None
+            least, most = self._arity[workflow]
+            if not (least <= 1 and (most is None or most >= 1)):
+                raise InvalidOptionError(
+                    f"a scheduled workflow takes one argument after ctx (the instant, an "
+                    f"ISO 8601 str): workflow {workflow!r} does not"
+                )
+            schedule_name = workflow if name is None else name
+            if not isinstance(schedule_name, str) or not schedule_name:
+                raise InvalidOptionError(f"a schedule's name must be a non-empty str: {name!r}")
+            check_text(schedule_name, "a schedule's name")
+            try:
+                _check_new_id(tick_id(schedule_name, LATEST_DEADLINE))
+            except LoomError as exc:
+                raise InvalidOptionError(
+                    f"schedule name {schedule_name!r} does not make execution ids a start "
+                    f"takes: {exc}"
+                ) from None
+            schedule = check_schedule(schedule_name, workflow, cron, every)
+            known = self.scheduler.schedules.get(schedule_name)
+            if known is not None and known != schedule:
+                raise InvalidOptionError(
+                    f"a schedule named {schedule_name!r} is already registered on this app; "
+                    "pass @app.scheduled(name=...) to tell them apart"
+                )
+            self.scheduler.add(schedule)
+            return fn
+
+        return register
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]:
+        """The schedules registered on this app, by name."""
+        return types.MappingProxyType(self.scheduler.schedules)
+
     @property
     def workflows(self) -> Mapping[str, Callable[..., Awaitable[Any]]]:
         return types.MappingProxyType(self._workflows)
@@ -474,6 +543,7 @@ class Loom:
         if self._serve_timers:
             self.timer_task = asyncio.create_task(self.timer_service.run())
             self._services.append(self.timer_task)
+            self.scheduler.start()
         if self._recover_on_enter:
             self._recovering = asyncio.create_task(self._quietly(self._recover_on_entering))
             self._services.append(self._recovering)
@@ -507,8 +577,11 @@ class Loom:
             if task in inline and run is not None:
                 run.stop()
         carrying_on = [] if self._carrying_on is None else [self._carrying_on]
-        await _stop_tasks([*self._services, *carrying_on, *self._driving])
+        await _stop_tasks(
+            [*self._services, *self.scheduler.tasks(), *carrying_on, *self._driving]
+        )
         self._services.clear()
+        self.scheduler.stopped()
         self._recovering = None
         self.timer_task = None
         self._carrying_on = None
@@ -1334,6 +1407,7 @@ class Loom:
         busy.extend(t for t in self._driving if t not in driving_runs and not t.done())
         if self._recovering is not None and not self._recovering.done():
             busy.append(self._recovering)
+        busy.extend(self.scheduler.busy())
         return busy
 
     # -- what the driver and the timer service call ------------------------------------------

@@ -1,0 +1,213 @@
+"""Scheduled workflows: a workflow started at each instant of a cron expression or of a
+fixed interval, once per instant however many nodes serve the schedule.
+
+Every node that serves timers keeps, in memory, the next instant of each schedule its app
+registers, and at that instant starts the workflow with the instant as its one argument,
+under an id made of the schedule's name and the instant (``report@2030-01-01T09:00:00Z``)
+with ``if_exists="attach"``: the first node to start it creates the execution, and the
+others find it there. Nothing about a schedule is stored: the instants are a function of
+the expression and the clock, so a node that starts, or one whose code changed the
+expression, simply computes them again. Instants that pass while no node serves the
+schedule are not made up for (see docs/design.md, "Schedules keep no state").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Final
+
+from cronsim import CronSim, CronSimError
+
+from loom_core import (
+    ExecutionAlreadyExistsError,
+    InvalidOptionError,
+    LoomError,
+    StoreClosedError,
+)
+from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
+from loom_runtime.errors import AppNotRunningError
+
+if TYPE_CHECKING:
+    from loom_runtime.app import Loom
+
+__all__ = ["Schedule", "Scheduler", "tick_id"]
+
+_log = logging.getLogger("loom_runtime")
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_RETRY_FIRST: Final = 1.0
+_RETRY_CAP: Final = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """When ``workflow`` is started: at each instant of ``cron`` (a five-field cron
+    expression, in UTC), or every ``every`` seconds counted from the Unix epoch (so every
+    node computes the same instants)."""
+
+    name: str
+    workflow: str
+    cron: str | None = None
+    every: float | None = None
+
+    def next_after(self, moment: datetime) -> datetime | None:
+        """The first instant of the schedule strictly after ``moment``; None past
+        LATEST_DEADLINE."""
+        if self.cron is not None:
+            try:
+                upcoming: datetime = next(CronSim(self.cron, moment.astimezone(UTC)))
+            except (StopIteration, OverflowError, ValueError):
+                return None  # none left before the calendar ends
+            return upcoming if upcoming <= LATEST_DEADLINE else None
+        assert self.every is not None
+        period = timedelta(seconds=self.every)
+        elapsed = moment - _EPOCH
+        instant = _EPOCH + (elapsed // period + 1) * period
+        return instant if instant <= LATEST_DEADLINE else None
+
+
+def tick_id(name: str, instant: datetime) -> str:
+    """The id of the execution a schedule starts at ``instant``."""
+    return f"{name}@{instant.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S')}Z"
+
+
+def check_schedule(name: str, workflow: str, cron: object, every: object) -> Schedule:
+    """A schedule's spec, checked (InvalidOptionError naming what is wrong)."""
+    if (cron is None) == (every is None):
+        raise InvalidOptionError(
+            f"schedule {name!r} needs exactly one of cron= (a cron expression such as "
+            "'0 9 * * MON-FRI') and every= (seconds or a timedelta)"
+        )
+    if cron is not None:
+        if not isinstance(cron, str):
+            raise InvalidOptionError(
+                f"schedule {name!r}: cron= takes a cron expression as a str, not {cron!r}"
+            )
+        try:
+            CronSim(cron, _EPOCH)
+        except (CronSimError, ValueError) as exc:
+            raise InvalidOptionError(
+                f"schedule {name!r}: {cron!r} is not a cron expression cronsim reads ({exc}); "
+                "five fields: minute hour day-of-month month day-of-week, in UTC"
+            ) from None
+        return Schedule(name, workflow, cron=cron)
+    seconds: object
+    if isinstance(every, timedelta):
+        seconds = every.total_seconds()
+    elif isinstance(every, int | float) and not isinstance(every, bool):
+        seconds = every
+    else:
+        raise InvalidOptionError(
+            f"schedule {name!r}: every= takes seconds (int or float) or a timedelta, not "
+            f"{every!r}"
+        )
+    assert isinstance(seconds, int | float)
+    if not 1 <= seconds <= MAX_DURATION.total_seconds():  # NaN compares false
+        raise InvalidOptionError(
+            f"schedule {name!r}: every= must be from 1 second to 1000 years, not "
+            f"{shown(every)}"
+        )
+    return Schedule(name, workflow, every=float(seconds))
+
+
+class Scheduler:
+    """Starts the app's scheduled workflows at their instants (see the module docstring):
+    one task per schedule while the app runs and serves timers."""
+
+    def __init__(self, app: Loom) -> None:
+        self.app = app
+        self.schedules: dict[str, Schedule] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Tasks making progress (not asleep on the app's clock): what a virtual clock
+        # waits for before it moves on.
+        self._working: set[asyncio.Task[None]] = set()
+
+    def add(self, schedule: Schedule) -> None:
+        self.schedules[schedule.name] = schedule
+        if self.app.serves_timers:
+            self._spawn(schedule)
+
+    def start(self) -> None:
+        """Start a task for each schedule (the app has just been entered)."""
+        for schedule in self.schedules.values():
+            self._spawn(schedule)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks.values())
+
+    def stopped(self) -> None:
+        """The app has left and stopped the tasks."""
+        self._tasks.clear()
+        self._working.clear()
+
+    def busy(self) -> list[asyncio.Task[None]]:
+        return [task for task in self._working if not task.done()]
+
+    def _spawn(self, schedule: Schedule) -> None:
+        old = self._tasks.pop(schedule.name, None)
+        if old is not None:
+            old.cancel()
+        task = asyncio.create_task(self._serve(schedule), name=f"loom:schedule:{schedule.name}")
+        self._tasks[schedule.name] = task
+        self._working.add(task)
+        task.add_done_callback(self._working.discard)
+
+    async def _serve(self, schedule: Schedule) -> None:
+        clock = self.app.clock
+        instant = schedule.next_after(clock.now())
+        while instant is not None:
+            await self._until(instant)
+            if not await self._start_at(schedule, instant):
+                return
+            # The instants that passed while this one was being started are not made up
+            # for: the next is the first after now.
+            instant = schedule.next_after(max(instant, clock.now()))
+
+    async def _until(self, instant: datetime) -> None:
+        """Sleep on the app's clock until ``instant``, counted as not working meanwhile."""
+        task = asyncio.current_task()
+        assert task is not None
+        while (delay := (instant - self.app.clock.now()).total_seconds()) > 0:
+            self._working.discard(task)
+            try:
+                await self.app.clock.sleep(delay)
+            finally:
+                self._working.add(task)
+
+    async def _start_at(self, schedule: Schedule, instant: datetime) -> bool:
+        """Start the schedule's workflow for ``instant`` (or find it started by another
+        node); False when the app is leaving. A failing store is tried again, after 1 s
+        and then twice as long each time up to 30 s, until the schedule's next instant,
+        when this one is given up."""
+        app = self.app
+        execution_id = tick_id(schedule.name, instant)
+        argument = instant.astimezone(UTC).isoformat()
+        following = schedule.next_after(instant)
+        delay = _RETRY_FIRST
+        reported = False
+        while True:
+            try:
+                await app.start(schedule.workflow, argument, id=execution_id, if_exists="attach")
+                return True
+            except (AppNotRunningError, StoreClosedError):
+                return False  # the app is leaving
+            except ExecutionAlreadyExistsError as exc:
+                # Another workflow at the id (attach refused it): nothing to retry.
+                app.hooks.error(exc)
+                return True
+            except LoomError as exc:
+                if not reported:
+                    app.hooks.error(exc)
+                    reported = True
+                retry_at = app.clock.now() + timedelta(seconds=delay)
+                if following is not None and retry_at >= following:
+                    _log.warning(
+                        "schedule %r gave up its instant %s: the store kept failing (%s)",
+                        schedule.name, argument, exc,
+                    )
+                    return True
+                await self._until(retry_at)
+                delay = min(delay * 2, _RETRY_CAP)

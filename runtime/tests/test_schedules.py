@@ -1,0 +1,233 @@
+"""``@app.scheduled``: a workflow started at each instant of a cron expression or an
+interval, once per instant however many nodes serve it, with nothing stored but the
+executions it starts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from loom_runtime import Context, Loom
+from loom_runtime.schedules import Schedule, tick_id
+from loom_runtime.testing import VirtualClock
+
+from loom_core import EventKind, InvalidOptionError, Storage, open_storage
+
+START = datetime(2030, 1, 1, tzinfo=UTC)  # where a VirtualClock starts
+
+
+@pytest.fixture
+async def storage() -> AsyncIterator[Storage]:
+    async with open_storage("memory://") as opened:
+        yield opened
+
+
+async def started(app: Loom) -> list[tuple[str, object, str | None]]:
+    """Every execution: its id, its input and its status."""
+    return [(v.execution_id, v.input, v.status) async for v in app.executions()]
+
+
+async def test_an_interval_starts_the_workflow_at_each_instant_with_the_instant(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.scheduled(every=timedelta(minutes=1))
+    @app.workflow(name="sweep")
+    async def sweep(ctx: Context, scheduled_at: str) -> str:
+        return f"swept at {scheduled_at}"
+
+    await clock.advance(59)
+    assert await started(app) == []
+    await clock.advance(1)
+    assert await started(app) == [
+        ("sweep@2030-01-01T00:01:00Z", ["2030-01-01T00:01:00+00:00"], "completed")
+    ]
+    assert await app.get("sweep@2030-01-01T00:01:00Z").result(timeout=5) == (
+        "swept at 2030-01-01T00:01:00+00:00"
+    )
+    await clock.advance(120)
+    assert [e for e, _, _ in await started(app)] == [
+        "sweep@2030-01-01T00:01:00Z",
+        "sweep@2030-01-01T00:02:00Z",
+        "sweep@2030-01-01T00:03:00Z",
+    ]
+
+
+async def test_a_cron_expression_gives_the_instants(app: Loom, clock: VirtualClock) -> None:
+    @app.scheduled(cron="*/5 9-10 * * *", name="poll")
+    @app.workflow()
+    async def poll(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    await clock.advance(timedelta(hours=9, minutes=11))
+    assert [e for e, _, _ in await started(app)] == [
+        "poll@2030-01-01T09:00:00Z",
+        "poll@2030-01-01T09:05:00Z",
+        "poll@2030-01-01T09:10:00Z",
+    ]
+    assert app.schedules["poll"] == Schedule("poll", app_workflow_name(app), cron="*/5 9-10 * * *")
+
+
+def app_workflow_name(app: Loom) -> str:
+    (name,) = app.workflows
+    return name
+
+
+async def test_two_nodes_start_each_instant_once(storage: Storage) -> None:
+    clock = VirtualClock()
+    runs: list[str] = []
+
+    async def hourly(ctx: Context, scheduled_at: str) -> None:
+        runs.append(scheduled_at)
+
+    a = Loom(storage, node="a", clock=clock)
+    b = Loom(storage, node="b", clock=clock)
+    for app in (a, b):
+        app.scheduled(every=3600)(app.workflow(name="hourly")(hourly))
+    async with a, b:
+        await clock.advance(timedelta(hours=3))
+        assert [e for e, _, _ in await started(a)] == [
+            "hourly@2030-01-01T01:00:00Z",
+            "hourly@2030-01-01T02:00:00Z",
+            "hourly@2030-01-01T03:00:00Z",
+        ]
+        for execution_id, _, _ in await started(a):
+            kinds = [e.kind for e in await storage.events.read(execution_id)]
+            assert kinds.count(EventKind.EXECUTION_STARTED) == 1
+    assert sorted(runs) == [
+        "2030-01-01T01:00:00+00:00",
+        "2030-01-01T02:00:00+00:00",
+        "2030-01-01T03:00:00+00:00",
+    ]
+
+
+async def test_instants_that_pass_while_no_node_serves_are_not_made_up_for(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+
+    async def tick(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    def app() -> Loom:
+        loom = Loom(storage, node="n", clock=clock)
+        loom.scheduled(every=60)(loom.workflow(name="tick")(tick))
+        return loom
+
+    async with app() as first:
+        await clock.advance(60)
+        assert len(await started(first)) == 1
+    await clock.advance(600)  # ten instants pass with no node up
+    async with app() as again:
+        await clock.advance(0)
+        assert len(await started(again)) == 1
+        await clock.advance(60)
+        assert [e for e, _, _ in await started(again)][-1] == "tick@2030-01-01T00:12:00Z"
+        assert len(await started(again)) == 2
+
+
+async def test_an_app_that_serves_no_timers_starts_nothing(storage: Storage) -> None:
+    clock = VirtualClock()
+    app = Loom(storage, node="n", clock=clock, timers=False)
+
+    @app.scheduled(every=1)
+    @app.workflow()
+    async def often(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    async with app:
+        await clock.advance(10)
+        assert await started(app) == []
+
+
+async def test_a_schedule_registered_while_the_app_runs_starts_serving(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.workflow(name="late")
+    async def late(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    await clock.advance(30)
+    app.scheduled(every=60)(late)
+    await clock.advance(30)
+    assert [e for e, _, _ in await started(app)] == ["late@2030-01-01T00:01:00Z"]
+
+
+async def test_another_workflow_at_an_instants_id_goes_to_on_error(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+
+    @app.workflow()
+    async def squatter(ctx: Context) -> str:
+        return "here first"
+
+    @app.scheduled(every=60, name="job")
+    @app.workflow()
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    async with app:
+        await app.execute(squatter, id=tick_id("job", START + timedelta(minutes=1)))
+        await clock.advance(120)
+        assert [type(e).__name__ for e in errors] == ["ExecutionAlreadyExistsError"]
+        assert [e for e, _, _ in await started(app)] == [
+            "job@2030-01-01T00:01:00Z",
+            "job@2030-01-01T00:02:00Z",
+        ]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({}, "exactly one of cron= "),
+        ({"cron": "* * * * *", "every": 60}, "exactly one of cron= "),
+        ({"cron": "61 * * * *"}, "is not a cron expression"),
+        ({"cron": "0 0 30 2 *"}, "is not a cron expression"),
+        ({"cron": 5}, "cron= takes a cron expression"),
+        ({"every": 0.5}, "from 1 second to 1000 years"),
+        ({"every": float("nan")}, "from 1 second to 1000 years"),
+        ({"every": timedelta(days=366_000)}, "from 1 second to 1000 years"),
+        ({"every": True}, "every= takes seconds"),
+        ({"every": "60"}, "every= takes seconds"),
+        ({"every": 60, "name": ""}, "non-empty str"),
+        ({"every": 60, "name": "$job"}, "does not make execution ids"),
+    ],
+)
+async def test_a_bad_schedule_is_refused_where_it_is_written(
+    app: Loom, options: dict[str, object], says: str
+) -> None:
+    @app.workflow()
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    with pytest.raises(InvalidOptionError, match=says):
+        app.scheduled(**options)(job)  # type: ignore[arg-type]
+    assert app.schedules == {}
+
+
+async def test_the_workflow_must_be_registered_and_take_the_instant(app: Loom) -> None:
+    async def unregistered(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    with pytest.raises(InvalidOptionError, match=r"above @app\.workflow"):
+        app.scheduled(every=60)(unregistered)
+
+    @app.workflow()
+    async def no_argument(ctx: Context) -> None:
+        return None
+
+    with pytest.raises(InvalidOptionError, match="one argument after ctx"):
+        app.scheduled(every=60)(no_argument)
+
+    @app.workflow()
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    app.scheduled(every=60, name="job")(job)
+    app.scheduled(every=60, name="job")(job)  # the same again: fine
+    with pytest.raises(InvalidOptionError, match="already registered"):
+        app.scheduled(every=120, name="job")(job)
+    assert list(app.schedules) == ["job"]
