@@ -53,7 +53,7 @@ from loom_core.spi import MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
 from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock, shown
 from loom_runtime.context import Context, seconds_of
-from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor
+from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor, TimedOut
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
@@ -817,6 +817,10 @@ class Loom:
         self._claim(execution_id)
         try:
             token, written = await self._create(execution_id, event)
+            if deadline is not None:
+                # Under the claim, so no recovery takes the execution meanwhile; a
+                # cancellation here is one after the write landed.
+                await self._schedule_deadline(execution_id, deadline)
         except asyncio.CancelledError:
             self._take_back_later(execution_id, fence_first=True)  # the write may land yet
             raise
@@ -839,23 +843,20 @@ class Loom:
             started_at=written[0].recorded_at,
             deadline=deadline,
         )
-        if deadline is not None:
-            await self._schedule_deadline(view)
         return Run(self, view, token, fn)
 
-    async def _schedule_deadline(self, view: View) -> None:
+    async def _schedule_deadline(self, execution_id: str, deadline: datetime) -> None:
         """Write the timer row of ``view``'s deadline (after its EXECUTION_STARTED, so a
         refused start writes nothing; every takeover and park writes it again, so one
         lost to a crash or a failed write here is put back by the next driver). A failure
         goes to ``on_storage_error``: the execution runs on, and its next park tries
         again."""
-        assert view.deadline is not None
         try:
-            await self.schedule_wake(TimerRecord(view.execution_id, view.deadline))
+            await self.schedule_wake(TimerRecord(execution_id, deadline))
         except StoreClosedError:
             raise
         except LoomError as exc:
-            self.hooks.storage_error(view.execution_id, exc)
+            self.hooks.storage_error(execution_id, exc)
 
     def _later(self, name: str, call: Callable[[], Awaitable[None]]) -> None:
         """Run ``call`` in a task of the app's own, reporting what it raises to on_error;
@@ -1511,7 +1512,7 @@ class Loom:
             token, written = await self._create(successor, event)
             created = fold(written)
             if created.deadline is not None:
-                await self._schedule_deadline(created)
+                await self._schedule_deadline(successor, created.deadline)
             return Successor(successor, token, created)
         except ExecutionAlreadyExistsError:
             existing = await self.inspect(successor)
@@ -1552,7 +1553,11 @@ class Loom:
         """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
         itself) leaves a sender's row whose message is not stored yet (see _sending)."""
         view = await self.inspect(row.execution_id)
-        if view.deadline is not None and row.wake_at >= view.deadline and not view.terminal:
+        if (
+            view.deadline is not None
+            and self.clock.now() >= view.deadline
+            and not view.terminal
+        ):
             if await self._cancel(view, _TIMED_OUT, timed_out=True):
                 return "timed-out"
             view = await self.inspect(row.execution_id)  # it ended meanwhile
@@ -1831,6 +1836,8 @@ class Loom:
                 self.hooks.error(reason)
             elif isinstance(reason, FencedOut):
                 _log.debug("%s", reason)
+            elif isinstance(reason, TimedOut):
+                await self._time_out(execution_id)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
                 if isinstance(reason, StorageError):
@@ -2094,8 +2101,14 @@ class Loom:
             except SequenceConflictError:
                 continue
             if view.deadline is not None:
-                await self._schedule_deadline(view)
+                await self._schedule_deadline(execution_id, view.deadline)
             return token, fold(written, into=view)
+
+    async def _time_out(self, execution_id: str) -> None:
+        """Cancel, as timed out, an execution whose run stopped at its deadline."""
+        view = await self.inspect(execution_id)
+        if not view.terminal:
+            await self._cancel(view, _TIMED_OUT, timed_out=True)
 
     async def _cancelled(self, execution_id: str) -> None:
         await self.storage.timers.cancel(execution_id)

@@ -49,7 +49,7 @@ from loom_runtime.retry import NO_RETRY, Retry
 if TYPE_CHECKING:
     from loom_runtime.app import Loom
 
-__all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash"]
+__all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash", "TimedOut"]
 
 _CO_COROUTINE: Final = inspect.CO_COROUTINE
 _log = logging.getLogger("loom_runtime")
@@ -78,6 +78,15 @@ class FencedOut(LoomError):
     def __init__(self, execution_id: str, detail: str) -> None:
         self.execution_id = execution_id
         super().__init__(f"run of {execution_id!r} was fenced out: {detail}")
+
+
+class TimedOut(LoomError):
+    """The execution's deadline passed while this run drove it: the run stops without
+    another write, and the app cancels the execution as timed out."""
+
+    def __init__(self, execution_id: str, deadline: datetime) -> None:
+        self.execution_id = execution_id
+        super().__init__(f"execution {execution_id!r} passed its deadline {deadline.isoformat()}")
 
 
 class SimulatedCrash(LoomError):
@@ -117,6 +126,7 @@ class Run:
         "_blocked",
         "_consumed",
         "_cut_by_cancel",
+        "_deadline",
         "_fn",
         "_frontier",
         "_head",
@@ -163,6 +173,8 @@ class Run:
         # run would go on from it, and the replay ends, matched, once every branch is
         # held, waits or has ended (see _frontier_reached).
         self._frontier = replay_only and not view.terminal
+        # A live run stops at its deadline (a replay of the log only does not).
+        self._deadline = None if replay_only else view.deadline
         self._start_from(view, set())
         self._stopped = False
         # Futures of the gathers and waits that block until the run is quiet or stops.
@@ -960,6 +972,16 @@ class Run:
     def _check_alive(self) -> None:
         if self._stopped or self._quiet:
             raise _Stop
+        if self._deadline is not None:
+            self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        """Stop the run, writing nothing more, once its execution's deadline has passed:
+        a run that began after it (a recovery, a resume) or reached it between two calls
+        must not make another call, nor end the execution any other way."""
+        assert self._deadline is not None
+        if self.app.clock.now() >= self._deadline:
+            self._halt(TimedOut(self.execution_id, self._deadline))
 
     def _halt(self, reason: BaseException) -> NoReturn:
         if self._stop_reason is None:
@@ -985,6 +1007,8 @@ class Run:
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
             raise _Stop
+        if self._deadline is not None:
+            self._check_deadline()
         app = self.app
         hooks = app.hooks
         store = app.storage.events

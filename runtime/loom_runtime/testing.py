@@ -193,7 +193,10 @@ class VirtualClock:
                 if not future.done():
                     future.set_result(None)
             await self._quiet()
-            if not any("resumed" in service.last_fired.values() for service in ticking):
+            if not any(
+                "resumed" in fired or "timed-out" in fired
+                for fired in (service.last_fired.values() for service in ticking)
+            ):
                 return
 
     async def _quiet(self) -> None:

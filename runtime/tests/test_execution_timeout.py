@@ -17,7 +17,7 @@ from loom_runtime import (
 )
 from loom_runtime.testing import VirtualClock, crash_at
 
-from loom_core import EventKind, ExecutionAlreadyExistsError, open_storage
+from loom_core import EventKind, ExecutionAlreadyExistsError, TimerRecord, open_storage
 
 START = datetime(2030, 1, 1, tzinfo=UTC)  # where a VirtualClock starts
 
@@ -284,3 +284,160 @@ async def test_a_park_writes_the_deadline_row_again(app: Loom, clock: VirtualClo
     await clock.advance(30)
     with pytest.raises(ExecutionTimedOutError):
         await handle.result(timeout=5)
+
+
+@pytest.mark.parametrize("meanwhile", ["cancel", "recover"])
+async def test_a_start_interrupted_while_it_writes_the_row_runs_once(meanwhile: str) -> None:
+    """While the row is written after EXECUTION_STARTED: a caller cancelled then has its
+    execution carried on by the app (with its row), as for any start cancelled after its
+    write; a recovery then waits for the start rather than driving it a second time."""
+    clock = VirtualClock()
+    ran: list[str] = []
+
+    def work() -> None:
+        ran.append("work")
+
+    async def job(ctx: Context) -> object:
+        await ctx.step(work)
+        return await ctx.receive("go")
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", clock=clock, recover=False)
+        app.workflow(name="job")(job)
+        writing, release = asyncio.Event(), asyncio.Event()
+        schedule = storage.timers.schedule
+
+        async def held(row: TimerRecord) -> None:
+            if not writing.is_set():
+                writing.set()
+                await release.wait()
+            await schedule(row)
+
+        storage.timers.schedule = held  # type: ignore[method-assign,assignment]
+        async with app:
+            start = asyncio.ensure_future(app.start(job, id="s", execution_timeout=30))
+            await writing.wait()
+            if meanwhile == "cancel":
+                start.cancel()
+                release.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await start
+            else:
+                recovering = asyncio.ensure_future(app.recover())
+                await asyncio.sleep(0)
+                release.set()
+                await start
+                await recovering
+            await clock.advance(0)
+            assert ran == ["work"]
+            assert (await app.inspect("s")).status == "suspended"
+            assert await rows(app, "s") == [30.0]
+            await clock.advance(30)
+            with pytest.raises(ExecutionTimedOutError):
+                await app.get("s").result(timeout=5)
+
+
+async def test_a_run_past_the_deadline_stops_before_its_next_write() -> None:
+    """No timer service here: the run itself notices. A step that returns after the
+    deadline has its result dropped, and the step after it never runs."""
+    clock = VirtualClock()
+    entered, release = asyncio.Event(), asyncio.Event()
+    after: list[str] = []
+
+    async def slow() -> str:
+        entered.set()
+        await release.wait()
+        return "late"
+
+    def next_step() -> None:
+        after.append("ran")
+
+    async def busy(ctx: Context) -> str:
+        await ctx.step(slow)
+        await ctx.step(next_step)
+        return "finished"
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", clock=clock, timers=False)
+        app.workflow(name="busy")(busy)
+        async with app:
+            handle = await app.start(busy, id="p", execution_timeout=5)
+            await entered.wait()
+            await clock.advance(6)
+            release.set()
+            await app.drain()
+            with pytest.raises(ExecutionTimedOutError):
+                await handle.result(timeout=5)
+            assert after == []
+            assert EventKind.STEP_COMPLETED not in await kinds(app, "p")
+
+
+async def test_a_recovery_after_the_deadline_cancels_rather_than_runs() -> None:
+    clock = VirtualClock()
+    calls: list[str] = []
+    entered = asyncio.Event()
+
+    async def stuck() -> None:
+        calls.append("stuck")
+        if len(calls) == 1:
+            entered.set()
+            await asyncio.Event().wait()  # the process dies in it
+
+    async def job(ctx: Context) -> None:
+        await ctx.step(stuck)
+
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", clock=clock, timers=False)
+        first.workflow(name="job")(job)
+        async with first:
+            await first.start(job, id="r", execution_timeout=10)
+            await entered.wait()
+        await clock.advance(60)  # down past the deadline
+        again = Loom(storage, node="n", clock=clock, timers=False)
+        again.workflow(name="job")(job)
+        async with again:
+            await again.drain()
+            with pytest.raises(ExecutionTimedOutError):
+                await again.get("r").result(timeout=5)
+        assert calls == ["stuck"]
+
+
+async def test_a_sleep_due_before_the_deadline_but_fired_after_it_cancels() -> None:
+    clock = VirtualClock()
+    after: list[str] = []
+
+    def next_step() -> None:
+        after.append("ran")
+
+    async def napper(ctx: Context) -> None:
+        await ctx.sleep(5)
+        await ctx.step(next_step)
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", clock=clock, timers=False)
+        app.workflow(name="napper")(napper)
+        async with app:
+            await app.start(napper, id="z", execution_timeout=10)
+            await app.drain()
+            await clock.advance(20)  # both rows due by the next poll
+            fired = await app.timer_service.poll_once()
+            assert sorted(fired.values()) == ["obsolete", "timed-out"]
+            await app.drain()
+            assert after == []
+            assert (await app.inspect("z")).timed_out
+
+
+async def test_one_advance_times_out_more_executions_than_a_poll_takes(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.workflow(name="waiter")
+    async def waiter(ctx: Context) -> object:
+        return await ctx.receive("never")
+
+    count = 2 * app.timer_service.batch + 50  # an advance polls at least twice
+    for k in range(count):
+        await app.start(waiter, id=f"w{k}", execution_timeout=60)
+    await clock.advance(60)
+    timed_out = [v async for v in app.executions(status="cancelled")]
+    assert len(timed_out) == count
+    assert all(v.timed_out for v in timed_out)
