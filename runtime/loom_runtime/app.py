@@ -1262,12 +1262,16 @@ class Loom:
         events = self.storage.events
         execution_id = view.execution_id
         cancel_event = records.cancelled(reason, self.node, timed_out=timed_out)
+        self.hooks.event(execution_id, cancel_event)
         if view.park is not None:
             try:
-                await answer_park(events, view, view.park.sequence, _constant([cancel_event]))
+                written = (
+                    await answer_park(events, view, view.park.sequence, _constant([cancel_event]))
+                )[2]
             except LoomError:
                 view = await self.inspect(execution_id)  # answered or contended: fence it
             else:
+                self._reported(written)
                 await self._cancelled(execution_id)
                 return True
         token = await events.acquire_fence(execution_id) if "acquire_fence" in (
@@ -1278,7 +1282,7 @@ class Loom:
             if view.terminal:
                 return False
             try:
-                await events.append(
+                written = await events.append(
                     execution_id, [cancel_event], expected_sequence=view.head, fence=token
                 )
             except SequenceConflictError:
@@ -1288,6 +1292,7 @@ class Loom:
                     raise
                 token = await events.acquire_fence(execution_id)
                 continue
+            self._reported(written)
             run = self._drivers.get(execution_id)
             if run is not None:
                 # This process's run stops now, not at its next write: a step waiting to
@@ -2069,10 +2074,13 @@ class Loom:
             recorded = repr(principal)
         events = self.storage.events
         denial = records.denied(action, recorded)
+        self.hooks.event(view.execution_id, denial)
         head = view.head
         while True:
             try:
-                await events.append(view.execution_id, [denial], expected_sequence=head)
+                self._reported(
+                    await events.append(view.execution_id, [denial], expected_sequence=head)
+                )
                 break
             except SequenceConflictError as exc:
                 head = exc.actual_head
@@ -2087,19 +2095,19 @@ class Loom:
             if "acquire_fence" in events.capabilities
             else view.fence
         )
+        recovered = records.recovered(self.node, token)
+        self.hooks.event(execution_id, recovered)
         while True:
             view = await read_tail(events, view)
             if view.status != "running":
                 return None
             try:
                 written = await events.append(
-                    execution_id,
-                    [records.recovered(self.node, token)],
-                    expected_sequence=view.head,
-                    fence=token,
+                    execution_id, [recovered], expected_sequence=view.head, fence=token
                 )
             except SequenceConflictError:
                 continue
+            self._reported(written)
             if view.deadline is not None:
                 await self._schedule_deadline(execution_id, view.deadline)
             return token, fold(written, into=view)
@@ -2109,6 +2117,13 @@ class Loom:
         view = await self.inspect(execution_id)
         if not view.terminal:
             await self._cancel(view, _TIMED_OUT, timed_out=True)
+
+    def _reported(self, written: Sequence[Event]) -> None:
+        """Tell ``on_durable_event`` of events the app itself wrote (a run reports its
+        own)."""
+        if self.hooks.on_durable_event is not None:
+            for event in written:
+                self.hooks.durable_event(event)
 
     async def _cancelled(self, execution_id: str) -> None:
         await self.storage.timers.cancel(execution_id)

@@ -281,6 +281,74 @@ async def test_hooks_fire_before_and_after_the_durable_write() -> None:
     ]
 
 
+async def test_the_hooks_hear_of_what_the_app_writes_itself() -> None:
+    """A cancel (of a parked and of a running execution), a denial and a takeover are
+    written by the app, not a run: the hooks hear of them as of a run's writes, and every
+    event the durable hook reports is one the log holds."""
+    seen: list[tuple[str, str, str]] = []
+    durable: list[Event] = []
+
+    def on_event(execution_id: str, event: NewEvent) -> None:
+        seen.append(("before", execution_id, event.kind))
+
+    def on_durable_event(event: Event) -> None:
+        seen.append(("after", event.execution_id, event.kind))
+        durable.append(event)
+
+    def admins(principal: object, action: str, execution_id: str) -> bool:
+        return principal in (None, "admin")
+
+    entered = [asyncio.Event(), asyncio.Event()]  # the first run's, its takeover's
+
+    async def hang() -> None:
+        entered[1 if entered[0].is_set() else 0].set()
+        await asyncio.Event().wait()
+
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", clock=VirtualClock(), timers=False)
+
+        @first.workflow(name="stuck")
+        async def stuck(ctx: Context) -> None:
+            await ctx.step(hang)
+
+        async with first:
+            await first.start(stuck, id="r")
+            await entered[0].wait()
+        app = Loom(
+            storage, node="n", clock=VirtualClock(), authorize=admins, on_event=on_event,
+            on_durable_event=on_durable_event,
+        )
+        app.workflow(name="stuck")(stuck)
+
+        @app.workflow(name="parked")
+        async def parked(ctx: Context) -> object:
+            return await ctx.receive("never")
+
+        async with app:
+            handle = await app.start(parked, id="p")
+            await entered[1].wait()  # the takeover's run hangs in the step: no drain
+            for _ in range(1000):
+                if await handle.status() == "suspended":
+                    break
+                await asyncio.sleep(0)
+            assert await handle.status() == "suspended"
+            with pytest.raises(ActionDeniedError):
+                await app.cancel("p", principal="mallory")
+            assert await app.cancel("p", reason="done with it")
+            assert await app.cancel("r", reason="stuck")  # running: its takeover's run
+        wanted = [
+            (EventKind.EXECUTION_RECOVERED, "r"),
+            (EventKind.EXECUTION_DENIED, "p"),
+            (EventKind.EXECUTION_CANCELLED, "p"),
+            (EventKind.EXECUTION_CANCELLED, "r"),
+        ]
+        for kind, execution_id in wanted:
+            assert ("before", execution_id, kind) in seen
+            assert ("after", execution_id, kind) in seen
+        for event in durable:
+            assert event in await storage.events.read(event.execution_id)
+
+
 async def test_a_denied_cancel_is_recorded_unfenced_and_refused() -> None:
     def only_admins(principal: object, action: str, execution_id: str) -> bool:
         return principal == "admin"
