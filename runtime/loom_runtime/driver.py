@@ -464,16 +464,7 @@ class Run:
                         "step %r of execution %r failed (attempt %d); trying again in %g s",
                         name, self.execution_id, attempt, delay, exc_info=failure,
                     )
-                    self._held += 1
-                    try:
-                        await self._pause(delay)
-                    finally:
-                        self._held -= 1
-                    # Cancelled, or taken over, meanwhile (here, or by another process):
-                    # another attempt would repeat the step's effects for a result no
-                    # write would take.
-                    self._check_alive()
-                    await self._skip_unfenced_tail()
+                    await self._wait_to_retry(delay)
                     continue
                 await self._step_failed(position, name, failure, attempt, site)
             self._check_alive()
@@ -515,14 +506,21 @@ class Run:
             await self._step_failed(position, name, retrying.error, retrying.attempt, site)
         seconds = (retrying.retry_at - self.app.clock.now()).total_seconds()
         if seconds > 0:
-            self._held += 1
-            try:
-                await self._pause(seconds)
-            finally:
-                self._held -= 1
-            self._check_alive()
-            await self._skip_unfenced_tail()
+            await self._wait_to_retry(seconds)
         return retrying.attempt
+
+    async def _wait_to_retry(self, seconds: float) -> None:
+        """Wait out a retry's interval (the branch counts as held meanwhile), then make
+        sure the run may still make the attempt."""
+        self._held += 1
+        try:
+            await self._pause(seconds)
+        finally:
+            self._held -= 1
+        # Cancelled, or taken over, meanwhile (here, or by another process): another
+        # attempt would repeat the step's effects for a result no write would take.
+        self._check_alive()
+        await self._skip_unfenced_tail()
 
     async def _pause(self, seconds: float) -> None:
         """Wait out a retry's interval on the app's clock, or until the run stops."""

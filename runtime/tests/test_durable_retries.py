@@ -61,6 +61,17 @@ def checkout_with(step: Flaky, retry: Retry) -> Body:
     return checkout
 
 
+async def left_retrying(
+    storage: Storage, clock: VirtualClock, charge: Flaky, retry: Retry, order: str, wait: float
+) -> None:
+    """Start ``order``'s checkout on node "n", let ``wait`` seconds pass, and leave the
+    app (a process that dies) while the step waits to be tried again."""
+    first = node(storage, clock, checkout_with(charge, retry))
+    async with first:
+        await first.start("checkout", order, id=order)
+        await clock.advance(wait)
+
+
 async def attempts_of(storage: Storage, execution_id: str) -> list[tuple[object, object]]:
     return [
         (e.payload["attempt"], e.payload["retry_at"])  # type: ignore[call-overload,index]
@@ -153,11 +164,8 @@ async def test_a_policy_that_now_allows_fewer_attempts_fails_the_step_without_ru
 ) -> None:
     clock = VirtualClock()
     charge = Flaky(failures=10)
-    first = node(storage, clock, checkout_with(charge, Retry(attempts=5, initial_interval=5)))
-    async with first:
-        await first.start("checkout", "o-4", id="o-4")
-        await clock.advance(5)
-        assert charge.calls == 2
+    await left_retrying(storage, clock, charge, Retry(attempts=5, initial_interval=5), "o-4", 5)
+    assert charge.calls == 2
     caught: list[str] = []
 
     async def careful(ctx: Context, order: str) -> object:
@@ -181,10 +189,7 @@ async def test_a_step_renamed_while_it_is_retried_diverges_and_writes_nothing(
 ) -> None:
     clock = VirtualClock()
     charge = Flaky(failures=10)
-    first = node(storage, clock, checkout_with(charge, Retry(attempts=3, initial_interval=5)))
-    async with first:
-        await first.start("checkout", "o-5", id="o-5")
-        await clock.advance(1)
+    await left_retrying(storage, clock, charge, Retry(attempts=3, initial_interval=5), "o-5", 1)
 
     async def renamed(ctx: Context, order: str) -> object:
         return await ctx.step(charge, order, name="pay", retry=Retry(attempts=3))
@@ -208,10 +213,7 @@ async def test_a_patch_before_a_step_being_retried_takes_the_old_path(
 ) -> None:
     clock = VirtualClock()
     charge = Flaky(failures=1)
-    first = node(storage, clock, checkout_with(charge, Retry(attempts=3, initial_interval=5)))
-    async with first:
-        await first.start("checkout", "o-6", id="o-6")
-        await clock.advance(1)
+    await left_retrying(storage, clock, charge, Retry(attempts=3, initial_interval=5), "o-6", 1)
     notes: list[str] = []
 
     def notify(order: str) -> None:

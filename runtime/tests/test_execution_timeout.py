@@ -26,6 +26,29 @@ async def kinds(app: Loom, execution_id: str) -> list[str]:
     return [str(e.kind) for e in await app.storage.events.read(execution_id)]
 
 
+class Busy:
+    """A workflow whose first step runs until the test releases it; ``after`` records
+    whether the step after it ran."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.after: list[str] = []
+
+    async def slow(self) -> str:
+        self.entered.set()
+        await self.release.wait()
+        return "late"
+
+    def next_step(self) -> None:
+        self.after.append("ran")
+
+    async def body(self, ctx: Context) -> str:
+        await ctx.step(self.slow, name="slow")
+        await ctx.step(self.next_step, name="next_step")
+        return "finished"
+
+
 async def rows(app: Loom, execution_id: str) -> list[float]:
     """The instants of the execution's timer rows, as seconds after the virtual clock's
     start (every test here starts its execution there)."""
@@ -111,37 +134,21 @@ async def test_a_running_execution_is_stopped_at_its_deadline() -> None:
     deadline row: the execution is cancelled under a fresh fence, node a's run stops at
     its next write, and the calls after the step never happen."""
     clock = VirtualClock()
-    entered = asyncio.Event()
-    release = asyncio.Event()
-    after: list[str] = []
-
-    async def slow() -> str:
-        entered.set()
-        await release.wait()
-        return "late"
-
-    def next_step() -> None:
-        after.append("ran")
-
-    async def busy(ctx: Context) -> str:
-        await ctx.step(slow)
-        await ctx.step(next_step)
-        return "finished"
-
+    busy = Busy()
     async with open_storage("memory://") as storage:
         a = Loom(storage, node="a", clock=clock, timers=False, recover=False)
         b = Loom(storage, node="b", clock=clock, timers=False, recover=False)
-        a.workflow(name="busy")(busy)
-        b.workflow(name="busy")(busy)
+        a.workflow(name="busy")(busy.body)
+        b.workflow(name="busy")(busy.body)
         async with a, b:
-            handle = await a.start(busy, id="b", execution_timeout=5)
-            await entered.wait()
+            handle = await a.start(busy.body, id="b", execution_timeout=5)
+            await busy.entered.wait()
             await clock.advance(5)  # moves the time only: no timer service is on the clock
             assert list((await b.timer_service.poll_once()).values()) == ["timed-out"]
             assert await handle.status() == "cancelled"
-            release.set()
+            busy.release.set()
             await a.drain()
-            assert after == []
+            assert busy.after == []
             with pytest.raises(ExecutionTimedOutError):
                 await handle.result(timeout=5)
             assert EventKind.STEP_COMPLETED not in await kinds(a, "b")
@@ -341,34 +348,19 @@ async def test_a_run_past_the_deadline_stops_before_its_next_write() -> None:
     """No timer service here: the run itself notices. A step that returns after the
     deadline has its result dropped, and the step after it never runs."""
     clock = VirtualClock()
-    entered, release = asyncio.Event(), asyncio.Event()
-    after: list[str] = []
-
-    async def slow() -> str:
-        entered.set()
-        await release.wait()
-        return "late"
-
-    def next_step() -> None:
-        after.append("ran")
-
-    async def busy(ctx: Context) -> str:
-        await ctx.step(slow)
-        await ctx.step(next_step)
-        return "finished"
-
+    busy = Busy()
     async with open_storage("memory://") as storage:
         app = Loom(storage, node="n", clock=clock, timers=False)
-        app.workflow(name="busy")(busy)
+        app.workflow(name="busy")(busy.body)
         async with app:
-            handle = await app.start(busy, id="p", execution_timeout=5)
-            await entered.wait()
+            handle = await app.start(busy.body, id="p", execution_timeout=5)
+            await busy.entered.wait()
             await clock.advance(6)
-            release.set()
+            busy.release.set()
             await app.drain()
             with pytest.raises(ExecutionTimedOutError):
                 await handle.result(timeout=5)
-            assert after == []
+            assert busy.after == []
             assert EventKind.STEP_COMPLETED not in await kinds(app, "p")
 
 
