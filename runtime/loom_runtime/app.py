@@ -318,6 +318,10 @@ class Loom:
         self._authorize = authorize
         self.timer_service = TimerService(self, poll_interval=float(poll_interval))
         self.scheduler = Scheduler(self)
+        # Drains in progress; the scheduler starts nothing new while there are some.
+        self._draining = 0
+        self._undrained = asyncio.Event()
+        self._undrained.set()
         self._serve_timers = timers
         self._recover_on_enter = recover
         self._workflows: dict[str, Callable[..., Awaitable[Any]]] = {}
@@ -445,7 +449,10 @@ class Loom:
             schedule_name = workflow if name is None else name
             if not isinstance(schedule_name, str) or not schedule_name:
                 raise InvalidOptionError(f"a schedule's name must be a non-empty str: {name!r}")
-            check_text(schedule_name, "a schedule's name")
+            try:
+                check_text(schedule_name, "a schedule's name")
+            except InvalidInputError as exc:
+                raise InvalidOptionError(str(exc)) from None
             try:
                 _check_new_id(tick_id(schedule_name, LATEST_DEADLINE))
             except LoomError as exc:
@@ -1384,7 +1391,27 @@ class Loom:
         """Wait until this process drives nothing (the recovery on entering has taken over
         what it found, every local run finished or parked, and no parked run is answering
         its own park to drive on); an ``execute`` in the task that drains is not waited
-        for."""
+        for. Scheduled workflows due meanwhile are started once it returns."""
+        self._draining += 1
+        self._undrained.clear()
+        try:
+            await self._drain()
+        finally:
+            self._draining -= 1
+            if not self._draining:
+                self._undrained.set()
+
+    async def undrained(self) -> None:
+        """Return once no :meth:`drain` is waiting (the scheduler waits here)."""
+        if self._draining:
+            await self._undrained.wait()
+
+    @property
+    def running(self) -> bool:
+        """Whether the app has been entered and not left."""
+        return self._entered
+
+    async def _drain(self) -> None:
         while True:
             here = asyncio.current_task()
             others = [done for done, task in self._inline.items() if task is not here]

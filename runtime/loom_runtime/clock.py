@@ -28,7 +28,8 @@ class Clock(Protocol):
     A clock that moves only when told (the test kit's
     :class:`~loom_runtime.testing.VirtualClock`) may also offer what the runtime then
     calls: ``attach(app)`` and ``detach(app)`` as an app enters and leaves,
-    ``note_wake(wake_at)`` when a timer row is written, and ``tick(service)``, which a
+    ``note_wake(wake_at)`` when a timer row is written, ``note_settled()`` when a run
+    settles into waiting out retries' intervals, and ``tick(service)``, which a
     timer service awaits between polls instead of sleeping ``poll_interval``."""
 
     def now(self) -> datetime: ...

@@ -136,6 +136,7 @@ class Run:
         "_pending",
         "_quiet",
         "_replay_only",
+        "_retried",
         "_seen",
         "_stop_reason",
         "_stopped",
@@ -175,6 +176,8 @@ class Run:
         self._frontier = replay_only and not view.terminal
         # A live run stops at its deadline (a replay of the log only does not).
         self._deadline = None if replay_only else view.deadline
+        # The positions of failed attempts in the log whose step the body has made again.
+        self._retried: set[Position] = set()
         self._start_from(view, set())
         self._stopped = False
         # Futures of the gathers and waits that block until the run is quiet or stops.
@@ -422,6 +425,8 @@ class Run:
                         name, position_text(position), recorded.attempt, *recorded.error
                     )
                 return fresh(recorded.value)
+            if view.retries and position in view.retries:
+                self._retried.add(position)  # reached again (a frontier's replay holds here)
             self._go_live(position, "step", name, site)
             if self._frontier:
                 await self._hold()
@@ -433,7 +438,7 @@ class Run:
         policy = retry or NO_RETRY
         attempt = 0
         if view.retries and (retrying := view.retries.get(position)) is not None:
-            attempt = await self._retried(position, name, retrying, policy, site)
+            attempt = await self._go_on_retrying(position, name, retrying, policy, site)
         while True:
             attempt += 1
             if self.app.crash_points and self.app.crash_point(self, position, name, "before"):
@@ -454,17 +459,19 @@ class Run:
                 self._check_alive()
                 if attempt < policy.attempts and policy.retries(failure):
                     delay = policy.delay(attempt)
+                    now = self.app.clock.now()
+                    retry_at = _later_by(now, delay)
                     # Durable before the wait: a run that dies now goes on from the next
                     # attempt, at the same instant, wherever it is recovered.
                     await self._append([records.attempt_failed(
                         position, name, _type_name(failure), _message(failure), attempt,
-                        _later_by(self.app.clock.now(), delay), site,
+                        retry_at, site,
                     )])
                     _log.info(
                         "step %r of execution %r failed (attempt %d); trying again in %g s",
                         name, self.execution_id, attempt, delay, exc_info=failure,
                     )
-                    await self._wait_to_retry(delay)
+                    await self._wait_to_retry((retry_at - now).total_seconds())
                     continue
                 await self._step_failed(position, name, failure, attempt, site)
             self._check_alive()
@@ -492,7 +499,7 @@ class Run:
                     self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))
             return fresh(result)
 
-    async def _retried(
+    async def _go_on_retrying(
         self, position: Position, name: str, retrying: Recorded, policy: Retry, site: str
     ) -> int:
         """Go on from a step's failed attempt the log holds: wait until the instant its
@@ -521,6 +528,9 @@ class Run:
         # attempt would repeat the step's effects for a result no write would take.
         self._check_alive()
         await self._skip_unfenced_tail()
+        # What other branches recorded meanwhile is durable before the attempt's effects
+        # happen, as before any step's (see docs/runtime.md, "When a result is durable").
+        await self._flush()
 
     async def _pause(self, seconds: float) -> None:
         """Wait out a retry's interval on the app's clock, or until the run stops."""
@@ -852,6 +862,10 @@ class Run:
         return False
 
     def _check_all_visited(self, attempted: str) -> None:
+        retries = self._view.retries
+        if retries and (unmet := sorted(set(retries) - self._retried)):
+            # A step the log has failed attempts of, that the body no longer makes.
+            self._diverge(unmet[0], retries[unmet[0]].describe(), attempted)
         if len(self._visited) == len(self._view.records):
             return  # every visited position is a recorded one
         missing = sorted(set(self._view.records) - self._visited)
@@ -951,6 +965,13 @@ class Run:
         ):
             self._quiet = True
             self._release()
+        elif self._held and 0 < self._active <= self._held:
+            # Every branch left waits out a retry's interval: a clock that moves only when
+            # told is waiting for this run to settle, and hears it here (its sleep did
+            # not, when the branch that settled the run was another one).
+            note = getattr(self.app.clock, "note_settled", None)
+            if note is not None:
+                note()
         return self._quiet
 
     def _release(self) -> None:

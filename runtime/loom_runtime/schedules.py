@@ -65,7 +65,10 @@ class Schedule:
         assert self.every is not None
         period = timedelta(seconds=self.every)
         elapsed = moment - _EPOCH
-        instant = _EPOCH + (elapsed // period + 1) * period
+        try:
+            instant = _EPOCH + (elapsed // period + 1) * period
+        except OverflowError:
+            return None  # past the calendar's end
         return instant if instant <= LATEST_DEADLINE else None
 
 
@@ -85,6 +88,11 @@ def check_schedule(name: str, workflow: str, cron: object, every: object) -> Sch
         if not isinstance(cron, str):
             raise InvalidOptionError(
                 f"schedule {name!r}: cron= takes a cron expression as a str, not {cron!r}"
+            )
+        if len(cron.split()) != 5:
+            raise InvalidOptionError(
+                f"schedule {name!r}: {cron!r} is not a cron expression of five fields "
+                "(minute hour day-of-month month day-of-week, in UTC)"
             )
         try:
             CronSim(cron, _EPOCH)
@@ -189,11 +197,18 @@ class Scheduler:
         delay = _RETRY_FIRST
         reported = False
         while True:
+            await app.undrained()  # no new work while a drain waits for the work there is
             try:
                 await app.start(schedule.workflow, argument, id=execution_id, if_exists="attach")
                 return True
-            except (AppNotRunningError, StoreClosedError):
+            except AppNotRunningError:
                 return False  # the app is leaving
+            except StoreClosedError:
+                if app.running:
+                    _log.warning(
+                        "schedule %r stops: the app's store was closed under it", schedule.name
+                    )
+                return False
             except ExecutionAlreadyExistsError as exc:
                 # Another workflow at the id (attach refused it): nothing to retry.
                 app.hooks.error(exc)
@@ -211,3 +226,6 @@ class Scheduler:
                     return True
                 await self._until(retry_at)
                 delay = min(delay * 2, _RETRY_CAP)
+            except Exception as exc:  # not the runtime's: a hook's, a decorator's bug
+                app.hooks.error(exc)
+                return True  # the next instant is tried as usual

@@ -97,6 +97,11 @@ class VirtualClock:
         if app in self._apps:
             self._apps.remove(app)
 
+    def note_settled(self) -> None:
+        """A run settled (every branch left waits out a retry's interval on this clock):
+        an advance waiting for it to settle looks again."""
+        self._nudge()
+
     def note_wake(self, wake_at: datetime) -> None:
         """A timer row was written: :meth:`advance` stops when it falls due."""
         if wake_at > self._now:

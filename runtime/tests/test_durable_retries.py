@@ -4,6 +4,7 @@ recovered; the policy's attempts bound the step across process deaths."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -231,3 +232,92 @@ async def test_a_patch_before_a_step_being_retried_takes_the_old_path(
     assert notes == []
     kinds = [e.kind for e in await storage.events.read("o-6")]
     assert kinds.count(EventKind.STEP_COMPLETED) == 1
+
+
+async def test_a_step_removed_while_it_is_retried_diverges(storage: Storage) -> None:
+    clock = VirtualClock()
+    charge = Flaky(failures=10)
+    await left_retrying(storage, clock, charge, Retry(attempts=3, initial_interval=30), "o-7", 1)
+
+    async def without_it(ctx: Context, order: str) -> object:
+        return "nothing to charge"
+
+    errors: list[BaseException] = []
+    again = Loom(storage, node="n", clock=clock, on_error=errors.append)
+    again.workflow(name="checkout")(without_it)
+    async with again:
+        await again.drain()
+        assert (await again.inspect("o-7")).status == "running"
+    (diverged,) = [e for e in errors if isinstance(e, ReplayDivergedError)]
+    assert "attempt 1 failed, to be tried again" in str(diverged)
+    assert "body returned" in str(diverged)
+
+
+async def test_a_siblings_result_is_written_before_the_next_attempt(storage: Storage) -> None:
+    """In a gather, a branch finishes while another waits to try its step again: its
+    result is durable before that attempt runs, as before any step (and a virtual
+    clock's advance is not left waiting for the run that settled meanwhile)."""
+    clock = VirtualClock()
+    charge = Flaky(failures=1)
+    seen_at_second_attempt: list[list[str]] = []
+
+    async def pay(order: str) -> str:
+        if charge.calls == 1:  # the second attempt: what does the log hold by now?
+            log = await storage.events.read(order)
+            seen_at_second_attempt.append([str(e.kind) for e in log])
+        return charge(order)
+
+    def email(order: str) -> str:
+        return "sent"
+
+    async def both(ctx: Context, order: str) -> object:
+        return await ctx.gather(
+            ctx.step(pay, order, retry=Retry(attempts=2, initial_interval=60)),
+            ctx.step(email, order),
+        )
+
+    app = node(storage, clock, both)
+    async with app:
+        handle = await app.start("checkout", "o-8", id="o-8")
+        await clock.advance(60)
+        assert await handle.result(timeout=5) == ["charged o-8", "sent"]
+    assert seen_at_second_attempt == [
+        [EventKind.EXECUTION_STARTED, ATTEMPT_FAILED_KIND, EventKind.STEP_COMPLETED]
+    ]
+
+
+async def test_an_advance_sees_a_run_settle_when_a_sibling_ends_during_a_retry_wait(
+    storage: Storage,
+) -> None:
+    """The branch that settles the run is not the one waiting on the clock: the clock
+    hears of it from the run (an advance waited for ever)."""
+    clock = VirtualClock()
+    charge = Flaky(failures=1)
+    gate = asyncio.Event()
+
+    async def pay(order: str) -> str:
+        return charge(order)
+
+    async def email(order: str) -> str:
+        await gate.wait()
+        return "sent"
+
+    async def both(ctx: Context, order: str) -> object:
+        return await ctx.gather(
+            ctx.step(pay, order, retry=Retry(attempts=2, initial_interval=600, max_interval=600)),
+            ctx.step(email, order),
+        )
+
+    app = node(storage, clock, both)
+    async with app:
+        handle = await app.start("checkout", "o-9", id="o-9")
+        advancing = asyncio.ensure_future(clock.advance(60))
+        # Pay waits out its interval on the clock, and the advance waits for the run,
+        # whose email branch is still going: only then does email end.
+        while not (clock._sleepers and clock._nudges):  # noqa: ASYNC110 (no event for it)
+            await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(advancing, 10)
+        assert charge.calls == 1
+        await asyncio.wait_for(clock.advance(540), 10)
+        assert await handle.result(timeout=5) == ["charged o-9", "sent"]

@@ -4,6 +4,7 @@ executions it starts."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -187,6 +188,8 @@ async def test_another_workflow_at_an_instants_id_goes_to_on_error(
         ({"cron": "61 * * * *"}, "is not a cron expression"),
         ({"cron": "0 0 30 2 *"}, "is not a cron expression"),
         ({"cron": 5}, "cron= takes a cron expression"),
+        ({"cron": "0 * * * * *"}, "five fields"),
+        ({"every": 60, "name": "a\x00b"}, "schedule's name"),
         ({"every": 0.5}, "from 1 second to 1000 years"),
         ({"every": float("nan")}, "from 1 second to 1000 years"),
         ({"every": timedelta(days=366_000)}, "from 1 second to 1000 years"),
@@ -231,3 +234,64 @@ async def test_the_workflow_must_be_registered_and_take_the_instant(app: Loom) -
     with pytest.raises(InvalidOptionError, match="already registered"):
         app.scheduled(every=120, name="job")(job)
     assert list(app.schedules) == ["job"]
+
+
+def test_an_interval_has_no_instant_past_the_calendars_end() -> None:
+    schedule = Schedule("t", "t", every=3e8)  # about 9.5 years
+    last = schedule.next_after(datetime(9990, 1, 1, tzinfo=UTC))
+    assert last == datetime(9993, 8, 3, 13, 20, tzinfo=UTC)
+    assert schedule.next_after(last) is None  # the next would overflow a datetime
+
+
+async def test_a_start_that_raises_something_else_is_reported_and_the_next_instant_runs(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+
+    @app.scheduled(every=60)
+    @app.workflow(name="job")
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    start = app.start
+    failures = [RuntimeError("a decorator's bug")]
+
+    async def flaky_start(*args: object, **kwargs: object) -> object:
+        if failures:
+            raise failures.pop()
+        return await start(*args, **kwargs)  # type: ignore[call-overload]
+
+    app.start = flaky_start  # type: ignore[method-assign,assignment]
+    async with app:
+        await clock.advance(120)
+        assert [type(e).__name__ for e in errors] == ["RuntimeError"]
+        assert [e for e, _, _ in await started(app)] == ["job@2030-01-01T00:02:00Z"]
+
+
+async def test_a_drain_returns_while_a_schedule_keeps_coming_due(storage: Storage) -> None:
+    """Runs of an every-second schedule that last longer than a second overlap: a drain
+    holds the instants that come due while it waits, so it returns, and they are started
+    after it. Real time (the runs sleep): only the drain's return is asserted, with a
+    bound far past what it takes."""
+    app = Loom(storage, node="n", poll_interval=0.05)
+    starts: list[str] = []
+    second, after_drain = asyncio.Event(), asyncio.Event()
+    drained: int | None = None
+
+    @app.scheduled(every=1)
+    @app.workflow(name="slow")
+    async def slow(ctx: Context, scheduled_at: str) -> None:
+        starts.append(scheduled_at)
+        if len(starts) == 2:
+            second.set()
+        if drained is not None and len(starts) > drained:
+            after_drain.set()
+        await ctx.step(asyncio.sleep, 1.5, name="work")
+
+    async with app:
+        await asyncio.wait_for(second.wait(), 30)
+        await asyncio.wait_for(app.drain(), 30)
+        drained = len(starts)
+        await asyncio.wait_for(after_drain.wait(), 30)  # the instants held meanwhile
