@@ -504,9 +504,8 @@ class Run:
     ) -> int:
         """Go on from a step's failed attempt the log holds: wait until the instant its
         retry was due (at once if it has passed), and return the attempts made so far.
-        A policy that now allows no more records that failure as the step's last."""
-        if retrying.name != name:
-            self._diverge(position, retrying.describe(), _describe_call("step", name, site))
+        A policy that now allows no more records that failure as the step's last. (A
+        step of another name at the position has diverged already: see _go_live.)"""
         assert retrying.error is not None
         assert retrying.retry_at is not None
         if retrying.attempt >= policy.attempts:
