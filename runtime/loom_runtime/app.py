@@ -51,15 +51,14 @@ from loom_core import (
 )
 from loom_core.spi import MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
-from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock, shown
-from loom_runtime.context import Context, seconds_of
+from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock
+from loom_runtime.context import Context, check_end, seconds_of
 from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor, TimedOut
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
     ExecutionCancelledError,
     ExecutionTimedOutError,
-    InvalidDurationError,
     ReplayDivergedError,
     ReservedExecutionIdError,
     ResultTimeoutError,
@@ -2242,12 +2241,7 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
     """The deadline ``timeout`` (more than 0 seconds, or a timedelta) after ``now``;
     refused when it would fall after LATEST_DEADLINE."""
     seconds = seconds_of(timeout, what, endless="leave it out for no deadline", positive=True)
-    if seconds > (LATEST_DEADLINE - now).total_seconds():
-        raise InvalidDurationError(
-            f"{what} of {shown(timeout)} from now ({now.isoformat()}, the app's clock) would "
-            f"end after {LATEST_DEADLINE.isoformat()}, the latest deadline the runtime "
-            "keeps; leave it out for no deadline"
-        )
+    check_end(seconds, timeout, what, now, "leave it out for no deadline")
     return now + timedelta(seconds=seconds)
 
 

@@ -342,16 +342,10 @@ class Context:
         return seconds
 
     def _check_end(self, seconds: float, duration: object, what: str) -> None:
-        """Refuse a wait that, from the app's clock's now, would end after LATEST_DEADLINE
-        (the deadline the driver computes would overflow, or come close)."""
-        now = self._run.app.clock.now()
-        if seconds > (LATEST_DEADLINE - now).total_seconds():
-            raise InvalidDurationError(
-                f"{what} of {shown(duration)} from now ({now.isoformat()}, the app's clock) "
-                f"would end after {LATEST_DEADLINE.isoformat()}, the latest deadline the "
-                "runtime keeps; wait less, or use ctx.receive(topic) with no timeout to wait "
-                "without end"
-            )
+        check_end(
+            seconds, duration, what, self._run.app.clock.now(),
+            "wait less, or use ctx.receive(topic) with no timeout to wait without end",
+        )
 
     @overload
     async def gather(self, a: Awaitable[T1], /) -> tuple[T1]: ...
@@ -466,6 +460,18 @@ _MAX_SECONDS: Final = MAX_DURATION.total_seconds()
 _ENDLESS: Final = "use ctx.receive(topic) with no timeout to wait without end"
 _NO_TIMEOUT: Final = "leave timeout= out to wait without end"
 _NO_BOUND: Final = "leave timeout= out for no bound"
+
+
+def check_end(seconds: float, duration: object, what: str, now: datetime, instead: str) -> None:
+    """Refuse a wait of ``seconds`` that, from ``now`` (the app's clock's), would end after
+    LATEST_DEADLINE (a deadline computed from it would overflow, or come close); the
+    refusal ends with ``instead``: what to write instead."""
+    if seconds > (LATEST_DEADLINE - now).total_seconds():
+        raise InvalidDurationError(
+            f"{what} of {shown(duration)} from now ({now.isoformat()}, the app's clock) "
+            f"would end after {LATEST_DEADLINE.isoformat()}, the latest deadline the "
+            f"runtime keeps; {instead}"
+        )
 
 
 def seconds_of(
