@@ -772,6 +772,80 @@ class Loom:
             return completion_result(last)
         return await Handle(self, execution_id).result()
 
+    async def fork(
+        self,
+        execution_id: str,
+        *,
+        at: int | None = None,
+        id: str | None = None,
+        if_exists: IfExists = "raise",
+        execution_timeout: float | timedelta | None = None,
+        principal: object = None,
+    ) -> Handle[JsonValue]:
+        """Start a new execution of ``execution_id``'s workflow, with its input, that is
+        served the recorded results of the body's first ``at`` durable calls (all it
+        recorded, when ``at`` is None) and runs the rest with the current code, as DBOS's
+        ``fork_workflow`` and a Temporal reset do: the way to run a failed or cancelled
+        execution again from a chosen call once its bug is fixed.
+
+        ``at`` counts the body's durable calls in the order it makes them, from 0, as the
+        positions ``app.inspect`` shows do: ``at=3`` takes what positions 0, 1 and 2
+        recorded (with every call of a ``ctx.gather`` branch under them) and runs
+        position 3 anew. The execution forked from may be in
+        any state and is not changed; messages sent to it stay in its inbox. The fork's id
+        is ``id`` or a random one, with ``if_exists`` as for :meth:`start` (attaching to an
+        execution of the same workflow); ``execution_timeout`` gives the fork a deadline of
+        its own (the original's is not carried over). An ``authorize`` hook decides first,
+        on action ``"fork"`` of the execution forked from.
+        """
+        self._running("app.fork")
+        source = _check_id(execution_id)
+        if at is not None and (not isinstance(at, int) or isinstance(at, bool) or at < 0):
+            raise InvalidInputError(
+                f"at= is how many of the body's calls the fork takes from {source!r} (an "
+                f"int >= 0), or None for every call it recorded, not {at!r}"
+            )
+        _check_if_exists(if_exists, id)
+        view = await self.inspect(source)
+        if view.status is None:
+            raise ExecutionNotFoundError(source)
+        fn = self._body_of(view)
+        self.check_arguments(view.workflow, len(view.input), "app.fork")
+        taken = sorted(
+            (r for r in view.records.values() if at is None or r.position[0] < at),
+            key=lambda r: r.sequence,
+        )
+        if at is None:
+            at = max((r.position[0] + 1 for r in taken), default=0)
+        await self._check_allowed(principal, "fork", view)
+        try:
+            new_id, deadline = await self._new_execution("app.fork", id, execution_timeout)
+            batch = [
+                records.started(
+                    view.workflow,
+                    view.input,
+                    fingerprint=self._fingerprints[view.workflow],
+                    node=self.node,
+                    root=new_id,
+                    deadline=deadline,
+                    forked_from=(source, at),
+                ),
+                *(
+                    records.copied(
+                        r.position, r.call, r.name, r.value, r.error, r.attempt, r.site,
+                        r.topics,
+                    )
+                    for r in taken
+                ),
+            ]
+            token, written = await self._open(new_id, batch, deadline)
+        except ExecutionAlreadyExistsError as refused:
+            if if_exists == "raise":
+                raise
+            return await self._attach(view.workflow, refused)
+        self._spawn(Run(self, fold(written), token, fn))
+        return Handle(self, new_id)
+
     async def _check_derived_ids(self, execution_id: str) -> None:
         """Refuse a long id whose inbox or successors' ids the store would refuse: a
         decorator may take room from every id (the tenant decorator's prefix), and an
@@ -800,16 +874,7 @@ class Loom:
         self._running(what)
         name, fn = self._resolve(workflow)
         self.check_arguments(name, len(args), what)
-        execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
-        deadline = (
-            None
-            if execution_timeout is None
-            else _deadline(execution_timeout, self.clock.now(), f"{what}'s execution_timeout=")
-        )
-        if len(execution_id) > _PROBED_ID_LENGTH // 4 and (
-            len(execution_id.encode("utf-8")) > _PROBED_ID_LENGTH
-        ):
-            await self._check_derived_ids(execution_id)
+        execution_id, deadline = await self._new_execution(what, id, execution_timeout)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
@@ -820,21 +885,7 @@ class Loom:
             root=execution_id,
             deadline=deadline,
         )
-        self._claim(execution_id)
-        try:
-            token, written = await self._create(execution_id, event)
-            if deadline is not None:
-                # Under the claim, so no recovery takes the execution meanwhile; a
-                # cancellation here is one after the write landed.
-                await self._schedule_deadline(execution_id, deadline)
-        except asyncio.CancelledError:
-            self._take_back_later(execution_id, fence_first=True)  # the write may land yet
-            raise
-        except WriteOutcomeUnknownError:
-            self._strand(execution_id)  # it may have landed, with no one to drive it
-            raise
-        finally:
-            self._unclaim(execution_id)
+        token, written = await self._open(execution_id, [event], deadline)
         # What fold makes of that one event, made directly: this is every start's path.
         view = View(
             execution_id,
@@ -850,6 +901,44 @@ class Loom:
             deadline=deadline,
         )
         return Run(self, view, token, fn)
+
+    async def _new_execution(
+        self, what: str, id: str | None, execution_timeout: object
+    ) -> tuple[str, datetime | None]:
+        """A new execution's id (``id``, checked, or a random one) and its deadline."""
+        execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
+        deadline = (
+            None
+            if execution_timeout is None
+            else _deadline(execution_timeout, self.clock.now(), f"{what}'s execution_timeout=")
+        )
+        if len(execution_id) > _PROBED_ID_LENGTH // 4 and (
+            len(execution_id.encode("utf-8")) > _PROBED_ID_LENGTH
+        ):
+            await self._check_derived_ids(execution_id)
+        return execution_id, deadline
+
+    async def _open(
+        self, execution_id: str, batch: Sequence[NewEvent], deadline: datetime | None
+    ) -> tuple[int, tuple[Event, ...]]:
+        """Create a new execution's log from ``batch``, and its deadline's timer row; the
+        token the log was created under and what was written."""
+        self._claim(execution_id)
+        try:
+            token, written = await self._create(execution_id, batch)
+            if deadline is not None:
+                # Under the claim, so no recovery takes the execution meanwhile; a
+                # cancellation here is one after the write landed.
+                await self._schedule_deadline(execution_id, deadline)
+        except asyncio.CancelledError:
+            self._take_back_later(execution_id, fence_first=True)  # the write may land yet
+            raise
+        except WriteOutcomeUnknownError:
+            self._strand(execution_id)  # it may have landed, with no one to drive it
+            raise
+        finally:
+            self._unclaim(execution_id)
+        return token, written
 
     async def _schedule_deadline(self, execution_id: str, deadline: datetime) -> None:
         """Write the timer row of ``view``'s deadline (after its EXECUTION_STARTED, so a
@@ -1540,7 +1629,7 @@ class Loom:
         # Claimed until the run that continued hands it on (see release_successor).
         self._claim(successor)
         try:
-            token, written = await self._create(successor, event)
+            token, written = await self._create(successor, [event])
             created = fold(written)
             if created.deadline is not None:
                 await self._schedule_deadline(successor, created.deadline)
@@ -1624,26 +1713,30 @@ class Loom:
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _create(self, execution_id: str, event: NewEvent) -> tuple[int, tuple[Event, ...]]:
-        """Append EXECUTION_STARTED at 0 under token 0 (a new log's token)."""
+    async def _create(
+        self, execution_id: str, batch: Sequence[NewEvent]
+    ) -> tuple[int, tuple[Event, ...]]:
+        """Append ``batch`` (EXECUTION_STARTED, and a fork's copied records) at 0 under
+        token 0 (a new log's token)."""
         events = self.storage.events
         hooks = self.hooks
         if hooks.on_event is not None:
-            hooks.event(execution_id, event)
+            for event in batch:
+                hooks.event(execution_id, event)
         try:
-            written = await events.append(execution_id, [event], expected_sequence=0, fence=0)
+            written = await events.append(execution_id, batch, expected_sequence=0, fence=0)
             token = 0
         except StaleFenceError:
             # The id was used before and deleted; its token outlived the log.
             async with _Answering(self._reusing, execution_id):  # one starter at a time here
-                token, written = await self._create_reused(execution_id, event)
+                token, written = await self._create_reused(execution_id, batch)
         if hooks.on_durable_event is not None:
             for durable in written:
                 hooks.durable_event(durable)
         return token, written
 
     async def _create_reused(
-        self, execution_id: str, event: NewEvent
+        self, execution_id: str, batch: Sequence[NewEvent]
     ) -> tuple[int, tuple[Event, ...]]:
         """Create the log of an id used before and deleted, under a newer token than the
         old log's, so no writer of that log can write to this one. A start of another
@@ -1659,7 +1752,7 @@ class Loom:
             token = await events.acquire_fence(execution_id)
             try:
                 written = await events.append(
-                    execution_id, [event], expected_sequence=0, fence=token
+                    execution_id, batch, expected_sequence=0, fence=token
                 )
             except StaleFenceError as exc:
                 refusal = exc  # another start took a newer token: the head tells whose it is

@@ -101,6 +101,10 @@ class View:
     finished_at: datetime | None = None
     deadline: datetime | None = None
     timed_out: bool = False
+    forked_from: str | None = None
+    """For a fork, the execution it was forked from."""
+    forked_at: int | None = None
+    """For a fork, how many of the body's calls it took from the one it was forked from."""
     retries: dict[Position, Recorded] = field(default_factory=dict)
     """The last failed attempt of each step that is being retried: a step that has
     neither completed nor failed for good."""
@@ -174,6 +178,8 @@ def _copy(view: View) -> View:
     copy.finished_at = view.finished_at
     copy.deadline = view.deadline
     copy.timed_out = view.timed_out
+    copy.forked_from = view.forked_from
+    copy.forked_at = view.forked_at
     copy.retries = dict(view.retries) if view.retries else {}
     return copy
 
@@ -226,6 +232,11 @@ def _started(view: View, event: Event) -> None:
         if not isinstance(deadline, str):
             raise TypeError(f"'deadline' must be an ISO 8601 str, not {deadline!r}")
         view.deadline = datetime.fromisoformat(deadline)
+    fork = p.get("forked_from")
+    if fork is not None:
+        edge = _obj(fork)
+        view.forked_from = _str(edge, "execution")
+        view.forked_at = _int(edge, "at")
 
 
 def _step(view: View, event: Event) -> None:
@@ -234,6 +245,7 @@ def _step(view: View, event: Event) -> None:
     error = _error(p.get("error")) if event.kind == EventKind.STEP_FAILED else None
     if view.retries:
         view.retries.pop(position, None)
+    raw_topics = p.get("topics")  # a receive_any's, copied into a fork
     view.records[position] = Recorded(
         position=position,
         call=_str(p, "call"),
@@ -243,7 +255,14 @@ def _step(view: View, event: Event) -> None:
         attempt=_int(p, "attempt", 1),
         site=_opt_str(p, "site") or "",
         sequence=event.sequence,
+        topics=_topics(raw_topics) if raw_topics is not None else (),
     )
+
+
+def _topics(raw: JsonValue) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+        raise TypeError(f"'topics' must be a list of str, not {raw!r}")
+    return tuple(t for t in raw if isinstance(t, str))
 
 
 def _consumed(view: View, event: Event) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "completed",
     "consumed",
     "continued",
+    "copied",
     "denied",
     "failed",
     "check_text",
@@ -286,10 +287,13 @@ def started(
     continued_from: str | None = None,
     parent: JsonValue = None,
     deadline: datetime | None = None,
+    forked_from: tuple[str, int] | None = None,
 ) -> NewEvent:
     """The first event of every execution. ``parent`` is the edge a child execution will
     carry (``None`` for a top-level one); ``deadline``, when the execution has one, the
-    instant it is cancelled at if it has not ended (absent from the payload otherwise)."""
+    instant it is cancelled at if it has not ended (absent from the payload otherwise);
+    ``forked_from``, for a fork, the execution it was forked from and how many of the
+    body's calls it copied (absent otherwise)."""
     payload: dict[str, JsonValue] = {
         "workflow": workflow,
         "input": list(args),
@@ -302,6 +306,8 @@ def started(
     }
     if deadline is not None:
         payload["deadline"] = _iso(deadline)
+    if forked_from is not None:
+        payload["forked_from"] = {"execution": forked_from[0], "at": forked_from[1]}
     return build_new_event(EventKind.EXECUTION_STARTED, payload, {})
 
 
@@ -322,6 +328,34 @@ def step_completed(
         },
         {},
     )
+
+
+def copied(
+    position: Position,
+    call: str,
+    name: str,
+    value: JsonValue,
+    error: tuple[str, str] | None,
+    attempt: int,
+    site: str,
+    topics: tuple[str, ...] = (),
+) -> NewEvent:
+    """A durable call's record copied into a fork: a STEP_FAILED for a failed step, else
+    a STEP_COMPLETED, whatever the call was (a sleep, a receive, a ``receive_any`` with
+    its ``topics`` too), so the fork's body is served it as the original's was."""
+    if error is not None:
+        return step_failed(position, name, error[0], error[1], attempt, site)
+    payload: JsonObject = {
+        "position": position_json(position),
+        "call": call,
+        "name": name,
+        "result": value,
+        "attempt": attempt,
+        "site": site,
+    }
+    if topics:
+        payload["topics"] = list(topics)
+    return build_new_event(EventKind.STEP_COMPLETED, payload, {})
 
 
 def step_failed(

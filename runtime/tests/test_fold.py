@@ -81,7 +81,8 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
         records={(0,): Recorded((0,), "step", "s")}, waits={(1,): wait},
         park=Park(6, 3, (wait,)), consumed={4}, result=5, error=("T", "m"),
         cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
-        deadline=moment, timed_out=True, retries={(2,): Recorded((2,), "step", "r")},
+        deadline=moment, timed_out=True, forked_from="o", forked_at=4,
+        retries={(2,): Recorded((2,), "step", "r")},
     )
     defaults = View("e")
     assert all(getattr(view, f.name) != getattr(defaults, f.name) for f in fields(View)
@@ -90,3 +91,33 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
     assert copy == view
     for name in ("input", "records", "waits", "consumed", "retries"):
         assert getattr(copy, name) is not getattr(view, name)
+
+
+async def test_a_forks_edge_and_copied_topics_are_read_and_malformed_ones_refused() -> None:
+    import pytest
+    from loom_runtime import LogFormatError
+
+    started: JsonObject = {"workflow": "w", "input": [], "forked_from": {"execution": "o",
+                                                                         "at": 2}}
+    taken: JsonObject = {"position": [0], "call": "receive_any", "name": "b", "result": 1,
+                         "topics": ["a", "b"]}
+    async with open_storage("memory://") as storage:
+        events = storage.events
+        await events.append("e", [NewEvent("EXECUTION_STARTED", started),
+                                  NewEvent("STEP_COMPLETED", taken)], expected_sequence=0)
+        view = fold(await events.read("e"))
+        assert (view.forked_from, view.forked_at) == ("o", 2)
+        assert view.records[(0,)].topics == ("a", "b")
+        malformed: list[tuple[JsonObject, JsonObject]] = [
+            ({**started, "forked_from": {"execution": "o"}}, taken),
+            ({**started, "forked_from": "o"}, taken),
+            (started, {**taken, "topics": "a"}),
+            (started, {**taken, "topics": ["a", 2]}),
+        ]
+        for bad_start, bad_step in malformed:
+            await events.append("bad", [NewEvent("EXECUTION_STARTED", bad_start),
+                                        NewEvent("STEP_COMPLETED", bad_step)],
+                                expected_sequence=0)
+            with pytest.raises(LogFormatError):
+                fold(await events.read("bad"))
+            await events.delete_execution("bad")

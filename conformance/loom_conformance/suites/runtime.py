@@ -1101,6 +1101,52 @@ class TestRuntimeContract:
         ]
         assert await check_replay(app) == ["kit-deadline-late", "kit-deadline-quick"]
 
+    async def test_a_fork_is_written_whole_and_served_its_copied_calls(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """``app.fork`` writes EXECUTION_STARTED and every copied record in one append: a
+        fork of a parked execution at its sleep is served the steps and the message before
+        it from what the store gives back, parks on a sleep of its own, and leaves the
+        original exactly as it was."""
+        app = loom_node.app
+        ran: list[str] = []
+
+        def work(label: str) -> str:
+            ran.append(label)
+            return label.upper()
+
+        @app.workflow(name="kit.fork")
+        async def forked(ctx: Context, order: str) -> list[object]:
+            first = await ctx.step(work, order)
+            note = await ctx.receive("note")
+            await ctx.sleep(30)
+            return [first, note, await ctx.step(work, "after")]
+
+        original = await app.start(forked, "o-1", id="kit-fork-original")
+        await app.send("kit-fork-original", "note", {"text": "é ✓"})
+        await loom_node.settled()
+        before = await loom_node.log("kit-fork-original")
+        fork = await app.fork("kit-fork-original", at=2, id="kit-fork-copy")
+        await loom_node.settled()
+        assert await loom_node.log("kit-fork-original") == before
+        assert await loom_node.kinds("kit-fork-copy") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.STEP_COMPLETED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_SUSPENDED,
+        ]
+        assert ran == ["o-1"]  # served, not run again
+        view = await app.inspect("kit-fork-copy")
+        assert (view.forked_from, view.forked_at, view.status) == (
+            "kit-fork-original", 2, "suspended"
+        )
+        await loom_node.fire_timers(30)
+        expected = ["O-1", {"text": "é ✓"}, "AFTER"]
+        assert await result(fork) == expected
+        assert await result(original) == expected
+        assert ran == ["o-1", "after", "after"]
+        assert await check_replay(app, ["kit-fork-copy"]) == ["kit-fork-copy"]
+
     async def test_cancelling_a_running_execution_fences_its_driver_out(
         self, loom_node: RuntimeNode
     ) -> None:
