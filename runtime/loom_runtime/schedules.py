@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
@@ -40,6 +41,10 @@ _log = logging.getLogger("loom_runtime")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _RETRY_FIRST: Final = 1.0
 _RETRY_CAP: Final = 30.0
+_WALL_SLICE: Final = 60.0
+"""The longest sleep a scheduler takes on a clock that moves by itself: it reads the clock
+again after each, so a jump of the wall clock (a suspended host, a stepped clock, whose
+sleep runs on a monotonic clock that did not move) delays an instant by at most this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,13 +180,17 @@ class Scheduler:
             instant = schedule.next_after(max(instant, clock.now()))
 
     async def _until(self, instant: datetime) -> None:
-        """Sleep on the app's clock until ``instant``, counted as not working meanwhile."""
+        """Sleep on the app's clock until ``instant``, counted as not working meanwhile:
+        in slices of at most a minute on a clock that moves by itself, in one on a clock
+        that moves only when told (one with ``tick``, the test kit's virtual clock)."""
         task = asyncio.current_task()
         assert task is not None
-        while (delay := (instant - self.app.clock.now()).total_seconds()) > 0:
+        clock = self.app.clock
+        most = _WALL_SLICE if getattr(clock, "tick", None) is None else math.inf
+        while (delay := (instant - clock.now()).total_seconds()) > 0:
             self._working.discard(task)
             try:
-                await self.app.clock.sleep(delay)
+                await clock.sleep(min(delay, most))
             finally:
                 self._working.add(task)
 

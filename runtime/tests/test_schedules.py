@@ -295,3 +295,58 @@ async def test_a_drain_returns_while_a_schedule_keeps_coming_due(storage: Storag
         await asyncio.wait_for(app.drain(), 30)
         drained = len(starts)
         await asyncio.wait_for(after_drain.wait(), 30)  # the instants held meanwhile
+
+
+class JumpingClock:
+    """A clock that moves by itself (it has no ``tick``) and that the test jumps: each
+    sleep is recorded and lasts until the test lets it go."""
+
+    def __init__(self, now: datetime) -> None:
+        self.moment = now
+        self.asked: list[float] = []
+        self.asleep = asyncio.Event()
+        self.wake = asyncio.Event()
+
+    def now(self) -> datetime:
+        return self.moment
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        self.asked.append(seconds)
+        self.asleep.set()
+        await self.wake.wait()
+        self.wake.clear()
+
+
+async def test_a_jump_of_the_wall_clock_delays_an_instant_by_a_minute_at_most(
+    storage: Storage,
+) -> None:
+    """A host suspended for hours, or a clock stepped forward, leaves a sleep on the
+    monotonic clock with its whole length still to run: the scheduler sleeps a minute at
+    a time and reads the clock after each, so the instant the jump passed starts then."""
+    clock = JumpingClock(datetime(2030, 1, 1, 8, 0, tzinfo=UTC))
+    app = Loom(storage, node="n", clock=clock, poll_interval=1234)  # the timer service's
+
+    @app.scheduled(cron="0 9 * * *")
+    @app.workflow(name="daily")
+    async def daily(ctx: Context, scheduled_at: str) -> str:
+        return scheduled_at
+
+    async with app:
+
+        async def scheduler_sleeps(count: int) -> list[float]:
+            while (asked := [s for s in clock.asked if s != 1234]).count(60.0) < count:
+                clock.asleep.clear()
+                await asyncio.wait_for(clock.asleep.wait(), 5)
+            return asked
+
+        # An hour to go, slept a minute at a time.
+        assert await scheduler_sleeps(1) == [60.0]
+        clock.moment += timedelta(hours=6)  # the host slept; the instant passed
+        clock.wake.set()
+        # It starts the instant, then sleeps towards the next day's.
+        assert await scheduler_sleeps(2) == [60.0, 60.0]
+        handle = app.get("daily@2030-01-01T09:00:00Z")
+        assert await handle.result(timeout=5) == "2030-01-01T09:00:00+00:00"
