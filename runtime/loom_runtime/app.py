@@ -912,11 +912,17 @@ class Loom:
             if execution_timeout is None
             else _deadline(execution_timeout, self.clock.now(), f"{what}'s execution_timeout=")
         )
+        await self.check_id_room(execution_id)
+        return execution_id, deadline
+
+    async def check_id_room(self, execution_id: str) -> None:
+        """Refuse (InvalidExecutionIdError) a new id longer than 256 bytes whose inbox's
+        or successors' ids this store would refuse; shorter ones leave room under any
+        decorator."""
         if len(execution_id) > _PROBED_ID_LENGTH // 4 and (
             len(execution_id.encode("utf-8")) > _PROBED_ID_LENGTH
         ):
             await self._check_derived_ids(execution_id)
-        return execution_id, deadline
 
     async def _open(
         self, execution_id: str, batch: Sequence[NewEvent], deadline: datetime | None

@@ -24,6 +24,7 @@ from cronsim import CronSim, CronSimError
 
 from loom_core import (
     ExecutionAlreadyExistsError,
+    InvalidExecutionIdError,
     InvalidOptionError,
     LoomError,
     StoreClosedError,
@@ -169,6 +170,8 @@ class Scheduler:
         task.add_done_callback(self._working.discard)
 
     async def _serve(self, schedule: Schedule) -> None:
+        if not await self._fits(schedule):
+            return
         clock = self.app.clock
         instant = schedule.next_after(clock.now())
         while instant is not None:
@@ -178,6 +181,25 @@ class Scheduler:
             # The instants that passed while this one was being started are not made up
             # for: the next is the first after now.
             instant = schedule.next_after(max(instant, clock.now()))
+
+    async def _fits(self, schedule: Schedule) -> bool:
+        """Whether the store takes the ids the schedule's instants make. A decorator may
+        leave ids less room than the kernel's limit the decorator checked (the tenant
+        decorator's prefix): a name too long for this store is reported to ``on_error``
+        once, and the schedule not served, rather than failing at every instant."""
+        try:
+            await self.app.check_id_room(tick_id(schedule.name, LATEST_DEADLINE))
+        except InvalidExecutionIdError as exc:
+            self.app.hooks.error(
+                InvalidOptionError(
+                    f"schedule {schedule.name!r} is not served: this store refuses the ids "
+                    f"its instants make ({exc}); give it a shorter name="
+                )
+            )
+            return False
+        except LoomError:
+            pass  # the store's trouble, not the name's: each instant's start tries again
+        return True
 
     async def _until(self, instant: datetime) -> None:
         """Sleep on the app's clock until ``instant``, counted as not working meanwhile:

@@ -350,3 +350,43 @@ async def test_a_jump_of_the_wall_clock_delays_an_instant_by_a_minute_at_most(
         assert await scheduler_sleeps(2) == [60.0, 60.0]
         handle = app.get("daily@2030-01-01T09:00:00Z")
         assert await handle.result(timeout=5) == "2030-01-01T09:00:00+00:00"
+
+
+async def test_a_name_too_long_for_the_store_is_reported_once_and_not_served() -> None:
+    """The decorator checks a name against the kernel's limit; a decorator of the store may
+    leave less (the tenant decorator's prefix). Such a schedule is reported to on_error
+    when the app starts serving it, not at every instant, and starts nothing."""
+    from store_probes import ProbedEventStore
+
+    from loom_core import InvalidExecutionIdError
+
+    limit = 340  # what such a store leaves of the kernel's 512 bytes
+
+    def refuse_long(execution_id: str) -> None:
+        if len(execution_id.encode()) > limit:
+            raise InvalidExecutionIdError(execution_id, f"at most {limit} bytes here")
+
+    base = await open_storage("memory://")
+    probe = ProbedEventStore(base.events)
+    probe.after_read = refuse_long
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+    long_name, fitting = "l" * 300, "f" * 200
+
+    @app.scheduled(every=60, name=long_name)
+    @app.scheduled(every=60, name=fitting)
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    async with app:
+        await clock.advance(180)
+        ids = [e for e, _, _ in await started(app)]
+    await storage.close()
+    assert ids == [tick_id(fitting, START + timedelta(minutes=m)) for m in (1, 2, 3)]
+    assert len(errors) == 1
+    assert isinstance(errors[0], InvalidOptionError)
+    assert long_name in str(errors[0])
+    assert "shorter name=" in str(errors[0])
