@@ -24,7 +24,7 @@ from loom_core import (
     InvalidInputError,
     LoomError,
 )
-from loom_runtime.app import MAX_NEW_ID_BYTES, Authorize, Handle, Loom
+from loom_runtime.app import MAX_NEW_ID_BYTES, MAX_RECOVERIES, Authorize, Handle, Loom
 from loom_runtime.clock import Clock, RandomSource, SystemClock
 from loom_runtime.context import Context, Durable, Received
 from loom_runtime.errors import (
@@ -36,6 +36,7 @@ from loom_runtime.errors import (
     InvalidDurationError,
     LogFormatError,
     NotJsonError,
+    RecoveryLimitError,
     RedriveExhaustedError,
     ReplayDivergedError,
     ReservedExecutionIdError,
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_NEW_ID_BYTES",
+    "MAX_RECOVERIES",
     "ActionDeniedError",
     "AppNotRunningError",
     "Authorize",
@@ -77,6 +79,7 @@ __all__ = [
     "NotJsonError",
     "RandomSource",
     "Received",
+    "RecoveryLimitError",
     "RedriveExhaustedError",
     "ReplayDivergedError",
     "ReservedExecutionIdError",

@@ -53,12 +53,21 @@ from loom_core.spi import MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
 from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock
 from loom_runtime.context import Context, check_end, seconds_of
-from loom_runtime.driver import FencedOut, Outcome, Run, SimulatedCrash, Successor, TimedOut
+from loom_runtime.driver import (
+    FencedOut,
+    Outcome,
+    Run,
+    SimulatedCrash,
+    Successor,
+    TimedOut,
+    type_name,
+)
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
     ExecutionCancelledError,
     ExecutionTimedOutError,
+    RecoveryLimitError,
     ReplayDivergedError,
     ReservedExecutionIdError,
     ResultTimeoutError,
@@ -99,14 +108,18 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
-"""``authorize(principal, action, execution_id)``: True allows ``action`` (``"resume"`` or
-``"cancel"``); False refuses it, and the refusal is recorded as EXECUTION_DENIED."""
+"""``authorize(principal, action, execution_id)``: True allows ``action`` (``"resume"``,
+``"cancel"`` or ``"fork"``); False refuses it, and the refusal is recorded as EXECUTION_DENIED."""
 
 CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
 """``(execution_id, position, call name, "before" | "after") -> crash now?`` (the test kit's
 crash injection; see :mod:`loom_runtime.testing`)."""
 
 DecoratorSpec: TypeAlias = "str | tuple[str, Mapping[str, object]]"
+
+MAX_RECOVERIES: Final = 100
+"""A workflow's ``max_recoveries`` when its registration does not say: what DBOS gives
+its ``max_recovery_attempts``."""
 
 IfExists: TypeAlias = Literal["raise", "attach"]
 """What ``app.start`` and ``app.execute`` do with an id that has an execution already:
@@ -329,6 +342,7 @@ class Loom:
         # What each workflow's body takes after ctx: the fewest and the most positional
         # arguments (None: any number).
         self._arity: dict[str, tuple[int, int | None]] = {}
+        self._max_recoveries: dict[str, int | None] = {}
         # The task driving each execution: the app's own, or an execute() caller's.
         self._runs: dict[str, asyncio.Task[Any]] = {}
         # Every drive task until it ends: a task leaves _runs when its run parks or ends,
@@ -373,15 +387,43 @@ class Loom:
     @overload
     def workflow(self, fn: F, /) -> F: ...
     @overload
-    def workflow(self, fn: None = None, /, *, name: str | None = None) -> Callable[[F], F]: ...
     def workflow(
-        self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_recoveries: int | None = MAX_RECOVERIES,
+    ) -> Callable[[F], F]: ...
+    def workflow(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_recoveries: int | None = MAX_RECOVERIES,
     ) -> Any:
         """Register an ``async def body(ctx, *args)``, as ``@app.workflow()`` or
         ``@app.workflow``; ``name`` (what the log records and what a resume looks up)
         defaults to the function's qualified name. One function registered under several
         names (an old name kept for the executions started under it) is started under
-        the last."""
+        the last.
+
+        ``max_recoveries``: an execution that a node's recovery has taken over this many
+        times in a row, its run dying each time before it wrote anything, is failed with
+        RecoveryLimitError at the next recovery instead of run again (a body that kills
+        its process would otherwise kill the node at each start); None never gives up.
+        """
+        if max_recoveries is not None and (
+            not isinstance(max_recoveries, int)
+            or isinstance(max_recoveries, bool)
+            or max_recoveries < 1
+        ):
+            raise InvalidOptionError(
+                f"max_recoveries= is how many recoveries in a row without progress an "
+                f"execution gets before it is failed, an int >= 1, or None for no limit; "
+                f"not {max_recoveries!r}"
+            )
 
         def register(fn: F) -> F:
             if not inspect.iscoroutinefunction(fn):
@@ -402,6 +444,7 @@ class Loom:
             self._names[fn] = workflow_name
             self._fingerprints[workflow_name] = _fingerprint(fn)
             self._arity[workflow_name] = arity
+            self._max_recoveries[workflow_name] = max_recoveries
             return fn  # type: ignore[return-value]  # the same object, registered
 
         return register if fn is None else register(fn)
@@ -1375,6 +1418,13 @@ class Loom:
                 self._reported(written)
                 await self._cancelled(execution_id)
                 return True
+        return await self._end(view, cancel_event)
+
+    async def _end(self, view: View, event: NewEvent) -> bool:
+        """Append ``event`` (a terminal kind) to ``view``'s execution under a newly acquired
+        token, which fences out whatever drives it; False if it ended meanwhile."""
+        events = self.storage.events
+        execution_id = view.execution_id
         token = await events.acquire_fence(execution_id) if "acquire_fence" in (
             events.capabilities
         ) else view.fence
@@ -1384,7 +1434,7 @@ class Loom:
                 return False
             try:
                 written = await events.append(
-                    execution_id, [cancel_event], expected_sequence=view.head, fence=token
+                    execution_id, [event], expected_sequence=view.head, fence=token
                 )
             except SequenceConflictError:
                 continue
@@ -1401,6 +1451,15 @@ class Loom:
                 run.stop()
             await self._cancelled(execution_id)
             return True
+
+    async def _give_up(self, view: View) -> None:
+        """Fail an execution its recoveries never got further (see ``max_recoveries``),
+        and tell ``on_error``."""
+        refused = RecoveryLimitError(view.execution_id, view.recoveries)
+        failure = records.failed(type_name(refused), str(refused))
+        self.hooks.event(view.execution_id, failure)
+        if await self._end(view, failure):
+            self.hooks.error(refused)
 
     async def _recover_on_entering(self) -> None:
         """:meth:`recover`, made again in the background (after 1 s, then up to every
@@ -1459,6 +1518,10 @@ class Loom:
         self._claim(execution_id)
         try:
             fn = self._body_of(view)
+            limit = self._max_recoveries.get(view.workflow)
+            if limit is not None and view.recoveries >= limit:
+                await self._give_up(view)
+                return None
             taken = await self._take_over(view)
             if taken is not None and view.continued_from is not None:
                 # The run that continued may have died before handing on its messages.

@@ -49,7 +49,7 @@ from loom_runtime.retry import NO_RETRY, Retry
 if TYPE_CHECKING:
     from loom_runtime.app import Loom
 
-__all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash", "TimedOut"]
+__all__ = ["FencedOut", "Outcome", "Run", "SimulatedCrash", "TimedOut", "type_name"]
 
 _CO_COROUTINE: Final = inspect.CO_COROUTINE
 _log = logging.getLogger("loom_runtime")
@@ -298,7 +298,7 @@ class Run:
             try:
                 args = json_value(list(exc.args_), f"the input of {self.workflow!r}'s successor")
             except InvalidInputError as refused:
-                await self._append([records.failed(_type_name(refused), str(refused))])
+                await self._append([records.failed(type_name(refused), str(refused))])
                 return self._outcome("failed")
             assert isinstance(args, list)
             await self._flush()  # the successor's input is made of durable results
@@ -329,7 +329,7 @@ class Run:
             if self._replay_only:
                 self._expect_terminal("failed")
                 return self._outcome("failed")
-            await self._append([records.failed(_type_name(exc), _message(exc))])
+            await self._append([records.failed(type_name(exc), _message(exc))])
             return self._outcome("failed")
         self._check_all_visited("the body returned")
         try:
@@ -338,7 +338,7 @@ class Run:
             if self._replay_only:
                 self._expect_terminal("failed")
                 return self._outcome("failed")
-            await self._append([records.failed(_type_name(refused), str(refused))])
+            await self._append([records.failed(type_name(refused), str(refused))])
             return self._outcome("failed")
         if self._replay_only:
             self._expect_terminal("completed")
@@ -464,7 +464,7 @@ class Run:
                     # Durable before the wait: a run that dies now goes on from the next
                     # attempt, at the same instant, wherever it is recovered.
                     await self._append([records.attempt_failed(
-                        position, name, _type_name(failure), _message(failure), attempt,
+                        position, name, type_name(failure), _message(failure), attempt,
                         retry_at, site,
                     )])
                     _log.info(
@@ -566,7 +566,7 @@ class Run:
         if isinstance(failure, tuple):
             error_type, message = failure
         else:
-            error_type, message = _type_name(failure), _message(failure)
+            error_type, message = type_name(failure), _message(failure)
         await self._append(
             [records.step_failed(position, name, error_type, message, attempt, site)]
         )
@@ -1125,7 +1125,9 @@ def _later_by(now: datetime, seconds: float) -> datetime:
     return now + timedelta(seconds=seconds)
 
 
-def _type_name(exc: BaseException) -> str:
+def type_name(exc: BaseException) -> str:
+    """How the log names ``exc``'s type: its qualified name, after its module's but for a
+    built-in one."""
     cls = type(exc)
     if cls.__module__ == "builtins":
         return _storable(cls.__qualname__)

@@ -249,6 +249,21 @@ class RedriveExhaustedError(LoomError):
         )
 
 
+class RecoveryLimitError(LoomError):
+    """An execution was recovered ``recoveries`` times in a row without its run writing
+    anything; its recovery fails it instead (the workflow's ``max_recoveries``)."""
+
+    def __init__(self, execution_id: str, recoveries: int) -> None:
+        self.execution_id = execution_id
+        self.recoveries = recoveries
+        super().__init__(
+            f"execution {execution_id!r} was recovered {recoveries} times in a row and its "
+            "run wrote nothing before its process died each time: its body likely kills its "
+            "process at the same point (a crash, an exit, memory), so it is failed rather "
+            "than run again; fix the code, then app.fork it to run it again from its log"
+        )
+
+
 class ContextOutsideBodyError(LoomError, RuntimeError):
     """A durable call through a ``ctx`` outside the workflow body it was handed to:
     ``where`` is ``"outside"`` (a ``ctx`` kept after its body ended, or used by code no

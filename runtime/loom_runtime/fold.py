@@ -105,6 +105,10 @@ class View:
     """For a fork, the execution it was forked from."""
     forked_at: int | None = None
     """For a fork, how many of the body's calls it took from the one it was forked from."""
+    recoveries: int = 0
+    """How many takeovers (EXECUTION_RECOVERED) the log ends with, with nothing else the
+    runtime acts on written after the first of them: the recoveries in a row whose run
+    died before it wrote anything."""
     retries: dict[Position, Recorded] = field(default_factory=dict)
     """The last failed attempt of each step that is being retried: a step that has
     neither completed nor failed for good."""
@@ -133,6 +137,8 @@ def advance(view: View, events: Iterable[Event]) -> View:
             view.execution_id = event.execution_id
         apply = _APPLY.get(event.kind)
         if apply is not None:
+            if view.recoveries and apply is not _recovered:
+                view.recoveries = 0  # the run got as far as a write
             try:
                 apply(view, event)
             except (ValueError, TypeError, KeyError) as exc:
@@ -180,6 +186,7 @@ def _copy(view: View) -> View:
     copy.timed_out = view.timed_out
     copy.forked_from = view.forked_from
     copy.forked_at = view.forked_at
+    copy.recoveries = view.recoveries
     copy.retries = dict(view.retries) if view.retries else {}
     return copy
 
@@ -318,6 +325,7 @@ def _resumed(view: View, event: Event) -> None:
 
 def _recovered(view: View, event: Event) -> None:
     view.node = _opt_str(_obj(event.payload), "node") or view.node
+    view.recoveries += 1
 
 
 def completion_result(event: Event) -> JsonValue:

@@ -319,6 +319,43 @@ class TestRuntimeContract:
         assert all(e.fence >= taken[0].fence for e in log[taken[0].sequence:])
         assert await check_replay(app) == ["order-7"]
 
+    async def test_recoveries_that_never_get_further_fail_the_execution(
+        self, loom_node: RuntimeNode
+    ) -> None:
+        """A run that dies before its first write, recovered ``max_recoveries`` times in a
+        row: the next recovery appends EXECUTION_FAILED under a fresh token instead of
+        running the body, and the failure is what the store gives back."""
+        app = loom_node.app
+
+        @app.workflow(name="kit.poisoned", max_recoveries=2)
+        async def poisoned(ctx: Context) -> str:
+            return await ctx.step(lambda: "never", name="poison")
+
+        crash = crash_at(app, step="poison", times=3, execution_id="kit-poisoned")
+        handle = await app.start(poisoned, id="kit-poisoned")
+        await loom_node.settled()
+        for _ in range(2):
+            assert [h.execution_id for h in await app.recover()] == ["kit-poisoned"]
+            await loom_node.settled()
+        assert crash.count == 3
+        assert await app.recover() == []
+        log = await loom_node.log("kit-poisoned")
+        assert [e.kind for e in log] == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.EXECUTION_FAILED,
+        ]
+        if "acquire_fence" in loom_node.events.capabilities:
+            assert log[-1].fence > log[-2].fence  # under a token of its own
+        assert_gapless(log)
+        view = await app.inspect("kit-poisoned")
+        assert view.error is not None
+        assert view.error[0] == "loom_runtime.errors.RecoveryLimitError"
+        assert await handle.status() == "failed"
+        assert [type(e).__name__ for e in loom_node.reported] == ["RecoveryLimitError"]
+        loom_node.reported.clear()
+
     async def test_an_executed_workflow_whose_caller_is_cancelled_is_taken_over(
         self, loom_node: RuntimeNode
     ) -> None:
