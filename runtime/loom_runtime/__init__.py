@@ -26,7 +26,7 @@ from loom_core import (
 )
 from loom_runtime.app import MAX_NEW_ID_BYTES, MAX_RECOVERIES, Authorize, Handle, Loom
 from loom_runtime.clock import Clock, RandomSource, SystemClock
-from loom_runtime.context import Context, Durable, Received
+from loom_runtime.context import Context, Durable, Received, StepInfo, step_info
 from loom_runtime.errors import (
     ActionDeniedError,
     AppNotRunningError,
@@ -91,6 +91,7 @@ __all__ = [
     "Schedule",
     "Status",
     "StepFailedError",
+    "StepInfo",
     "SystemClock",
     "TimerService",
     "View",
@@ -98,4 +99,5 @@ __all__ = [
     "WorkflowNotFoundError",
     "__version__",
     "fold",
+    "step_info",
 ]

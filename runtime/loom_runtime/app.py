@@ -49,9 +49,9 @@ from loom_core import (
     WriteOutcomeUnknownError,
     open_storage,
 )
-from loom_core.spi import MAX_ID_BYTES, check_execution_id
+from loom_core.spi import MAX_EVENTS_PER_APPEND, MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
-from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock
+from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock, shown
 from loom_runtime.context import Context, check_end, seconds_of
 from loom_runtime.driver import (
     FencedOut,
@@ -826,66 +826,88 @@ class Loom:
         principal: object = None,
     ) -> Handle[JsonValue]:
         """Start a new execution of ``execution_id``'s workflow, with its input, that is
-        served the recorded results of the body's first ``at`` durable calls (all it
-        recorded, when ``at`` is None) and runs the rest with the current code, as DBOS's
-        ``fork_workflow`` and a Temporal reset do: the way to run a failed or cancelled
-        execution again from a chosen call once its bug is fixed.
+        served the recorded results of the body's durable calls before position ``at``
+        (all it recorded, when ``at`` is None) and runs the rest with the current code,
+        as DBOS's ``fork_workflow`` and a Temporal reset do: the way to run a failed or
+        cancelled execution again from a chosen call once its bug is fixed.
 
-        ``at`` counts the body's durable calls in the order it makes them, from 0, as the
-        positions ``app.inspect`` shows do: ``at=3`` takes what positions 0, 1 and 2
-        recorded (with every call of a ``ctx.gather`` branch under them) and runs
-        position 3 anew. The execution forked from may be in
-        any state and is not changed; messages sent to it stay in its inbox. The fork's id
-        is ``id`` or a random one, with ``if_exists`` as for :meth:`start` (attaching to an
-        execution of the same workflow); ``execution_timeout`` gives the fork a deadline of
-        its own (the original's is not carried over). An ``authorize`` hook decides first,
-        on action ``"fork"`` of the execution forked from.
+        ``at`` is a position in the body's own line of calls, counted from 0 as
+        ``app.inspect`` shows them: ``at=3`` takes what positions 0, 1 and 2 recorded,
+        with every call under them (a ``ctx.gather`` branch's, numbered under the
+        gather's position), and runs position 3 anew. The execution forked from may be in
+        any state and is only read; messages sent to it stay in its inbox. The fork's id
+        is ``id`` or a random one; with ``if_exists="attach"``, an id that holds a fork
+        of the same execution at the same ``at`` gives that fork's handle (a retried
+        call), and anything else there is refused. ``execution_timeout`` gives the fork a
+        deadline of its own (the original's is not carried over). An ``authorize`` hook
+        is asked first, on action ``"fork"`` of ``execution_id``; its refusal raises
+        ActionDeniedError and is not recorded (the original is not written to).
+
+        A fork's log is written in one append, so it copies at most
+        ``MAX_EVENTS_PER_APPEND - 1`` (9,999) recorded calls; a larger one is refused
+        with InvalidInputError, before anything is written.
         """
         self._running("app.fork")
         source = _check_id(execution_id)
         if at is not None and (not isinstance(at, int) or isinstance(at, bool) or at < 0):
             raise InvalidInputError(
-                f"at= is how many of the body's calls the fork takes from {source!r} (an "
-                f"int >= 0), or None for every call it recorded, not {at!r}"
+                f"at= is the position of the first call the fork runs anew (an int >= 0), "
+                f"or None to take every call {source!r} recorded, not {shown(at)}"
             )
         _check_if_exists(if_exists, id)
+        new_id, deadline = self._new_execution("app.fork", id, execution_timeout)
+        if not await self._allows(principal, "fork", source):
+            raise ActionDeniedError(source, "fork", principal)
         view = await self.inspect(source)
         if view.status is None:
             raise ExecutionNotFoundError(source)
         fn = self._body_of(view)
         self.check_arguments(view.workflow, len(view.input), "app.fork")
+        reach = max((position[0] + 1 for position in view.records), default=0)
+        at = reach if at is None else min(at, reach)  # what it takes is what it records
         taken = sorted(
-            (r for r in view.records.values() if at is None or r.position[0] < at),
+            (r for r in view.records.values() if r.position[0] < at),
             key=lambda r: r.sequence,
         )
-        if at is None:
-            at = max((r.position[0] + 1 for r in taken), default=0)
-        await self._check_allowed(principal, "fork", view)
+        if len(taken) >= MAX_EVENTS_PER_APPEND:
+            raise InvalidInputError(
+                f"a fork of {source!r} at {at} would copy {len(taken)} recorded calls, and "
+                f"a fork is written in one append of at most {MAX_EVENTS_PER_APPEND} "
+                f"events (its start and {MAX_EVENTS_PER_APPEND - 1} calls): fork at an "
+                "earlier position (a workflow this long is better kept short with "
+                "ctx.continue_as_new); nothing was written"
+            )
+        await self.check_id_room(new_id)
+        batch = [
+            records.started(
+                view.workflow,
+                view.input,
+                fingerprint=self._fingerprints[view.workflow],
+                node=self.node,
+                root=new_id,
+                deadline=deadline,
+                forked_from=(source, at),
+            ),
+            *(
+                records.copied(
+                    r.position, r.call, r.name, r.value, r.error, r.attempt, r.site, r.topics
+                )
+                for r in taken
+            ),
+        ]
         try:
-            new_id, deadline = await self._new_execution("app.fork", id, execution_timeout)
-            batch = [
-                records.started(
-                    view.workflow,
-                    view.input,
-                    fingerprint=self._fingerprints[view.workflow],
-                    node=self.node,
-                    root=new_id,
-                    deadline=deadline,
-                    forked_from=(source, at),
-                ),
-                *(
-                    records.copied(
-                        r.position, r.call, r.name, r.value, r.error, r.attempt, r.site,
-                        r.topics,
-                    )
-                    for r in taken
-                ),
-            ]
             token, written = await self._open(new_id, batch, deadline)
         except ExecutionAlreadyExistsError as refused:
             if if_exists == "raise":
                 raise
-            return await self._attach(view.workflow, refused)
+            existing = await self.inspect(new_id)
+            if (existing.forked_from, existing.forked_at) != (source, at):
+                refused.add_note(
+                    f"it is not a fork of {source!r} at {at}: if_exists='attach' attaches "
+                    "a fork only to the fork the same call made before"
+                )
+                raise
+            return Handle(self, new_id)
         self._spawn(Run(self, fold(written), token, fn))
         return Handle(self, new_id)
 
@@ -917,7 +939,9 @@ class Loom:
         self._running(what)
         name, fn = self._resolve(workflow)
         self.check_arguments(name, len(args), what)
-        execution_id, deadline = await self._new_execution(what, id, execution_timeout)
+        execution_id, deadline = self._new_execution(what, id, execution_timeout)
+        if len(execution_id) > _PROBED_ID_LENGTH // 4:
+            await self.check_id_room(execution_id)
         inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
         assert isinstance(inputs, list)
         event = records.started(
@@ -945,17 +969,17 @@ class Loom:
         )
         return Run(self, view, token, fn)
 
-    async def _new_execution(
+    def _new_execution(
         self, what: str, id: str | None, execution_timeout: object
     ) -> tuple[str, datetime | None]:
-        """A new execution's id (``id``, checked, or a random one) and its deadline."""
+        """A new execution's id (``id``, checked, or a random one) and its deadline; a
+        long id is to be checked with :meth:`check_id_room` as well."""
         execution_id = uuid.uuid4().hex if id is None else _check_new_id(id)
         deadline = (
             None
             if execution_timeout is None
             else _deadline(execution_timeout, self.clock.now(), f"{what}'s execution_timeout=")
         )
-        await self.check_id_room(execution_id)
         return execution_id, deadline
 
     async def check_id_room(self, execution_id: str) -> None:
@@ -2248,13 +2272,19 @@ class Loom:
             self.hooks.event(view.execution_id, event)
         return [event], pick
 
-    async def _check_allowed(self, principal: object, action: str, view: View) -> None:
+    async def _allows(self, principal: object, action: str, execution_id: str) -> bool:
+        """What the ``authorize`` hook says (True when there is none)."""
         if self._authorize is None:
-            return
-        verdict = self._authorize(principal, action, view.execution_id)
+            return True
+        verdict = self._authorize(principal, action, execution_id)
         if inspect.isawaitable(verdict):
             verdict = await verdict
-        if verdict is True:
+        return verdict is True
+
+    async def _check_allowed(self, principal: object, action: str, view: View) -> None:
+        """Refuse ``action`` on ``view``'s execution unless ``authorize`` allows it,
+        recording the refusal as EXECUTION_DENIED."""
+        if await self._allows(principal, action, view.execution_id):
             return
         try:
             recorded: JsonValue = json_value(principal, "principal")

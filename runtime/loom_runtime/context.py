@@ -29,7 +29,7 @@ from loom_runtime.retry import Retry
 if TYPE_CHECKING:
     from loom_runtime.driver import Run
 
-__all__ = ["Context", "Durable", "Received"]
+__all__ = ["Context", "Durable", "Received", "StepInfo", "step_info"]
 
 T = TypeVar("T")
 T1 = TypeVar("T1")
@@ -74,18 +74,64 @@ class _Outside(Branch):
         raise ContextOutsideBodyError("outside")
 
 
-class _InStep(Branch):
-    """The branch of a step's function while it runs: a durable call there is refused."""
+class InStep(Branch):
+    """The branch of a step's function while it runs: a durable call there is refused.
+    It knows which attempt of which step runs, for :func:`step_info`."""
+
+    __slots__ = ("attempt", "execution_id", "name", "step_position")
+
+    def __init__(self, execution_id: str, position: Position, name: str, attempt: int) -> None:
+        # Plain stores, not Branch's generated __init__: one is made per attempt.
+        self.prefix = ()
+        self.counter = 0
+        self.owner = None  # no task's: awaiting a durable call here is refused too
+        self.execution_id = execution_id
+        self.step_position = position
+        self.name = name
+        self.attempt = attempt
 
     def peek(self) -> Position:
         raise ContextOutsideBodyError("step")
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The step whose function is running: see :func:`step_info`."""
+
+    execution_id: str
+    position: str
+    """The step's position, as the log and ``app.inspect`` name it (``"3"``, ``"4.1.0"``)."""
+    name: str
+    attempt: int
+    """1 for the first attempt; retries count on, across process deaths."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """``<execution id>:<position>``: the same for every attempt of this step, in
+        every run of the execution (a retry, a replay after a crash), and different for
+        every other step of every execution. Pass it to a service that deduplicates
+        requests by key, and a step that runs twice has its effect once."""
+        return f"{self.execution_id}:{self.position}"
+
+
+def step_info() -> StepInfo | None:
+    """The step whose function calls this (sync or async, and in what it calls), or
+    None outside a step's function."""
+    branch = BRANCH.get()
+    if not isinstance(branch, InStep):
+        return None
+    return StepInfo(
+        branch.execution_id,
+        ".".join(map(str, branch.step_position)),
+        branch.name,
+        branch.attempt,
+    )
 
 
 # The defaults are shared, and never change: their peek() and take() raise first.
 BRANCH: contextvars.ContextVar[Branch] = contextvars.ContextVar(
     "loom_branch", default=_Outside()  # noqa: B039
 )
-IN_STEP: Final[Branch] = _InStep()
 
 
 def call_site(depth: int = 2) -> str:

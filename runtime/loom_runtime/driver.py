@@ -35,7 +35,7 @@ from loom_core import (
 from loom_core.spi import MAX_EVENTS_PER_APPEND
 from loom_runtime import records
 from loom_runtime.clock import LATEST_DEADLINE
-from loom_runtime.context import BRANCH, IN_STEP, Branch, Context, ContinueAsNew
+from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew, InStep
 from loom_runtime.errors import (
     NotJsonError,
     ReplayDivergedError,
@@ -444,11 +444,12 @@ class Run:
             if self.app.crash_points and self.app.crash_point(self, position, name, "before"):
                 self._halt(SimulatedCrash(f"simulated crash before step {name!r}"))
             failure: BaseException | None = None
+            in_step = InStep(self.execution_id, position, name, attempt)
             try:
                 if limit is None:
-                    value = await self._call(fn, args)
+                    value = await self._call(fn, args, in_step)
                 else:
-                    value = await self._call_within(fn, args, limit, name, attempt)
+                    value = await self._call_within(fn, args, in_step, limit)
             except Exception as exc:
                 failure = exc
             except asyncio.CancelledError as exc:
@@ -580,12 +581,17 @@ class Run:
         raise StepFailedError(name, position_text(position), attempt, error_type, message)
 
     async def _call(
-        self, fn: Callable[..., Any], args: tuple[object, ...], *, own_thread: bool = False
+        self,
+        fn: Callable[..., Any],
+        args: tuple[object, ...],
+        in_step: InStep,
+        *,
+        own_thread: bool = False,
     ) -> Any:
         # The step's function runs with the step's own branch, which refuses durable
         # calls: a replay serves the step without running it, so a call inside would be
         # recorded at a position no replay makes (a thread gets a copy of the context).
-        reset = BRANCH.set(IN_STEP)
+        reset = BRANCH.set(in_step)
         try:
             code = getattr(fn, "__code__", None)
             if (
@@ -603,8 +609,7 @@ class Run:
             BRANCH.reset(reset)
 
     async def _call_within(
-        self, fn: Callable[..., Any], args: tuple[object, ...], limit: float, name: str,
-        attempt: int,
+        self, fn: Callable[..., Any], args: tuple[object, ...], in_step: InStep, limit: float
     ) -> Any:
         """:meth:`_call` bounded to ``limit`` seconds: past them the step is cancelled (an
         async one; a sync one runs on a daemon thread of its own, left to finish), and the
@@ -614,7 +619,7 @@ class Run:
         failure: Exception | None = None
         try:
             async with scope:
-                value = await self._call(fn, args, own_thread=True)
+                value = await self._call(fn, args, in_step, own_thread=True)
         except Exception as exc:
             if not scope.expired():
                 raise  # the step's own failure, within its bound
@@ -622,7 +627,8 @@ class Run:
         if not scope.expired():
             return value
         raise TimeoutError(
-            f"step {name!r} did not finish within its timeout of {limit:g} s (attempt {attempt})"
+            f"step {in_step.name!r} did not finish within its timeout of {limit:g} s "
+            f"(attempt {in_step.attempt})"
         ) from failure
 
     async def sleep(

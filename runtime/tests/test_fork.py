@@ -307,20 +307,30 @@ async def test_refusals_before_anything_is_written(app: Loom) -> None:
     assert (await app.inspect("copy")).status is None
 
 
-async def test_if_exists_attach_gives_the_fork_already_there(app: Loom) -> None:
+async def test_if_exists_attach_gives_the_same_fork_made_before_and_nothing_else(
+    app: Loom,
+) -> None:
     steps = Steps()
 
     @app.workflow()
-    async def flow(ctx: Context) -> str:
-        return await ctx.step(steps, "a")
+    async def flow(ctx: Context, label: str) -> str:
+        return await ctx.step(steps, label)
 
-    await app.execute(flow, id="src")
+    await app.execute(flow, "a", id="src")
     first = await app.fork("src", at=0, id="copy", if_exists="attach")
     assert await first.result(timeout=5) == "A"
     again = await app.fork("src", at=0, id="copy", if_exists="attach")
     assert again.execution_id == "copy"
     assert await again.result(timeout=5) == "A"
     assert steps.ran == ["a", "a"]  # the original's and the one fork's
+
+    await app.execute(flow, "b", id="unrelated")
+    for taken_id, at in (("copy", 1), ("src", 0), ("unrelated", 0)):
+        # Another fork's position, the original itself, an execution that is no fork.
+        with pytest.raises(ExecutionAlreadyExistsError) as refused:
+            await app.fork("src", at=at, id=taken_id, if_exists="attach")
+        assert "not a fork of 'src'" in str(refused.value.__notes__)
+    assert steps.ran == ["a", "a", "b"]
 
 
 async def test_authorize_decides_on_the_execution_forked_from() -> None:
@@ -338,11 +348,44 @@ async def test_authorize_decides_on_the_execution_forked_from() -> None:
 
     async with app:
         await app.execute(flow, id="src")
+        before = await log(app, "src")
         with pytest.raises(ActionDeniedError):
             await app.fork("src", id="copy", principal="intern")
         assert (await app.inspect("copy")).status is None
-        kinds = [e.kind for e in await log(app, "src")]
-        assert kinds[-1] == EventKind.EXECUTION_DENIED
+        assert await log(app, "src") == before  # a refusal does not write to the original
+        # Asked before the log is read: a refused caller learns nothing of what is there.
+        with pytest.raises(ActionDeniedError):
+            await app.fork("nowhere", id="copy", principal="intern")
         fork = await app.fork("src", id="copy", principal="ops")
         assert await fork.result(timeout=5) == 1
-    assert asked == [("intern", "fork", "src"), ("ops", "fork", "src")]
+    assert asked == [
+        ("intern", "fork", "src"), ("intern", "fork", "nowhere"), ("ops", "fork", "src")
+    ]
+
+
+async def test_an_at_past_the_recorded_calls_is_kept_as_where_they_end(app: Loom) -> None:
+    @app.workflow()
+    async def flow(ctx: Context) -> str:
+        return str(ctx.uuid())
+
+    drawn = await app.execute(flow, id="src")
+    for at in (5, 10**5000):
+        fork = await app.fork("src", at=at)
+        assert await fork.result(timeout=5) == drawn
+        assert (await app.inspect(fork.execution_id)).forked_at == 1
+
+
+async def test_a_fork_that_would_not_fit_one_append_is_refused(app: Loom) -> None:
+    @app.workflow()
+    async def long(ctx: Context) -> int:
+        for _ in range(10_000):
+            ctx.uuid()
+        return 0
+
+    await app.execute(long, id="src")
+    with pytest.raises(InvalidInputError, match="would copy 10000 recorded calls"):
+        await app.fork("src", id="copy")
+    assert (await app.inspect("copy")).status is None
+    fork = await app.fork("src", at=9_999, id="copy")
+    assert await fork.result(timeout=30) == 0
+    assert len(await log(app, "copy")) == 10_000 + 2  # the last uuid, drawn again
