@@ -312,22 +312,28 @@ def started(
 
 
 def step_completed(
-    position: Position, call: str, name: str, value: JsonValue, attempt: int, site: str
+    position: Position,
+    call: str,
+    name: str,
+    value: JsonValue,
+    attempt: int,
+    site: str,
+    topics: tuple[str, ...] = (),
 ) -> NewEvent:
     """A recorded result: a step's (``call="step"``), or a value the body asked for
-    (``now``, ``random``, ``uuid``) or a ``patch`` marker."""
-    return build_new_event(
-        EventKind.STEP_COMPLETED,
-        {
-            "position": position_json(position),
-            "call": call,
-            "name": name,
-            "result": value,
-            "attempt": attempt,
-            "site": site,
-        },
-        {},
-    )
+    (``now``, ``random``, ``uuid``) or a ``patch`` marker; in a fork, any call's, with
+    a ``receive_any``'s ``topics``."""
+    payload: JsonObject = {
+        "position": position_json(position),
+        "call": call,
+        "name": name,
+        "result": value,
+        "attempt": attempt,
+        "site": site,
+    }
+    if topics:
+        payload["topics"] = list(topics)
+    return build_new_event(EventKind.STEP_COMPLETED, payload, {})
 
 
 def copied(
@@ -345,17 +351,7 @@ def copied(
     its ``topics`` too), so the fork's body is served it as the original's was."""
     if error is not None:
         return step_failed(position, name, error[0], error[1], attempt, site)
-    payload: JsonObject = {
-        "position": position_json(position),
-        "call": call,
-        "name": name,
-        "result": value,
-        "attempt": attempt,
-        "site": site,
-    }
-    if topics:
-        payload["topics"] = list(topics)
-    return build_new_event(EventKind.STEP_COMPLETED, payload, {})
+    return step_completed(position, call, name, value, attempt, site, topics)
 
 
 def step_failed(
