@@ -18,6 +18,7 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     │   └── ExecutionTimedOutError         ... cancelled because its deadline passed
     ├── ResultTimeoutError (TimeoutError)  handle.result(timeout=...) ran out
     ├── RedriveExhaustedError              a contended timer wake gave up; recover() it
+    ├── RecoveryLimitError                 recovered too often in a row with nothing written
     ├── RunStoppedError                    a body raised a BaseException: nothing recorded
     ├── AppNotRunningError                 a call that needs ``async with app`` outside it
     ├── ContextOutsideBodyError (RuntimeError)  a ctx call in a step, a task, or after the body
@@ -43,6 +44,7 @@ __all__ = [
     "LogFormatError",
     "NotJsonError",
     "RedriveExhaustedError",
+    "RecoveryLimitError",
     "ReplayDivergedError",
     "ReservedExecutionIdError",
     "ResultTimeoutError",
