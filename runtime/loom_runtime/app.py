@@ -1074,7 +1074,7 @@ class Loom:
                     self._unclaim(execution_id)
             current: str | None = execution_id
             while current is not None:
-                await self._recover_one(current)
+                await self._recover_one(current, limited=False)
                 view = await self.inspect(current)
                 current = view.successor if view.status == "continued" else None
         finally:
@@ -1442,9 +1442,12 @@ class Loom:
                 self._reported(written)
                 await self._cancelled(execution_id)
                 return True
-        return await self._end(view, cancel_event)
+        if not await self._append_end(view, cancel_event):
+            return False
+        await self._cancelled(execution_id)
+        return True
 
-    async def _end(self, view: View, event: NewEvent) -> bool:
+    async def _append_end(self, view: View, event: NewEvent) -> bool:
         """Append ``event`` (a terminal kind) to ``view``'s execution under a newly acquired
         token, which fences out whatever drives it; False if it ended meanwhile."""
         events = self.storage.events
@@ -1473,7 +1476,6 @@ class Loom:
                 # This process's run stops now, not at its next write: a step waiting to
                 # try again does not (a run elsewhere finds the cancel between attempts).
                 run.stop()
-            await self._cancelled(execution_id)
             return True
 
     async def _give_up(self, view: View) -> None:
@@ -1482,8 +1484,9 @@ class Loom:
         refused = RecoveryLimitError(view.execution_id, view.recoveries)
         failure = records.failed(type_name(refused), str(refused))
         self.hooks.event(view.execution_id, failure)
-        if await self._end(view, failure):
-            self.hooks.error(refused)
+        if await self._append_end(view, failure):
+            self.hooks.error(refused)  # before the rows go: a failure there is not this
+            await self._cancelled(view.execution_id)
 
     async def _recover_on_entering(self) -> None:
         """:meth:`recover`, made again in the background (after 1 s, then up to every
@@ -1533,19 +1536,31 @@ class Loom:
                 if handle is not None:
                     handles.append(handle)
 
-    async def _recover_one(self, execution_id: str) -> Handle[JsonValue] | None:
+    async def _recover_one(
+        self, execution_id: str, *, limited: bool = True
+    ) -> Handle[JsonValue] | None:
         """Take ``execution_id`` over when its log says it runs under this node and no run
-        of this process drives it or is about to (see :meth:`_owned`)."""
+        of this process drives it or is about to (see :meth:`_owned`). ``limited``: a
+        node's recovery, which fails instead an execution that the same code recovered
+        ``max_recoveries`` times in a row without its run writing anything; a process
+        carrying on its own runs after a store failure has no limit."""
+        if isinstance(self.halted.get(execution_id), ReplayDivergedError):
+            return None  # this process's code diverged from its log: it would again
         view = await self._unowned_view(execution_id)
         if view is None:
             return None
         self._claim(execution_id)
         try:
             fn = self._body_of(view)
-            limit = self._max_recoveries.get(view.workflow)
-            if limit is not None and view.recoveries >= limit:
-                await self._give_up(view)
-                return None
+            if limited:
+                limit = self._max_recoveries.get(view.workflow)
+                if (
+                    limit is not None
+                    and view.recoveries >= limit
+                    and view.recovered_by == self._fingerprints[view.workflow]
+                ):
+                    await self._give_up(view)
+                    return None
             taken = await self._take_over(view)
             if taken is not None and view.continued_from is not None:
                 # The run that continued may have died before handing on its messages.
@@ -2313,7 +2328,9 @@ class Loom:
             if "acquire_fence" in events.capabilities
             else view.fence
         )
-        recovered = records.recovered(self.node, token)
+        recovered = records.recovered(
+            self.node, token, self._fingerprints.get(view.workflow, "")
+        )
         self.hooks.event(execution_id, recovered)
         while True:
             view = await read_tail(events, view)

@@ -100,10 +100,11 @@ class StepInfo:
 
     execution_id: str
     position: str
-    """The step's position, as the log and ``app.inspect`` name it (``"3"``, ``"4.1.0"``)."""
+    """The step's position written with dots, as errors write it (``"3"``, ``"4.1.0"``)."""
     name: str
     attempt: int
-    """1 for the first attempt; retries count on, across process deaths."""
+    """1 plus the failed attempts the log holds for the step: retries count on across a
+    process death; an attempt cut short by one is made again under its number."""
 
     @property
     def idempotency_key(self) -> str:

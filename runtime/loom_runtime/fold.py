@@ -106,9 +106,11 @@ class View:
     forked_at: int | None = None
     """For a fork, how many of the body's calls it took from the one it was forked from."""
     recoveries: int = 0
-    """How many takeovers (EXECUTION_RECOVERED) the log ends with, with nothing else the
-    runtime acts on written after the first of them: the recoveries in a row whose run
-    died before it wrote anything."""
+    """How many takeovers (EXECUTION_RECOVERED) by the same code the log ends with, with
+    nothing else the runtime acts on written after the first of them: the recoveries in
+    a row whose runs died before they wrote anything."""
+    recovered_by: str = ""
+    """The fingerprint of the code those takeovers ran."""
     retries: dict[Position, Recorded] = field(default_factory=dict)
     """The last failed attempt of each step that is being retried: a step that has
     neither completed nor failed for good."""
@@ -187,6 +189,7 @@ def _copy(view: View) -> View:
     copy.forked_from = view.forked_from
     copy.forked_at = view.forked_at
     copy.recoveries = view.recoveries
+    copy.recovered_by = view.recovered_by
     copy.retries = dict(view.retries) if view.retries else {}
     return copy
 
@@ -324,8 +327,14 @@ def _resumed(view: View, event: Event) -> None:
 
 
 def _recovered(view: View, event: Event) -> None:
-    view.node = _opt_str(_obj(event.payload), "node") or view.node
-    view.recoveries += 1
+    p = _obj(event.payload)
+    view.node = _opt_str(p, "node") or view.node
+    fingerprint = _opt_str(p, "fingerprint") or ""
+    if view.recoveries and fingerprint == view.recovered_by:
+        view.recoveries += 1
+    else:  # the first in a row, or one by other code: a deploy starts the count again
+        view.recoveries = 1
+        view.recovered_by = fingerprint
 
 
 def completion_result(event: Event) -> JsonValue:

@@ -459,8 +459,14 @@ def continued(successor: str, args: Sequence[JsonValue]) -> NewEvent:
     )
 
 
-def recovered(node: str, fence: int) -> NewEvent:
-    return build_new_event(EventKind.EXECUTION_RECOVERED, {"node": node, "fence": fence}, {})
+def recovered(node: str, fence: int, fingerprint: str) -> NewEvent:
+    """A takeover by ``node`` under ``fence``, with the ``fingerprint`` of the body's code
+    that is to run (recoveries in a row count only while the code stays the same)."""
+    return build_new_event(
+        EventKind.EXECUTION_RECOVERED,
+        {"node": node, "fence": fence, "fingerprint": fingerprint},
+        {},
+    )
 
 
 def denied(action: str, principal: JsonValue) -> NewEvent:

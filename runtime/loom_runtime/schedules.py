@@ -186,20 +186,31 @@ class Scheduler:
         """Whether the store takes the ids the schedule's instants make. A decorator may
         leave ids less room than the kernel's limit the decorator checked (the tenant
         decorator's prefix): a name too long for this store is reported to ``on_error``
-        once, and the schedule not served, rather than failing at every instant."""
-        try:
-            await self.app.check_id_room(tick_id(schedule.name, LATEST_DEADLINE))
-        except InvalidExecutionIdError as exc:
-            self.app.hooks.error(
-                InvalidOptionError(
-                    f"schedule {schedule.name!r} is not served: this store refuses the ids "
-                    f"its instants make ({exc}); give it a shorter name="
+        once, and the schedule not served, rather than failing at every instant. False
+        too when the app's store was closed."""
+        app = self.app
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                await app.check_id_room(tick_id(schedule.name, LATEST_DEADLINE))
+                return True
+            except InvalidExecutionIdError as exc:
+                app.hooks.error(
+                    InvalidOptionError(
+                        f"schedule {schedule.name!r} is not served: this store refuses the "
+                        f"ids its instants make ({exc}); give it a shorter name="
+                    )
                 )
-            )
-            return False
-        except LoomError:
-            pass  # the store's trouble, not the name's: each instant's start tries again
-        return True
+                return False
+            except StoreClosedError:
+                return False
+            except LoomError as exc:
+                # The store's trouble, not the name's: asked again, after 1 s and then
+                # twice as long each time up to 30 s, the first failure reported.
+                if delay == _RETRY_FIRST:
+                    app.hooks.error(exc)
+                await self._until(app.clock.now() + timedelta(seconds=delay))
+                delay = min(delay * 2, _RETRY_CAP)
 
     async def _until(self, instant: datetime) -> None:
         """Sleep on the app's clock until ``instant``, counted as not working meanwhile:

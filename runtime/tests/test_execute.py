@@ -150,8 +150,12 @@ async def test_a_cancelled_caller_leaves_the_execution_to_the_app_which_finishes
         EventKind.STEP_COMPLETED,
         EventKind.EXECUTION_COMPLETED,
     ]
-    recovered = (await app.storage.events.read("o"))[2]
-    assert recovered.payload == {"node": app.node, "fence": 1}  # the start wrote under 0
+    log = await app.storage.events.read("o")
+    started, recovered = log[0].payload, log[2].payload
+    assert isinstance(started, dict)
+    assert recovered == {  # the start wrote under 0
+        "node": app.node, "fence": 1, "fingerprint": started["fingerprint"]
+    }
 
 
 async def test_drain_waits_for_an_execute_in_another_task_and_not_for_its_own(app: Loom) -> None:

@@ -176,3 +176,143 @@ async def test_a_body_that_kills_its_process_stops_killing_the_node(tmp_path: Pa
     assert last.returncode == 0, last.stderr_tail()
     assert last.lines == ["up", "fine", "failed"]
     assert "RecoveryLimitError" in last.stderr_tail()  # on_error's default: logged
+
+
+async def test_a_process_carrying_on_its_runs_after_a_store_outage_is_not_limited() -> None:
+    """Takeovers by a live process whose store failed under its run are not deaths: with
+    max_recoveries=1, two outages in a row still end with the execution completed."""
+    from test_failed_store_calls import failing
+
+    async with failing() as f:
+        calls: list[int] = []
+
+        def charge() -> str:
+            calls.append(1)
+            if len(calls) <= 2:
+                f.switch.down = True  # the store goes down while the step runs
+            return "charged"
+
+        @f.app.workflow(name="order", max_recoveries=1)
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge, name="charge")
+
+        handle = await f.app.start(order, id="o")
+        await f.app.drain()
+        for _ in range(2):
+            f.switch.down = False
+            await f.wait_out(40)
+        assert await handle.result(timeout=5) == "charged"
+        kinds = [str(e.kind) for e in await f.base.events.read("o")]
+        assert kinds.count(RECOVERED) == 2
+        assert not any(isinstance(e, RecoveryLimitError) for e in f.errors)
+
+
+async def first(ctx: Context) -> str:
+    await ctx.step(lambda: 1, name="a")
+    await ctx.step(lambda: 2, name="b")
+    return "done"
+
+
+async def renamed(ctx: Context) -> str:  # a deploy that renamed step a: it diverges
+    await ctx.step(lambda: 1, name="renamed")
+    await ctx.step(lambda: 2, name="b")
+    return "done"
+
+
+async def fixed(ctx: Context) -> str:
+    await ctx.step(lambda: 1, name="a")
+    await ctx.step(lambda: 2, name="b")
+    return "fixed"
+
+
+async def test_recoveries_count_only_while_the_code_stays_the_same() -> None:
+    """Restarts with code whose replay diverges write a takeover each and nothing after
+    it, as deaths do; the count is of takeovers by the same code, so the start that
+    deploys the fix carries the execution on rather than failing it, and the same
+    diverging code restarted past the limit fails it."""
+    from loom_core import open_storage
+
+    async with open_storage("memory://") as storage:
+
+        def node(body: object, errors: list[BaseException]) -> Loom:
+            app = Loom(storage, node="n", timers=False, on_error=errors.append)
+            app.workflow(name="order", max_recoveries=2)(body)  # type: ignore[type-var]
+            return app
+
+        errors: list[BaseException] = []
+        app = node(first, errors)
+        async with app:
+            crash_at(app, step="b")  # the process dies with step a recorded
+            await app.start("order", id="o")
+            await app.drain()
+        for _ in range(2):  # two restarts with the diverging deploy
+            errors = []
+            async with node(renamed, errors) as app:
+                await app.drain()
+            assert [type(e).__name__ for e in errors] == ["ReplayDivergedError"]
+            view = await app.inspect("o")
+        assert (view.status, view.recoveries) == ("running", 2)
+        errors = []
+        async with node(fixed, errors) as app:
+            assert await app.get("o").result(timeout=5) == "fixed"
+        assert errors == []
+
+        app = node(first, errors)
+        async with app:
+            crash_at(app, step="b")
+            await app.start("order", id="p")
+            await app.drain()
+        for _ in range(2):
+            async with node(renamed, []) as app:
+                await app.drain()
+        async with node(renamed, errors) as app:
+            await app.drain()
+        assert [type(e) for e in errors] == [RecoveryLimitError]
+        assert (await app.inspect("p")).status == "failed"
+
+
+async def test_on_error_hears_of_the_failure_even_when_its_timer_rows_cannot_go(
+    app: Loom, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loom_core import StorageUnavailableError
+
+    @app.workflow(name="poisoned", max_recoveries=1)
+    async def poisoned(ctx: Context) -> None:
+        await ctx.step(lambda: None, name="poison")
+
+    crash_at(app, step="poison", times=2)
+    await app.start(poisoned, id="p", execution_timeout=3600)
+    await app.drain()
+    await app.recover()
+    await app.drain()
+
+    async def down(execution_id: str, wake_at: object = None) -> int:
+        raise StorageUnavailableError("the timer store is down")
+
+    monkeypatch.setattr(app.storage.timers, "cancel", down)
+    with pytest.raises(StorageUnavailableError):
+        await app._recover_one("p")  # what recover() reports to on_storage_error
+    assert (await app.inspect("p")).status == "failed"
+    reported = app.reported  # type: ignore[attr-defined]
+    assert [type(e) for e in reported] == [RecoveryLimitError]
+
+
+async def test_a_process_does_not_take_over_again_what_diverged_in_it(app: Loom) -> None:
+    version = "v1"
+
+    @app.workflow(name="order")
+    async def order(ctx: Context) -> str:
+        await ctx.step(lambda: 1, name="a" if version == "v1" else "renamed")
+        return await ctx.step(lambda: "done", name="b")
+
+    crash_at(app, step="b")
+    await app.start(order, id="o")
+    await app.drain()
+    version = "bad"
+    await app.recover()
+    await app.drain()
+    reported = app.reported  # type: ignore[attr-defined]
+    assert [type(e).__name__ for e in reported] == ["ReplayDivergedError"]
+    before = await kinds(app, "o")
+    assert await app.recover() == []  # the same code would diverge again
+    assert await kinds(app, "o") == before

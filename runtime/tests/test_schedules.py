@@ -390,3 +390,39 @@ async def test_a_name_too_long_for_the_store_is_reported_once_and_not_served() -
     assert isinstance(errors[0], InvalidOptionError)
     assert long_name in str(errors[0])
     assert "shorter name=" in str(errors[0])
+
+
+async def test_a_store_that_fails_the_name_check_is_asked_again() -> None:
+    """The check of a long name asks the store; a store that fails then is asked again
+    (its failure reported once) rather than taken as a yes."""
+    from store_probes import ProbedEventStore
+
+    from loom_core import InvalidExecutionIdError, StorageUnavailableError
+
+    limit = 340
+    failures = [StorageUnavailableError("down for a moment")]
+
+    def refuse_long(execution_id: str) -> None:
+        if len(execution_id.encode()) > limit:
+            if failures:
+                raise failures.pop()
+            raise InvalidExecutionIdError(execution_id, f"at most {limit} bytes here")
+
+    base = await open_storage("memory://")
+    probe = ProbedEventStore(base.events)
+    probe.after_read = refuse_long
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+
+    @app.scheduled(every=60, name="l" * 300)
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    async with app:
+        await clock.advance(300)
+        assert await started(app) == []
+    await storage.close()
+    assert [type(e) for e in errors] == [StorageUnavailableError, InvalidOptionError]
