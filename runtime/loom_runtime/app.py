@@ -109,7 +109,8 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
 """``authorize(principal, action, execution_id)``: True allows ``action`` (``"resume"``,
-``"cancel"`` or ``"fork"``); False refuses it, and the refusal is recorded as EXECUTION_DENIED."""
+``"cancel"`` or ``"fork"``); False refuses it, and a refused resume or cancel is recorded
+as EXECUTION_DENIED (a fork writes nothing to the execution it would copy)."""
 
 CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
 """``(execution_id, position, call name, "before" | "after") -> crash now?`` (the test kit's
