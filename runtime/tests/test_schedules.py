@@ -13,7 +13,7 @@ from loom_runtime import Context, Loom
 from loom_runtime.schedules import Schedule, tick_id
 from loom_runtime.testing import VirtualClock
 
-from loom_core import EventKind, InvalidOptionError, Storage, open_storage
+from loom_core import EventKind, InvalidOptionError, LoomError, Storage, open_storage
 
 START = datetime(2030, 1, 1, tzinfo=UTC)  # where a VirtualClock starts
 
@@ -352,24 +352,33 @@ async def test_a_jump_of_the_wall_clock_delays_an_instant_by_a_minute_at_most(
         assert await handle.result(timeout=5) == "2030-01-01T09:00:00+00:00"
 
 
-async def test_a_name_too_long_for_the_store_is_reported_once_and_not_served() -> None:
-    """The decorator checks a name against the kernel's limit; a decorator of the store may
-    leave less (the tenant decorator's prefix). Such a schedule is reported to on_error
-    when the app starts serving it, not at every instant, and starts nothing."""
+async def narrow_store(failures: list[LoomError]) -> Storage:
+    """A memory store that leaves ids 340 of the kernel's 512 bytes, as a decorator that
+    prefixes them would, refusing a longer one when it is read; the first reads of a long
+    id raise ``failures`` instead, one each."""
     from store_probes import ProbedEventStore
 
     from loom_core import InvalidExecutionIdError
 
-    limit = 340  # what such a store leaves of the kernel's 512 bytes
+    limit = 340
 
     def refuse_long(execution_id: str) -> None:
         if len(execution_id.encode()) > limit:
+            if failures:
+                raise failures.pop(0)
             raise InvalidExecutionIdError(execution_id, f"at most {limit} bytes here")
 
     base = await open_storage("memory://")
     probe = ProbedEventStore(base.events)
     probe.after_read = refuse_long
-    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    return Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+
+
+async def test_a_name_too_long_for_the_store_is_reported_once_and_not_served() -> None:
+    """The decorator checks a name against the kernel's limit; a decorator of the store may
+    leave less (the tenant decorator's prefix). Such a schedule is reported to on_error
+    when the app starts serving it, not at every instant, and starts nothing."""
+    storage = await narrow_store([])
     clock = VirtualClock()
     errors: list[BaseException] = []
     app = Loom(storage, node="n", clock=clock, on_error=errors.append)
@@ -395,23 +404,9 @@ async def test_a_name_too_long_for_the_store_is_reported_once_and_not_served() -
 async def test_a_store_that_fails_the_name_check_is_asked_again() -> None:
     """The check of a long name asks the store; a store that fails then is asked again
     (its failure reported once) rather than taken as a yes."""
-    from store_probes import ProbedEventStore
+    from loom_core import StorageUnavailableError
 
-    from loom_core import InvalidExecutionIdError, StorageUnavailableError
-
-    limit = 340
-    failures = [StorageUnavailableError("down for a moment")]
-
-    def refuse_long(execution_id: str) -> None:
-        if len(execution_id.encode()) > limit:
-            if failures:
-                raise failures.pop()
-            raise InvalidExecutionIdError(execution_id, f"at most {limit} bytes here")
-
-    base = await open_storage("memory://")
-    probe = ProbedEventStore(base.events)
-    probe.after_read = refuse_long
-    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    storage = await narrow_store([StorageUnavailableError("down for a moment")])
     clock = VirtualClock()
     errors: list[BaseException] = []
     app = Loom(storage, node="n", clock=clock, on_error=errors.append)
