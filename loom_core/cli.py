@@ -14,7 +14,9 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="loom", description="Loom durable-execution kernel")
+    parser = argparse.ArgumentParser(
+        prog="python3 -m loom_core", description="Loom durable-execution kernel"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="park and resume an execution under a fence")
     demo.add_argument("--url", default="memory://", help="storage URL (default memory://)")

@@ -112,6 +112,10 @@ Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
 ``"cancel"`` or ``"fork"``); False refuses it, and a refused resume or cancel is recorded
 as EXECUTION_DENIED (a fork writes nothing to the execution it would copy)."""
 
+_BY_LOOM: Final = object()
+"""The principal of the runtime's own answers to a park (a due timer, a message's
+delivery): not a caller's action, so ``authorize`` is not asked about them."""
+
 CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
 """``(execution_id, position, call name, "before" | "after") -> crash now?`` (the test kit's
 crash injection; see :mod:`loom_runtime.testing`)."""
@@ -356,7 +360,7 @@ class Loom:
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
-        self._stranded: dict[str, None] = {}
+        self._stranded: dict[str, int] = {}
         # The recovery on entering could not list the executions (the store, or a shard
         # of it, failed): the carry-on tries it again.
         self._relist = False
@@ -1063,6 +1067,7 @@ class Loom:
         try:
             await self._unclaimed(execution_id)
             events = self.storage.events
+            token: int | None = None
             if (
                 fence_first
                 and not self._owned(execution_id)
@@ -1070,12 +1075,25 @@ class Loom:
             ):
                 self._claim(execution_id)
                 try:
-                    await events.acquire_fence(execution_id)
+                    token = await events.acquire_fence(execution_id)
                 finally:
                     self._unclaim(execution_id)
             current: str | None = execution_id
             while current is not None:
-                await self._recover_one(current, limited=False)
+                view = await self.inspect(current)
+                if (
+                    token is not None
+                    and current == execution_id
+                    and view.status == "running"
+                    and view.node != self.node
+                    and view.fence < token
+                ):
+                    # Another node answered the park (its timer service, a send of its
+                    # own) before our token: that token has fenced its run out, so the
+                    # execution is this process's to carry on.
+                    await self._carry_on_fenced_out(current)
+                else:
+                    await self._recover_one(current, limited=False)
                 view = await self.inspect(current)
                 current = view.successor if view.status == "continued" else None
         finally:
@@ -1102,14 +1120,15 @@ class Loom:
         carried on yet: the app retries in the background until the store answers."""
         return frozenset(self._stranded)
 
-    def _strand(self, execution_id: str) -> None:
+    def _strand(self, execution_id: str, fruitless: int = 0) -> None:
         """A run of this process stopped because a store call failed (or a first write or
         an answer's outcome is unknown): the log may say it runs here with nothing driving
         it. Carry it on once the store answers again, as a restarted node would; see
-        docs/design.md, "A failed store call"."""
+        docs/design.md, "A failed store call". ``fruitless``: how many carry-ons in a row
+        the run's log ends with (each waits twice as long as the one before)."""
         if not self._entered:
             return  # leaving: the node's next start recovers it
-        self._stranded[execution_id] = None
+        self._stranded[execution_id] = fruitless
         self._carry_on_later()
 
     def _carry_on_later(self) -> None:
@@ -1123,7 +1142,11 @@ class Loom:
         could not list the executions, waiting longer each time the store fails."""
         delay = CARRY_ON_AFTER
         while self._stranded or self._relist:
-            await self.clock.sleep(delay * (0.5 + self.random.random() / 2))
+            # A run carried on that stopped again before writing anything (a store that
+            # takes a small write but not the run's next) waits longer each time too.
+            fruitless = min(max(self._stranded.values(), default=0), 16)
+            wait = min(max(delay, CARRY_ON_AFTER * 2**fruitless), CARRY_ON_CAP)
+            await self.clock.sleep(wait * (0.5 + self.random.random() / 2))
             if self._relist:
                 try:
                     await self.recover()  # what it cannot take over now, it strands
@@ -1139,7 +1162,7 @@ class Loom:
                 except Exception as exc:
                     self.hooks.error(exc)
                 self._relist = False
-            for execution_id in list(self._stranded):
+            for execution_id, fruitless in list(self._stranded.items()):
                 self._stranded.pop(execution_id, None)  # stranded again meanwhile: it comes back
                 try:
                     await self._take_back(execution_id, fence_first=True)
@@ -1149,7 +1172,7 @@ class Loom:
                     self._stranded.clear()
                     return
                 except StorageError as exc:
-                    self._stranded[execution_id] = None
+                    self._stranded[execution_id] = fruitless
                     self.hooks.storage_error(execution_id, exc)
                     delay = min(delay * 2, CARRY_ON_CAP)
                     break  # the store fails still: wait longer before the next try
@@ -1316,38 +1339,107 @@ class Loom:
     async def _post(
         self, execution_id: str, messages: Sequence[tuple[str, JsonValue, str | None]]
     ) -> tuple[list[Message], Fired]:
-        """Store ``messages`` (topic, value, key) in order, then wake the receiver."""
+        """Store ``messages`` (topic, value, key) in order, then wake the receiver; what
+        was stored and how its wake went. When the receiver continued as new, what it left
+        goes on to its successor, and so on down the chain: in a loop here, not a call per
+        generation, since a chain can be thousands of generations long."""
         timers = self.storage.timers
-        # The wake row comes first: a sender that dies after storing the message leaves a
-        # due row behind, and the timer service delivers what it finds.
-        wake = TimerRecord(execution_id, self.clock.now())
-        await self.schedule_wake(wake)
-        stored: list[Message] = []
+        result: tuple[list[Message], Fired] | None = None
+        behind: TimerRecord | None = None  # the row of the hop before, until this one holds
+        while True:
+            # The wake row comes first: a sender that dies after storing the message leaves
+            # a due row behind, and the timer service delivers what it finds.
+            wake = TimerRecord(execution_id, self.clock.now())
+            stored: list[Message] = []
+            try:
+                await self.schedule_wake(wake)
+                for m in messages:
+                    stored.append(await self.inbox.put(execution_id, *m, wake_at=wake.wake_at))
+            except LoomError as exc:
+                if result is not None and not isinstance(exc, StoreClosedError):
+                    # A hop down the chain: the sender's message is stored, and the row
+                    # behind stays due, for the timer service to hand it on again.
+                    if isinstance(exc, StorageError):
+                        self.hooks.storage_error(execution_id, exc)
+                    else:
+                        self.hooks.error(exc)
+                    return result
+                if not stored and not isinstance(exc, WriteOutcomeUnknownError):
+                    # Refused, nothing stored: the row would wake the receiver for nothing
+                    # (and the refusal leaves the store as it was).
+                    with contextlib.suppress(LoomError):
+                        await timers.complete(wake.execution_id, wake.wake_at)
+                raise
+            if behind is not None:
+                await self._retire_row(behind)  # what it woke for is onward now
+                behind = None
+            onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]] = []
+            outcome = await self._deliver_stored(wake, onward)
+            if result is None:
+                result = (stored, outcome)
+            if onward:
+                behind = wake
+                execution_id, messages = onward[0]
+                continue
+            if outcome != "left":
+                await self._retire_row(wake)
+            else:
+                # A timer service that fired the row before the message was stored found
+                # nothing to answer and retired it: write it again, now that it has one.
+                try:
+                    await self.schedule_wake(wake)
+                except StoreClosedError:
+                    raise
+                except StorageError as exc:
+                    self.hooks.storage_error(execution_id, exc)  # the row is due still
+            return result
+
+    async def _deliver_stored(
+        self,
+        wake: TimerRecord,
+        onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]],
+    ) -> Fired:
+        """Deliver what a sender has stored. Raising from here on would tell it the send
+        failed (a send without a key, sent again, would be stored twice): when the
+        delivery cannot be made now the row stays due, and the timer service delivers,
+        backing off while rivals hold the fence, on a node that has the workflow when this
+        app does not (a sender beside the workers; it is refused before any token is
+        taken), or once the store answers again (an answer whose outcome was lost is
+        carried on by the app)."""
         try:
-            for m in messages:
-                stored.append(await self.inbox.put(execution_id, *m, wake_at=wake.wake_at))
-        except LoomError as exc:
-            if not stored and not isinstance(exc, WriteOutcomeUnknownError):
-                # Refused, nothing stored: the row would wake the receiver for nothing
-                # (and the refusal leaves the store as it was).
-                await timers.complete(wake.execution_id, wake.wake_at)
-            raise
-        try:
-            outcome = await self._deliver(wake)
+            return await self._deliver(wake, onward=onward)
         except (ResumeContendedError, WorkflowNotFoundError):
-            # Stored: the sender's part is done. Raising would tell it the send failed (a
-            # send without a key, sent again, would be stored twice); the row stays due,
-            # and the timer service delivers: backing off while rivals hold the fence, or
-            # on a node that has the workflow when this app does not (a sender beside the
-            # workers; it is refused before any token is taken).
-            outcome = "left"
-        if outcome != "left":
-            await timers.complete(wake.execution_id, wake.wake_at)
-        else:
-            # A timer service that fired the row before the message was stored found
-            # nothing to answer and retired it: write it again, now that it has a message.
-            await self.schedule_wake(wake)
-        return stored, outcome
+            return "left"
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            self.hooks.storage_error(wake.execution_id, exc)
+            return "left"
+
+    async def _retire_row(self, row: TimerRecord) -> None:
+        """Remove a wake row that has done its work; one the store fails to remove stays
+        due, and the timer service finds it obsolete."""
+        try:
+            await self.storage.timers.complete(row.execution_id, row.wake_at)
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            self.hooks.storage_error(row.execution_id, exc)
+
+    def _left_behind(
+        self, view: View, messages: Sequence[Message]
+    ) -> tuple[str, list[tuple[str, JsonValue, str | None]]] | None:
+        """What ``view``'s execution, which continued as new, left unconsumed among
+        ``messages`` (its inbox), each keyed by the message, for its successor; None when
+        it left nothing."""
+        if view.status != "continued" or view.successor is None:
+            return None
+        left: list[tuple[str, JsonValue, str | None]] = [
+            (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
+            for m in messages
+            if m.sequence not in view.consumed
+        ]
+        return (view.successor, left) if left else None
 
     async def _hand_on(self, view: View, *, wake: bool) -> None:
         """Hand what ``view``'s execution left unconsumed in its inbox, if it continued as
@@ -1361,14 +1453,10 @@ class Loom:
         the successor's own delivery hands on again if it continued too."""
         if view.status != "continued" or view.successor is None:
             return
-        left = [
-            (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
-            for m in await self.inbox.messages(view.execution_id)
-            if m.sequence not in view.consumed
-        ]
-        if not left:
+        hop = self._left_behind(view, await self.inbox.messages(view.execution_id))
+        if hop is None:
             return
-        successor = view.successor
+        successor, left = hop
         if not wake:
             # No run of the successor has started yet: its receives read the inbox.
             for message in left:
@@ -1411,15 +1499,26 @@ class Loom:
         execution_id = _check_id(execution_id)
         if reason is not None and not isinstance(reason, str):
             raise InvalidInputError(f"reason= must be a str or None, not {reason!r}")
+        if reason:
+            # Checked before any token is taken: a reason no store can hold must not
+            # fence out the run it was meant to stop.
+            reason = check_text(reason, "reason=")
+        # Asked first, so a refused caller learns nothing of the execution.
+        allowed = await self._allows(principal, "cancel", execution_id)
         view = await self.inspect(execution_id)
         if view.status is None:
+            if not allowed:
+                raise ActionDeniedError(execution_id, "cancel", principal)
             raise ExecutionNotFoundError(execution_id)
         while True:
             while view.status == "continued" and view.successor is not None:
                 view = await self.inspect(view.successor)
+            if not allowed:
+                if not view.terminal:
+                    await self._record_denial(principal, "cancel", view)
+                raise ActionDeniedError(execution_id, "cancel", principal)
             if view.terminal:
                 return False
-            await self._check_allowed(principal, "cancel", view)
             if await self._cancel(view, reason):
                 return True
             view = await self.inspect(view.execution_id)  # finished meanwhile: continued?
@@ -1562,7 +1661,7 @@ class Loom:
                 ):
                     await self._give_up(view)
                     return None
-            taken = await self._take_over(view)
+            taken = await self._take_over(view, carried_on=not limited)
             if taken is not None and view.continued_from is not None:
                 # The run that continued may have died before handing on its messages.
                 await self._hand_on(await self.inspect(view.continued_from), wake=False)
@@ -1778,9 +1877,17 @@ class Loom:
         if view.park is not None and not view.terminal and await self._message_waiting(view):
             await self.schedule_wake(row)
 
-    async def _deliver(self, row: TimerRecord, *, patient: bool = False) -> Fired:
+    async def _deliver(
+        self,
+        row: TimerRecord,
+        *,
+        patient: bool = False,
+        onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]] | None = None,
+    ) -> Fired:
         """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
-        itself) leaves a sender's row whose message is not stored yet (see _sending)."""
+        itself) leaves a sender's row whose message is not stored yet (see _sending).
+        ``onward`` (a sender's): what an execution that continued as new left for its
+        successor is put there for the sender to store, rather than handed on here."""
         view = await self.inspect(row.execution_id)
         if (
             view.deadline is not None
@@ -1794,7 +1901,12 @@ class Loom:
             if view.status == "continued":
                 # A sender that died between storing its message here and handing it on
                 # left this row: the message is the successor's (see _hand_on).
-                await self._hand_on(view, wake=True)
+                if onward is None:
+                    await self._hand_on(view, wake=True)
+                else:
+                    hop = self._left_behind(view, await self.inbox.messages(row.execution_id))
+                    if hop is not None:
+                        onward.append(hop)
             return "obsolete"
         own = [w for w in view.waits.values() if w.wake_at == row.wake_at]
         # A message's wake row (written at the sender's now) can share the instant of an
@@ -1900,7 +2012,7 @@ class Loom:
             return
         self._claim(execution_id)
         try:
-            taken = await self._take_over(view)
+            taken = await self._take_over(view, carried_on=True)
         except StaleFenceError:
             return  # someone took it after us: theirs now
         finally:
@@ -2071,10 +2183,12 @@ class Loom:
                 _log.debug("%s", reason)
             elif isinstance(reason, TimedOut):
                 await self._time_out(execution_id)
+            elif isinstance(reason, LoomError):
+                # A store call failed: the run has told on_storage_error already.
+                if isinstance(reason, StorageError):
+                    self._strand(execution_id, run.final_view().carried_on)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 self.hooks.error(reason)
-                if isinstance(reason, StorageError):
-                    self._strand(execution_id)
             return None, None
         if self.halted:
             self.halted.pop(execution_id, None)
@@ -2185,10 +2299,12 @@ class Loom:
         *,
         prefer: datetime | None = None,
         force: bool = False,
-        principal: object = None,
+        principal: object = _BY_LOOM,
     ) -> tuple[Wait, Run]:
         """Answer the park through :func:`answer_park`; the wait answered, and the run that
-        drives the body on from the answer (for the caller to drive or spawn)."""
+        drives the body on from the answer (for the caller to drive or spawn). ``principal``
+        is an ``app.resume`` caller's, whom ``authorize`` is asked about; the runtime's own
+        answers (a due timer, a message's delivery) are not an action to authorize."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
         try:
@@ -2224,7 +2340,8 @@ class Loom:
         async with self._answering(view.execution_id):
             try:
                 token, resumed, written = await answer_park(
-                    events, view, park_seq, answer, checked=checked
+                    events, view, park_seq, answer,
+                    checked=None if principal is _BY_LOOM else checked,
                 )
             except WriteOutcomeUnknownError:
                 self._strand(view.execution_id)  # the answer may have landed
@@ -2302,6 +2419,11 @@ class Loom:
         recording the refusal as EXECUTION_DENIED."""
         if await self._allows(principal, action, view.execution_id):
             return
+        await self._record_denial(principal, action, view)
+        raise ActionDeniedError(view.execution_id, action, principal)
+
+    async def _record_denial(self, principal: object, action: str, view: View) -> None:
+        """Append EXECUTION_DENIED, unfenced, to ``view``'s execution."""
         try:
             recorded: JsonValue = json_value(principal, "principal")
         except InvalidInputError:
@@ -2318,10 +2440,12 @@ class Loom:
                 break
             except SequenceConflictError as exc:
                 head = exc.actual_head
-        raise ActionDeniedError(view.execution_id, action, principal)
 
-    async def _take_over(self, view: View) -> tuple[int, View] | None:
-        """Fence out whatever drove ``view``'s execution before, and record the takeover."""
+    async def _take_over(
+        self, view: View, *, carried_on: bool = False
+    ) -> tuple[int, View] | None:
+        """Fence out whatever drove ``view``'s execution before, and record the takeover
+        (``carried_on``: by this live process, of its own run; see records.recovered)."""
         events = self.storage.events
         execution_id = view.execution_id
         token = (
@@ -2330,7 +2454,7 @@ class Loom:
             else view.fence
         )
         recovered = records.recovered(
-            self.node, token, self._fingerprints.get(view.workflow, "")
+            self.node, token, self._fingerprints.get(view.workflow, ""), carried_on=carried_on
         )
         self.hooks.event(execution_id, recovered)
         while True:

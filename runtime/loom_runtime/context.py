@@ -473,7 +473,10 @@ class Context:
         """End this execution and start a fresh one of the same workflow with ``args``
         (EXECUTION_CONTINUED names it); the handle's result follows the chain. Arguments
         that are not JSON, or more or fewer than the body takes, are refused here
-        (NotJsonError, InvalidInputError), as ``app.start`` refuses them."""
+        (NotJsonError, InvalidInputError), as ``app.start`` refuses them. Like every
+        durable call, it is refused where replay would not make it (ContextOutsideBodyError:
+        in a step's function, a task the body started, or after the body ended)."""
+        BRANCH.get().peek()
         json_value(list(args), "the input of the successor")
         self._run.app.check_arguments(self._run.workflow, len(args), "ctx.continue_as_new")
         raise ContinueAsNew(args)

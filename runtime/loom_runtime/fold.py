@@ -111,6 +111,10 @@ class View:
     a row whose runs died before they wrote anything."""
     recovered_by: str = ""
     """The fingerprint of the code those takeovers ran."""
+    carried_on: int = 0
+    """How many takeovers by a live process carrying on its own run (EXECUTION_RECOVERED
+    with ``carried_on``: after a store failure or a cancelled call) the log ends with: the
+    carry-ons in a row whose runs wrote nothing before they stopped again."""
     retries: dict[Position, Recorded] = field(default_factory=dict)
     """The last failed attempt of each step that is being retried: a step that has
     neither completed nor failed for good."""
@@ -139,8 +143,8 @@ def advance(view: View, events: Iterable[Event]) -> View:
             view.execution_id = event.execution_id
         apply = _APPLY.get(event.kind)
         if apply is not None:
-            if view.recoveries and apply is not _recovered:
-                view.recoveries = 0  # the run got as far as a write
+            if (view.recoveries or view.carried_on) and apply is not _recovered:
+                view.recoveries = view.carried_on = 0  # the run got as far as a write
             try:
                 apply(view, event)
             except (ValueError, TypeError, KeyError) as exc:
@@ -190,6 +194,7 @@ def _copy(view: View) -> View:
     copy.forked_at = view.forked_at
     copy.recoveries = view.recoveries
     copy.recovered_by = view.recovered_by
+    copy.carried_on = view.carried_on
     copy.retries = dict(view.retries) if view.retries else {}
     return copy
 
@@ -330,6 +335,13 @@ def _recovered(view: View, event: Event) -> None:
     p = _obj(event.payload)
     view.node = _opt_str(p, "node") or view.node
     fingerprint = _opt_str(p, "fingerprint") or ""
+    if p.get("carried_on") is True:
+        # A live process took its own run back: not a death, so it ends a count of
+        # recoveries in a row, and starts one of carry-ons.
+        view.recoveries = 0
+        view.carried_on += 1
+        return
+    view.carried_on = 0
     if view.recoveries and fingerprint == view.recovered_by:
         view.recoveries += 1
     else:  # the first in a row, or one by other code: a deploy starts the count again

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import final
@@ -48,6 +49,15 @@ class Hooks:
         ):
             if hook is not None and not callable(hook):
                 raise InvalidOptionError(f"Loom({name}=...) must be callable, not {hook!r}")
+            if hook is not None and (
+                inspect.iscoroutinefunction(hook)
+                or inspect.iscoroutinefunction(type(hook).__call__)
+            ):
+                raise InvalidOptionError(
+                    f"Loom({name}=...) must be a plain function, not a coroutine function: "
+                    "hooks are called on the event loop and not awaited; to do async work "
+                    "from one, start it with asyncio.get_running_loop().create_task(...)"
+                )
         self.on_event = on_event
         self.on_durable_event = on_durable_event
         self.on_storage_error = on_storage_error
@@ -74,6 +84,10 @@ class Hooks:
     @staticmethod
     def _call(name: str, hook: Callable[..., object], *args: object) -> None:
         try:
-            hook(*args)
+            result = hook(*args)
         except Exception:
             _log.exception("the %s hook raised; the run goes on", name)
+            return
+        if result is not None and inspect.iscoroutine(result):
+            result.close()  # never awaited: say so, rather than Python's bare warning
+            _log.error("the %s hook returned a coroutine, which is not awaited", name)

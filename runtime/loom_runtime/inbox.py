@@ -8,6 +8,7 @@ receiver's log, written under the receiver's fence, and a message is delivered o
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
@@ -65,13 +66,17 @@ class Inbox:
     is deleted (an execution pruned) and its id used again: each read takes the last event
     it knew again, and reads the stream anew when that is not the one it knew."""
 
-    __slots__ = ("_cache", "_events")
+    __slots__ = ("_cache", "_events", "_putting")
 
     def __init__(self, events: EventStore) -> None:
         self._events = events
         self._cache: OrderedDict[str, tuple[int, list[Message], datetime | None]] = (
             OrderedDict()
         )
+        # One put at a time per inbox in this process, and how many wait for it: the
+        # senders of one process queue rather than race each other for the next sequence
+        # (only other processes' senders make a put try again).
+        self._putting: dict[str, tuple[asyncio.Lock, int]] = {}
 
     async def messages(self, execution_id: str) -> list[Message]:
         """Every message sent to ``execution_id``, in the order they were stored."""
@@ -116,6 +121,27 @@ class Inbox:
         """Store a message durably; a second put with the same ``key`` returns the first.
         ``wake_at`` names the wake row the sender wrote for it."""
         stream = inbox_of(execution_id)
+        lock, users = self._putting.get(stream) or (asyncio.Lock(), 0)
+        self._putting[stream] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._put(execution_id, stream, topic, value, key, wake_at)
+        finally:
+            lock, users = self._putting[stream]
+            if users == 1:
+                del self._putting[stream]
+            else:
+                self._putting[stream] = (lock, users - 1)
+
+    async def _put(
+        self,
+        execution_id: str,
+        stream: str,
+        topic: str,
+        value: JsonValue,
+        key: str | None,
+        wake_at: datetime | None,
+    ) -> Message:
         for _ in range(_PUT_ATTEMPTS):
             known = await self.messages(execution_id)
             if key is not None:
@@ -133,6 +159,7 @@ class Inbox:
             assert stored is not None
             return stored
         raise ConflictError(
-            f"could not store a message for {execution_id!r}: {_PUT_ATTEMPTS} other senders "
-            "got in first; send again (with key= it is idempotent)"
+            f"could not store a message for {execution_id!r}: senders of other "
+            f"processes got in first {_PUT_ATTEMPTS} times in a row; send again (with key= it "
+            "is idempotent)"
         )

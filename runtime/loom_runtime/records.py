@@ -459,14 +459,15 @@ def continued(successor: str, args: Sequence[JsonValue]) -> NewEvent:
     )
 
 
-def recovered(node: str, fence: int, fingerprint: str) -> NewEvent:
+def recovered(node: str, fence: int, fingerprint: str, *, carried_on: bool = False) -> NewEvent:
     """A takeover by ``node`` under ``fence``, with the ``fingerprint`` of the body's code
-    that is to run (recoveries in a row count only while the code stays the same)."""
-    return build_new_event(
-        EventKind.EXECUTION_RECOVERED,
-        {"node": node, "fence": fence, "fingerprint": fingerprint},
-        {},
-    )
+    that is to run (recoveries in a row count only while the code stays the same).
+    ``carried_on``: a live process took its own run back (after a store failure or a
+    cancelled call), not a node recovering after its process died."""
+    payload: dict[str, JsonValue] = {"node": node, "fence": fence, "fingerprint": fingerprint}
+    if carried_on:
+        payload["carried_on"] = True
+    return build_new_event(EventKind.EXECUTION_RECOVERED, payload, {})
 
 
 def denied(action: str, principal: JsonValue) -> NewEvent:

@@ -235,9 +235,9 @@ class TimerService:
             raise  # nothing will answer again: the poll ends
         except LoomError as exc:
             return self._retry_later(row, exc, "failing")
-        self._backoff.pop(row.execution_id, None)
         key = (row.execution_id, row.wake_at)
         if outcome == "left":
+            self._backoff.pop(row.execution_id, None)
             # Looked at again after a backoff that grows as a contended one does: the row
             # waits for its execution to park (which writes it again, and ends the
             # backoff: see forget_left) or for a recovery.
@@ -247,10 +247,18 @@ class TimerService:
             while len(self._left) > self.capacity:
                 self._left.popitem(last=False)
             return outcome
+        try:
+            await timers.complete(row.execution_id, row.wake_at)
+            if outcome == "obsolete":
+                await self.app.retired(row)
+        except StoreClosedError:
+            raise
+        except LoomError as exc:
+            # The row stays (a full disk, a store away): tried again after a growing wait,
+            # which finds what this wake did and retires it. The poll goes on.
+            return self._retry_later(row, exc, "failing")
+        self._backoff.pop(row.execution_id, None)
         self._left.pop(key, None)
-        await timers.complete(row.execution_id, row.wake_at)
-        if outcome == "obsolete":
-            await self.app.retired(row)
         return outcome
 
     async def _contended(self, row: TimerRecord) -> Fired:
@@ -259,7 +267,12 @@ class TimerService:
         attempt = (entry.attempt if entry is not None and entry.cause == "contended" else 0) + 1
         if attempt >= self.max_attempts:
             self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
-            await self.app.storage.timers.complete(row.execution_id, row.wake_at)
+            try:
+                await self.app.storage.timers.complete(row.execution_id, row.wake_at)
+            except StoreClosedError:
+                raise
+            except LoomError as exc:
+                return self._retry_later(row, exc, "failing")
             return "exhausted"
         self._backoff[row.execution_id] = _Backoff(attempt, now + self._jitter(attempt))
         while len(self._backoff) > self.capacity:

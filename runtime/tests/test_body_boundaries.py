@@ -83,6 +83,36 @@ async def test_a_durable_call_inside_a_step_is_refused_and_recorded_as_its_failu
     assert ran == ["async", "thread", "task"]
 
 
+async def test_continue_as_new_inside_a_step_or_after_the_end_is_refused(app: Loom) -> None:
+    """``ctx.continue_as_new`` is a durable call like the others: in a step's function
+    it fails the step with ContextOutsideBodyError (the execution does not continue), and
+    on a ``ctx`` kept after the body ended it raises that error too."""
+    kept: list[Context] = []
+
+    def restart(ctx: Context) -> str:
+        ctx.continue_as_new()
+        return "unreached"
+
+    @app.workflow()
+    async def once(ctx: Context) -> list[object]:
+        kept.append(ctx)
+        try:
+            await ctx.step(restart, ctx)
+        except StepFailedError as exc:
+            return [exc.error_type, "inside a step" in exc.error_message]
+        return ["continued in a step"]
+
+    handle = await app.start(once, id="s")
+    assert await handle.result(timeout=5) == [
+        "loom_runtime.errors.ContextOutsideBodyError", True
+    ]
+    assert await kinds(app, "s") == [
+        EventKind.EXECUTION_STARTED, EventKind.STEP_FAILED, EventKind.EXECUTION_COMPLETED
+    ]
+    with pytest.raises(ContextOutsideBodyError):
+        kept[0].continue_as_new()
+
+
 # -- a durable call from a task or thread the body started ----------------------------------
 
 

@@ -82,7 +82,7 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
         park=Park(6, 3, (wait,)), consumed={4}, result=5, error=("T", "m"),
         cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
         deadline=moment, timed_out=True, forked_from="o", forked_at=4, recoveries=2,
-        recovered_by="fp",
+        recovered_by="fp", carried_on=1,
         retries={(2,): Recorded((2,), "step", "r")},
     )
     defaults = View("e")
@@ -122,3 +122,35 @@ async def test_a_forks_edge_and_copied_topics_are_read_and_malformed_ones_refuse
             with pytest.raises(LogFormatError):
                 fold(await events.read("bad"))
             await events.delete_execution("bad")
+
+
+async def test_carry_ons_end_a_count_of_recoveries_and_count_on_their_own() -> None:
+    """A takeover by a live process of its own run (``carried_on``) is not a death: it
+    ends the count of recoveries in a row and starts one of carry-ons, which any write of
+    the run, or a node's recovery, ends in turn."""
+    from loom_runtime import records
+
+    async with open_storage("memory://") as storage:
+        events = storage.events
+        batches: list[list[NewEvent]] = [
+            [records.started("w", [], fingerprint="fp", node="n", root="e", generation=0)],
+            [records.recovered("n", 1, "fp")],
+            [records.recovered("n", 2, "fp")],
+            [records.recovered("n", 3, "fp", carried_on=True)],
+            [records.recovered("n", 4, "fp", carried_on=True)],
+        ]
+        for sequence, batch in enumerate(batches):
+            await events.append("e", batch, expected_sequence=sequence)
+        log = await events.read("e")
+        assert [(v.recoveries, v.carried_on) for v in (fold(log[:n]) for n in range(2, 6))] == [
+            (1, 0), (2, 0), (0, 1), (0, 2)
+        ]
+        await events.append("e", [records.recovered("n", 5, "fp")], expected_sequence=5)
+        after = fold(await events.read("e"))
+        assert (after.recoveries, after.carried_on) == (1, 0)
+        await events.append(
+            "e", [records.recovered("n", 6, "fp", carried_on=True)], expected_sequence=6
+        )
+        await events.append("e", [records.completed({"ok": True})], expected_sequence=7)
+        ended = fold(await events.read("e"))
+        assert (ended.recoveries, ended.carried_on) == (0, 0)

@@ -30,6 +30,7 @@ from store_probes import wired
 from loom_core import (
     Event,
     EventKind,
+    ExecutionNotFoundError,
     InvalidInputError,
     NewEvent,
     Storage,
@@ -579,3 +580,135 @@ async def test_drain_right_after_entering_waits_for_the_recovery_on_entry() -> N
             await restarted.drain()  # the recovery on entering has taken the run over
             assert await restarted.get("o").status() == "completed"
         assert ran == ["charge"]
+
+
+async def test_authorize_is_asked_about_callers_actions_not_the_runtimes_own_answers() -> None:
+    """A due timer and a message's delivery answer a park too, but no caller acts: the
+    hook that guards resume and cancel is not asked about them, so they are neither
+    refused nor recorded as denied."""
+    asked: list[tuple[object, str, str]] = []
+
+    def only_ops(principal: object, action: str, execution_id: str) -> bool:
+        asked.append((principal, action, execution_id))
+        return principal == "ops"
+
+    clock = VirtualClock()
+    app = Loom("memory://", node="n", authorize=only_ops, clock=clock)
+
+    @app.workflow(name="nap_then_listen")
+    async def nap_then_listen(ctx: Context) -> object:
+        await ctx.sleep(60)
+        return await ctx.receive("go")
+
+    async with app:
+        handle = await app.start(nap_then_listen, id="w")
+        await app.drain()
+        await clock.advance(60)
+        await app.drain()
+        assert await handle.status() == "suspended"
+        await app.send("w", "go", "went")
+        assert await handle.result(timeout=5) == "went"
+        log = await app.storage.events.read("w")
+        assert EventKind.EXECUTION_DENIED not in [e.kind for e in log]
+        assert asked == []
+
+
+async def test_a_cancel_reason_no_store_can_hold_is_refused_before_any_token_is_taken() -> None:
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        entered.set()
+        await gate.wait()
+        return "slow"
+
+    app = Loom("memory://", node="n", clock=VirtualClock())
+
+    @app.workflow(name="busy")
+    async def busy(ctx: Context) -> str:
+        return await ctx.step(slow)
+
+    async with app:
+        handle = await app.start(busy, id="b")
+        await entered.wait()
+        for reason in ("bad\x00reason", "lone \ud800 surrogate"):
+            with pytest.raises(InvalidInputError, match="reason="):
+                await app.cancel("b", reason=reason)
+        gate.set()
+        assert await handle.result(timeout=5) == "slow"
+        log = await app.storage.events.read("b")
+        assert {e.fence for e in log} == {0}  # no token was taken: the run was not fenced out
+        assert await app.cancel("b", reason="") is False  # finished; an empty reason is fine
+
+
+async def test_a_refused_cancel_tells_the_caller_nothing_of_the_execution() -> None:
+    """``authorize`` is asked before the execution is looked at: a caller it refuses
+    gets ActionDeniedError whether the id is unknown, finished or running, and only a
+    running execution's log records the refusal."""
+
+    def only_admins(principal: object, action: str, execution_id: str) -> bool:
+        return principal == "admin"
+
+    app = Loom("memory://", node="n", authorize=only_admins, clock=VirtualClock())
+
+    @app.workflow(name="quick")
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    @app.workflow(name="slow")
+    async def slow(ctx: Context) -> None:
+        await ctx.sleep(60)
+
+    async with app:
+        await app.execute(quick, id="finished")
+        await app.start(slow, id="parked")
+        await app.drain()
+        for execution_id in ("unknown", "finished", "parked"):
+            denied = f"'mallory' may not cancel '{execution_id}'"
+            with pytest.raises(ActionDeniedError, match=denied):
+                await app.cancel(execution_id, principal="mallory")
+        assert await app.storage.events.head("unknown") == 0
+        assert [e.kind for e in await app.storage.events.read("finished")][-1] == (
+            EventKind.EXECUTION_COMPLETED
+        )
+        assert [e.kind for e in await app.storage.events.read("parked")][-1] == (
+            EventKind.EXECUTION_DENIED
+        )
+        with pytest.raises(ExecutionNotFoundError):
+            await app.cancel("unknown", principal="admin")
+        assert await app.cancel("finished", principal="admin") is False
+
+
+def test_a_coroutine_function_as_a_hook_is_refused_when_the_app_is_built() -> None:
+    """Hooks are called on the event loop and not awaited: an ``async def on_error``
+    would never run (its coroutine dropped), so it is refused, saying what to do."""
+
+    async def alert(error: BaseException) -> None:
+        raise AssertionError("never awaited")
+
+    class AsyncHook:
+        async def __call__(self, error: BaseException) -> None:
+            raise AssertionError("never awaited")
+
+    for hook in (alert, AsyncHook()):
+        with pytest.raises(InvalidInputError, match="not a coroutine function"):
+            Loom("memory://", on_error=hook)
+
+
+async def test_a_hook_that_returns_a_coroutine_is_reported_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def alert(event: Event) -> None:
+        raise AssertionError("never awaited")
+
+    app = Loom("memory://", node="n", clock=VirtualClock(), on_durable_event=lambda e: alert(e))
+
+    @app.workflow(name="quick")
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "coroutine was never awaited" left behind
+        async with app:
+            assert await app.execute(quick, id="q") == "done"
+        gc.collect()
+    assert "the on_durable_event hook returned a coroutine" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
@@ -505,3 +506,53 @@ async def test_a_wake_row_retired_after_its_sender_wrote_it_again_is_put_back() 
         await w.app.timer_service.poll_once()
         assert await handle.result(timeout=5) == "hello"
         assert await w.base.timers.pending("r") == ()
+
+
+async def test_a_message_sent_to_the_first_of_a_long_chain_reaches_its_live_generation(
+    app: Loom,
+) -> None:
+    """A message goes down a continue-as-new chain hop by hop, in a loop: a chain longer
+    than Python's recursion limit allows calls for (about 330 generations, three frames
+    each) still gets it, and nothing is reported."""
+
+    @app.workflow(name="countdown")
+    async def countdown(ctx: Context, left: int) -> object:
+        if left:
+            ctx.continue_as_new(left - 1)
+        return await ctx.receive("go")
+
+    generations = 400
+    handle = await app.start(countdown, generations, id="k")
+    await app.drain()
+    assert await app.get(f"k#{generations}").status() == "suspended"
+    await app.send("k", "go", "at last")
+    assert await handle.result(timeout=5) == "at last"
+    assert await consumed(app, f"k#{generations}") == ["at last"]
+    assert app.reported == []  # type: ignore[attr-defined]
+
+
+async def test_many_sends_of_one_process_to_one_inbox_queue_rather_than_fail(
+    tmp_path: Path,
+) -> None:
+    """A hundred concurrent sends to one execution from one process: each is stored, and
+    each delivered once. (The senders of one process wait for each other's append rather
+    than race for the inbox's next sequence, where only so many tries are made.)"""
+    app = Loom(f"sqlite:///{tmp_path / 'fan-in.db'}", node="n", clock=VirtualClock())
+
+    @app.workflow(name="fan_in")
+    async def fan_in(ctx: Context, n: int) -> int:
+        total = 0
+        for _ in range(n):
+            value = await ctx.receive("done")
+            assert isinstance(value, int)
+            total += value
+        return total
+
+    async with app:
+        handle = await app.start(fan_in, 100, id="parent")
+        ids = await asyncio.gather(
+            *(app.send("parent", "done", i, key=f"child-{i}") for i in range(100))
+        )
+        assert sorted(ids) == list(range(100))
+        assert await handle.result(timeout=30) == sum(range(100))
+        assert sorted(await consumed(app, "parent")) == list(range(100))  # type: ignore[type-var]

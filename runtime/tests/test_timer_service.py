@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,14 @@ from loom_runtime import Context, Loom, RedriveExhaustedError, TimerService
 from loom_runtime.testing import VirtualClock
 from store_probes import Wired, kinds, token_of, wired
 
-from loom_core import EventKind, FenceAcquired, FenceStale, TimerRecord, open_storage
+from loom_core import (
+    EventKind,
+    FenceAcquired,
+    FenceStale,
+    StorageUnavailableError,
+    TimerRecord,
+    open_storage,
+)
 
 SEED = 11
 
@@ -516,3 +523,46 @@ async def test_rows_left_for_running_executions_do_not_hide_a_due_row_behind_the
         assert await w.app.get("n").result(timeout=5) == "awake"
         release.set()
         await w.app.drain()
+
+
+async def test_a_row_the_store_fails_to_retire_is_reported_once_and_the_poll_goes_on() -> None:
+    """Retiring a fired row fails (a full disk): the execution is resumed all the same,
+    ``on_error`` hears of it once however many polls meet the failure, the rows behind it
+    are fired in the same poll, and the row is retired once the store takes it."""
+    async with wired(seed=SEED) as w:
+        w.app.workflow(name="sleeps")(sleeps)
+        await parked(w, "sleeps", execution_id="a")
+        await parked(w, "sleeps", execution_id="b")
+        (first_a,) = await rows(w, "a")
+        (first_b,) = await rows(w, "b")
+        timers = w.base.timers
+        real_complete = timers.complete
+        full = True
+
+        async def complete(execution_id: str, wake_at: datetime) -> bool:
+            if full:
+                raise StorageUnavailableError(f"complete on {execution_id!r}: the disk is full")
+            return await real_complete(execution_id, wake_at)
+
+        timers.complete = complete  # type: ignore[method-assign]
+        await w.clock.advance(60)
+        assert await w.app.timer_service.poll_once() == {
+            first_a: "backing-off", first_b: "backing-off"
+        }
+        await w.app.drain()  # both woke, and parked on their second sleep
+        assert await answers(w, "a") == await answers(w, "b") == ["timer"]
+        for _ in range(40):  # ten seconds of polls while the disk stays full
+            await w.clock.advance(0.25)
+            await w.app.timer_service.poll_once()
+        assert [type(e).__name__ for e in w.errors] == ["StorageUnavailableError"] * 2
+        assert first_a in await rows(w, "a")
+        assert first_b in await rows(w, "b")
+        full = False
+        await w.clock.advance(30)
+        assert await w.app.timer_service.poll_once() == {
+            first_a: "obsolete", first_b: "obsolete"
+        }
+        assert first_a not in await rows(w, "a")
+        assert first_b not in await rows(w, "b")
+        assert await answers(w, "a") == await answers(w, "b") == ["timer"]
+        assert len(w.errors) == 2
