@@ -128,7 +128,8 @@ class EventStore(Protocol):
     async def list_executions(
         self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> tuple[str, ...]:
-        """Execution ids in ascending code-point order, strictly after ``after``."""
+        """Execution ids in ascending code-point order, strictly after ``after``: every id
+        with a log, one whose events were all truncated included (until it is deleted)."""
         ...
 
     async def close(self) -> None: ...
@@ -157,7 +158,9 @@ class EventStore(Protocol):
     ) -> tuple[Event, ...]:
         """Append only if the token still equals ``observed_fence`` (StaleFenceError if
         not, above or below it); never presents or bumps a token, and stamps nothing. The
-        token is checked before the sequence: it is the guard this call exists for."""
+        token is checked before the sequence: it is the guard this call exists for. The
+        checks and the write are one atomic step (an acquire in between must not be
+        missed)."""
         ...
 
     async def append_many(
@@ -169,8 +172,8 @@ class EventStore(Protocol):
         ...
 
     async def delete_execution(self, execution_id: str) -> bool:
-        """Remove the log and move its token one past its current value; True if a log
-        existed (a delete that finds none changes nothing).
+        """Remove the log and move its token one past its current value, in one atomic
+        step; True if a log existed (a delete that finds none changes nothing).
 
         Every holder of the token, the runner of the deleted log included, is stale
         afterwards, so it cannot write into a re-created log of the same id even when that
@@ -188,7 +191,9 @@ class EventStore(Protocol):
         ``source == target`` (InvalidInputError, before either log is looked at); a source
         with no log (ExecutionNotFoundError); ``through_sequence`` at or past the source's
         head (InvalidSequenceError); a target that has a log
-        (ExecutionAlreadyExistsError)."""
+        (ExecutionAlreadyExistsError). The target's token is left as it was (neither reset
+        nor taken from the source); the check of the target and the copy are one atomic
+        step."""
         ...
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:

@@ -9,6 +9,7 @@ from typing import Any, Final
 import pytest
 
 from loom_conformance.requirements import requires
+from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     app,
     bump_token,
@@ -545,6 +546,45 @@ class EventStoreFencingContract:
         assert await loom_events.acquire_fence_if(
             "exec-1", fence=0, park_seq=park_seq
         ) == FenceAcquired(1)
+
+    @requires.append_if_unchanged
+    @requires.fencing
+    async def test_append_if_unchanged_never_lands_after_a_token_move_it_did_not_see(
+        self, loom_events: EventStore
+    ) -> None:
+        """The token check and the write are one atomic step. A new owner takes the token
+        and then reads the head: if the old owner's append under the observed token
+        succeeded, it was in the log before the token moved, so the new owner saw it.
+        Otherwise it is StaleFenceError, at whichever point of it the acquire arrives."""
+        for turns in range(MAX_TURNS):
+            execution_id = f"exec-aiu-{turns}"
+            await loom_events.append(execution_id, [app()], expected_sequence=0)
+
+            async def take_over(execution_id: str = execution_id) -> tuple[int, int]:
+                token = await bump_token(loom_events, execution_id)
+                return token, await loom_events.head(execution_id)
+
+            race = await race_after_turns(
+                loom_events.append_if_unchanged(
+                    execution_id, [app("old owner")], expected_sequence=1, observed_fence=0
+                ),
+                take_over,
+                turns,
+            )
+            assert isinstance(race.second, tuple), f"the takeover failed: {race.second!r}"
+            token, head_seen = race.second
+            if isinstance(race.first, tuple) and head_seen == 1:
+                raise AssertionError(
+                    f"append_if_unchanged(observed_fence=0) to {execution_id!r} landed after "
+                    f"an acquire moved the token to {token} and the new owner read head 1 "
+                    f"(the append had a head start of {turns} loop turn(s)): "
+                    "the token check and the write must be one atomic step, or an append "
+                    "under an old token lands behind the new owner's back"
+                )
+            if not isinstance(race.first, tuple):
+                assert isinstance(race.first, StaleFenceError), (turns, race)
+                assert race.first.current_fence == token
+                assert await loom_events.head(execution_id) == 1
 
     @requires.append_if_unchanged
     async def test_append_if_unchanged_still_checks_the_sequence(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any, Final
 
 import pytest
 
 from loom_conformance.requirements import requires
+from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     GUARD_SECONDS,
     app,
@@ -314,6 +316,43 @@ class EventStoreOptionalContract:
         assert await token_of(loom_events, "exec-none") == 0
         assert await loom_events.list_executions() == ()
 
+    @requires.delete_execution
+    async def test_a_writer_never_lands_between_a_deletes_drop_and_its_token_move(
+        self, loom_events: EventStore
+    ) -> None:
+        """The drop and the token move are one atomic step: a runner of the log (token 0)
+        that re-creates it while the delete is under way is refused, either because the log
+        is still there (ExecutionAlreadyExistsError) or because the token moved
+        (StaleFenceError), at whichever point of the delete its append arrives."""
+        for turns in range(MAX_TURNS):
+            execution_id = f"exec-del-{turns}"
+            await loom_events.append(execution_id, [app(), app()], expected_sequence=0, fence=0)
+            race = await race_after_turns(
+                loom_events.delete_execution(execution_id),
+                functools.partial(
+                    loom_events.append, execution_id, [app("zombie")], expected_sequence=0,
+                    fence=0,
+                ),
+                turns,
+            )
+            assert race.first is True, f"delete_execution({execution_id!r}): {race.first!r}"
+            if isinstance(race.second, tuple):
+                raise AssertionError(
+                    f"an append under token 0 at sequence 0, started when "
+                    f"delete_execution({execution_id!r}) had a head start of {turns} loop "
+                    "turn(s), landed: the delete dropped "
+                    "the log before it moved the token, so a writer of the deleted log "
+                    "re-created it in between. Drop the log and move the token in one atomic "
+                    "step (no await between them; one transaction)"
+                )
+            assert isinstance(race.second, ExecutionAlreadyExistsError | StaleFenceError), (
+                f"the append racing delete_execution({execution_id!r}) raised "
+                f"{race.second!r}; only ExecutionAlreadyExistsError (before the delete) or "
+                "StaleFenceError (after it) are possible"
+            )
+            assert await loom_events.read(execution_id) == ()
+            assert await token_of(loom_events, execution_id) == 1
+
     # -- copy_prefix --------------------------------------------------------------------
 
     @requires.copy_prefix
@@ -362,6 +401,89 @@ class EventStoreOptionalContract:
                 await loom_events.copy_prefix("exec-src", "exec-new", through_sequence=t)
         assert await snapshot(loom_events, "exec-new") == before
 
+    @requires.copy_prefix
+    @requires.delete_execution
+    async def test_copy_prefix_keeps_the_targets_own_token(
+        self, loom_events: EventStore
+    ) -> None:
+        """A token lives apart from the log and only moves forward: a copy into an id whose
+        deleted log moved its token to 1 leaves it at 1, so a writer of the deleted log
+        (token 0) is still refused on the branch."""
+        await loom_events.append("exec-branch", [app()], expected_sequence=0, fence=0)
+        assert await loom_events.delete_execution("exec-branch") is True
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+
+        assert await loom_events.copy_prefix("exec-src", "exec-branch", through_sequence=1) == 2
+        token = await token_of(loom_events, "exec-branch")
+        assert token == 1, (
+            f"copy_prefix moved the target's token from 1 to {token}: the target keeps its "
+            "own token (a token never moves backwards, nor takes the source's)"
+        )
+        before = await snapshot(loom_events)
+        with pytest.raises(StaleFenceError) as caught:
+            await loom_events.append("exec-branch", [app("zombie")], expected_sequence=2, fence=0)
+        assert caught.value.current_fence == 1
+        assert await snapshot(loom_events) == before
+        assert await token_of(loom_events, "exec-src") == 0, "the source's token is untouched"
+
+    @requires.copy_prefix
+    @requires.acquire_fence
+    async def test_copy_prefix_neither_resets_nor_inherits_a_token(
+        self, loom_events: EventStore
+    ) -> None:
+        await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
+        for _ in range(3):
+            await loom_events.acquire_fence("exec-src")
+        for _ in range(2):
+            await loom_events.acquire_fence("exec-branch")  # a token, and no log
+
+        await loom_events.copy_prefix("exec-src", "exec-branch", through_sequence=1)
+        tokens = (
+            await token_of(loom_events, "exec-src"),
+            await token_of(loom_events, "exec-branch"),
+        )
+        assert tokens == (3, 2), (
+            f"after copy_prefix the source's and the target's tokens are {tokens}, not (3, 2): "
+            "copy_prefix leaves both tokens as they were"
+        )
+
+    @requires.copy_prefix
+    async def test_concurrent_copies_to_one_target_have_exactly_one_winner(
+        self, loom_events: EventStore
+    ) -> None:
+        """The check that the target is free and the write of the copy are one atomic step:
+        of two copies into one new id, at whichever point of the first the second arrives,
+        one wins and the other is ExecutionAlreadyExistsError."""
+        a = await loom_events.append("exec-a", [app(payload="a") for _ in range(2)],
+                                     expected_sequence=0)
+        b = await loom_events.append("exec-b", [app(payload="b") for _ in range(3)],
+                                     expected_sequence=0)
+        for turns in range(MAX_TURNS):
+            target = f"exec-copy-{turns}"
+            race = await race_after_turns(
+                loom_events.copy_prefix("exec-a", target, through_sequence=1),
+                functools.partial(
+                    loom_events.copy_prefix, "exec-b", target, through_sequence=2
+                ),
+                turns,
+            )
+            if race.first == 2 and race.second == 3:
+                raise AssertionError(
+                    f"two copy_prefix calls into {target!r} both succeeded (the first had a "
+                    f"head start of {turns} loop turn(s)): the check that the "
+                    "target has no log and the write of the copy must be one atomic step"
+                )
+            outcomes = {race.first, race.second} - {2, 3}
+            assert len(outcomes) == 1, (turns, race)
+            loser = outcomes.pop()
+            assert isinstance(loser, ExecutionAlreadyExistsError), (turns, race)
+            winner = a[:2] if race.first == 2 else b[:3]
+            copied = await loom_events.read(target)
+            assert [(e.sequence, e.payload) for e in copied] == [
+                (e.sequence, e.payload) for e in winner
+            ], f"{target!r} holds {copied!r}, not the winning copy"
+            assert await loom_events.head(target) == len(winner)
+
     # -- truncate_prefix_keeping --------------------------------------------------------
 
     @requires.truncate_prefix_keeping
@@ -396,6 +518,53 @@ class EventStoreOptionalContract:
         with pytest.raises(ExecutionAlreadyExistsError):
             await loom_events.append("exec-t", [app()], expected_sequence=0)
         assert (await loom_events.append("exec-t", [app()], expected_sequence=2))[0].sequence == 2
+
+    @requires.truncate_prefix_keeping
+    async def test_read_after_truncation_selects_by_sequence_not_by_position(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append(
+            "exec-t", [app(payload=i) for i in range(6)], expected_sequence=0
+        )
+        await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=4)
+
+        async def seqs(**kwargs: Any) -> list[int]:
+            return [e.sequence for e in await loom_events.read("exec-t", **kwargs)]
+
+        cases: list[tuple[dict[str, int], list[int]]] = [
+            ({"from_sequence": 4}, [4, 5]),
+            ({"from_sequence": 5}, [5]),
+            ({"from_sequence": 2}, [4, 5]),
+            ({"from_sequence": 6}, []),
+            ({"to_sequence": 4}, [4]),
+            ({"to_sequence": 3}, []),
+            ({"from_sequence": 3, "to_sequence": 5}, [4, 5]),
+            ({"from_sequence": 5, "limit": 1}, [5]),
+        ]
+        for kwargs, expected in cases:
+            got = await seqs(**kwargs)
+            assert got == expected, (
+                f"after keeping from 4, read(**{kwargs}) gave sequences {got}, not "
+                f"{expected}: from_sequence and to_sequence are sequences, not positions "
+                "among the events a truncation kept"
+            )
+        assert await loom_events.read("exec-t", from_sequence=4) == written[4:]
+
+    @requires.truncate_prefix_keeping
+    async def test_a_fully_truncated_log_stays_listed(self, loom_events: EventStore) -> None:
+        """A log exists until it is deleted: truncating every event keeps its head, so it
+        keeps its place in list_executions too."""
+        await loom_events.append("exec-a", [app()], expected_sequence=0)
+        await loom_events.append("exec-t", [app(), app()], expected_sequence=0)
+        await loom_events.append("exec-z", [app()], expected_sequence=0)
+        await loom_events.truncate_prefix_keeping("exec-t", keep_from_sequence=2)
+
+        listed = await loom_events.list_executions()
+        assert listed == ("exec-a", "exec-t", "exec-z"), (
+            f"list_executions() gave {listed}: a log whose events were all truncated still "
+            "exists (its head is 2, a create at 0 is refused) and stays listed until deleted"
+        )
+        assert await loom_events.list_executions(after="exec-a", limit=1) == ("exec-t",)
 
     @requires.copy_prefix
     @requires.truncate_prefix_keeping

@@ -46,5 +46,11 @@ class ScheduleExplorerContract:
             loom_storage_factory, acquire="acquire_fence", isolation=loom_explorer_isolation
         )
         assert report.schedules == EXPECTED_SCHEDULES
-        assert len(report.violations) >= 1
+        assert len(report.violations) >= 1, (
+            f"with the unconditional acquire_fence, none of {report.schedules} schedules "
+            "fenced out a resumer whose EXECUTION_RESUMED had landed: a rival's acquire_fence "
+            "must move the token so that the earlier holder's next fenced append is refused "
+            "with StaleFenceError. This store accepted every such append: its acquire_fence "
+            "does not move the token its fenced appends are checked against"
+        )
         assert "fenced out" in report.violations[0].rule

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, Final, get_args
 
 import pytest
@@ -115,6 +116,40 @@ class TestLeaseStoreContract:
         kept = await loom_leases.inspect("job-keep")
         assert isinstance(kept, Lease)
         assert kept.holder == "node-a"
+
+    async def test_a_lease_expires_exactly_its_ttl_after_it_was_acquired(
+        self, loom_leases: LeaseStore
+    ) -> None:
+        """``expires_at`` is the store's time of the acquire plus ``ttl_seconds``, to the
+        microsecond: not rounded to whole seconds or milliseconds."""
+        for i, ttl in enumerate((0.25, 1.5, 2.000001)):
+            lease = await loom_leases.acquire(f"job-{i}", "node-a", ttl_seconds=ttl)
+            lasts = lease.expires_at - lease.acquired_at
+            assert lasts == timedelta(seconds=ttl), (
+                f"a lease acquired with ttl_seconds={ttl} lasts {lasts.total_seconds()} s "
+                f"(acquired_at {lease.acquired_at.isoformat()}, expires_at "
+                f"{lease.expires_at.isoformat()}): expires_at is the acquire's time plus the "
+                "ttl, to the microsecond, never rounded"
+            )
+
+    @pytest.mark.parametrize("taker", ["node-b", "node-a"], ids=["another-holder", "same-holder"])
+    async def test_taking_an_expired_lease_sets_acquired_at_anew(
+        self, loom_leases: LeaseStore, taker: str
+    ) -> None:
+        """An expired lease is gone: whoever acquires it next, its old holder included,
+        gets a new lease whose ``acquired_at`` is the time of that acquire."""
+        first = await loom_leases.acquire("job-1", "node-a", ttl_seconds=SHORT)
+        await _until_expired(loom_leases, "job-1")
+
+        taken = await loom_leases.acquire("job-1", taker, ttl_seconds=LONG)
+        assert taken.acquired_at >= first.expires_at, (
+            f"{taker} took job-1 after node-a's lease expired at "
+            f"{first.expires_at.isoformat()}, but the new lease's acquired_at is "
+            f"{taken.acquired_at.isoformat()}: acquiring an expired lease starts a new one, "
+            "acquired now (only an extension of a live lease keeps acquired_at)"
+        )
+        assert taken.expires_at - taken.acquired_at == timedelta(seconds=LONG)
+        assert await loom_leases.inspect("job-1") == taken
 
     async def test_concurrent_acquires_have_exactly_one_holder(
         self, loom_leases: LeaseStore

@@ -106,6 +106,30 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
         )
         assert await loom_timers.due(at(-1)) == ()
 
+    @pytest.mark.parametrize("redrive", [True, False], ids=["with-redrive", "without"])
+    async def test_due_never_returns_a_row_before_its_wake_at(
+        self, loom_timers: TimerStore, redrive: bool
+    ) -> None:
+        """Not a microsecond early: a row is due once ``now`` reaches its ``wake_at``, with
+        no rounding of either and no grace period."""
+        rows = [
+            TimerRecord("exec-a", at(0)),
+            TimerRecord("exec-b", at(0.4)),
+            TimerRecord("exec-c", at(1.876544)),  # on a whole second
+            TimerRecord("exec-d", at(5)),
+        ]
+        for row in rows:
+            await loom_timers.schedule(row)
+        for row in rows:
+            just_before = row.wake_at - timedelta(microseconds=1)
+            early = await loom_timers.due(just_before, redrive=redrive)
+            assert row not in early, (
+                f"due({just_before.isoformat()}) returned the row waking at "
+                f"{row.wake_at.isoformat()}: a row is never due before its wake_at (no "
+                "truncation or rounding of times, no grace period)"
+            )
+            assert row in await loom_timers.due(row.wake_at, redrive=redrive)
+
     async def test_due_without_redrive_excludes_redrive_rows_before_the_limit(
         self, loom_timers: TimerStore
     ) -> None:
@@ -160,6 +184,35 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
         assert await loom_timers.pending("exec-1") == ()
         assert await loom_timers.pending("exec-2") == (TimerRecord("exec-2", at(0)),)
         assert await loom_timers.cancel("exec-none") == 0
+
+    async def test_pending_cancel_and_complete_match_the_execution_id_exactly(
+        self, loom_timers: TimerStore
+    ) -> None:
+        """An id is a whole value: never a prefix, a pattern (``%``, ``_``), nor
+        case-folded."""
+        ids = ["exec-1", "exec-10", "exec-1-child", "EXEC-1", "exec_1", "exec%", "exec"]
+        for execution_id in ids:
+            await loom_timers.schedule(TimerRecord(execution_id, at(0)))
+            await loom_timers.schedule(TimerRecord(execution_id, at(1)))
+        for execution_id in ids:
+            got = await loom_timers.pending(execution_id)
+            assert got == (TimerRecord(execution_id, at(0)), TimerRecord(execution_id, at(1))), (
+                f"pending({execution_id!r}) gave the rows of "
+                f"{[(r.execution_id, r.wake_at.isoformat()) for r in got]}: it returns "
+                "that execution's rows only, matching the id exactly"
+            )
+
+        assert await loom_timers.complete("exec", at(0)) is True
+        assert await loom_timers.cancel("exec%", at(1)) == 1
+        assert await loom_timers.cancel("exec-1") == 2, "cancel counts only exec-1's rows"
+        for execution_id in ids[1:]:
+            left = len(await loom_timers.pending(execution_id))
+            expected = 1 if execution_id in ("exec", "exec%") else 2
+            assert left == expected, (
+                f"{execution_id!r} has {left} row(s) left, not {expected}, after complete("
+                "'exec', …), cancel('exec%', …) and cancel('exec-1'): they touch only the "
+                "rows of the id they name, matched exactly"
+            )
 
     async def test_naive_datetimes_are_refused_and_change_nothing(
         self, loom_timers: TimerStore

@@ -177,6 +177,26 @@ class TestShardedSpreadEventStoreContract(kit.TestEventStoreContract):
         )
 
     @requires.copy_prefix
+    async def test_concurrent_copies_to_one_target_have_exactly_one_winner(
+        self, loom_events: EventStore
+    ) -> None:
+        # The race itself runs in test_sharded_conformance.py, where the kit's ids share a
+        # shard; here the two copies' sources live on shards 0 and 1 and the target on 2.
+        await loom_events.append("exec-a", [app(), app()], expected_sequence=0)
+        await loom_events.append("exec-b", [app(), app(), app()], expected_sequence=0)
+        for source, placement in (
+            ("exec-a", {"exec-a": 0, "exec-copy-2": 2}),
+            ("exec-b", {"exec-b": 1, "exec-copy-2": 2}),
+        ):
+            await refused_unwritten(
+                loom_events,
+                lambda source=source: loom_events.copy_prefix(  # type: ignore[misc]
+                    source, "exec-copy-2", through_sequence=1
+                ),
+                placement,
+            )
+
+    @requires.copy_prefix
     async def test_copy_prefix_refusals_change_nothing(self, loom_events: EventStore) -> None:
         await loom_events.append("exec-src", [app(), app()], expected_sequence=0)
         await loom_events.append("exec-taken", [app()], expected_sequence=0)
