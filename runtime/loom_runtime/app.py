@@ -167,19 +167,19 @@ class Handle(Generic[R]):
         return await self._app.cancel(self.execution_id, reason=reason, principal=principal)
 
     async def get_event(
-        self, key: str, timeout: float | None = None  # noqa: ASYNC109 (the API)
+        self, key: str, timeout: float | timedelta | None = None  # noqa: ASYNC109 (the API)
     ) -> JsonValue:
         """``app.get_event`` of this execution: the latest value published under ``key``."""
         return await self._app.get_event(self.execution_id, key, timeout)
 
-    async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the API)
+    async def result(self, timeout: float | timedelta | None = None) -> R:  # noqa: ASYNC109 (the API)
         """The workflow's return value, once it has one (following continue-as-new).
 
         Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError or
         RunStoppedError (when the run in this process diverged, or its body raised a
-        BaseException) or ResultTimeoutError after ``timeout`` seconds.
+        BaseException) or ResultTimeoutError after ``timeout`` (seconds or a timedelta).
         """
-        _check_timeout(timeout)
+        timeout = _check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         execution_id = self.execution_id
@@ -229,16 +229,18 @@ class Handle(Generic[R]):
 
     def _check_result_ready(self, view: View, execution_id: str) -> None:
         """Raise what ``result()`` raises for ``view``: its failure, its cancellation,
-        the halt of its run in this process, or that it does not exist."""
+        the halt of its run in this process, or that it does not exist. A failure or a
+        cancellation names the handle's execution, the id the caller knows, even when a
+        successor it continued as ended so."""
         if view.status is None:
             raise ExecutionNotFoundError(execution_id)
         if view.status == "failed":
             assert view.error is not None
-            raise WorkflowFailedError(execution_id, *view.error)
+            raise WorkflowFailedError(self.execution_id, *view.error)
         if view.status == "cancelled":
             if view.timed_out:
-                raise ExecutionTimedOutError(execution_id, view.cancel_reason)
-            raise ExecutionCancelledError(execution_id, view.cancel_reason)
+                raise ExecutionTimedOutError(self.execution_id, view.cancel_reason)
+            raise ExecutionCancelledError(self.execution_id, view.cancel_reason)
         if view.status != "completed":
             halted = self._app.halted.get(execution_id)
             if halted is not None:
@@ -1195,7 +1197,7 @@ class Loom:
         self,
         execution_id: str,
         key: str,
-        timeout: float | None = None,  # noqa: ASYNC109 (the API, as Handle.result's)
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the API, as Handle.result's)
     ) -> JsonValue:
         """The latest value the execution published under ``key`` with ``ctx.set_event``
         (following continue-as-new: a successor's replaces its predecessor's), waiting
@@ -1205,7 +1207,7 @@ class Loom:
         self._running("app.get_event")
         execution_id = _check_id(execution_id)
         key = check_text(key, "an event key")
-        _check_timeout(timeout)
+        timeout = _check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         found: Recorded | None = None
@@ -2558,17 +2560,20 @@ async def _stop_tasks(tasks: Collection[asyncio.Task[Any]]) -> None:
             task.exception()  # retrieved, so asyncio does not report it as never retrieved
 
 
-def _check_timeout(timeout: object) -> None:
-    """A wait's ``timeout=``: None, or a finite number of seconds >= 0."""
-    if timeout is not None and (
-        not isinstance(timeout, int | float)
-        or isinstance(timeout, bool)
-        or not 0 <= timeout < math.inf  # NaN compares false
+def _check_timeout(timeout: object) -> float | None:
+    """A wait's ``timeout=`` in seconds: None, or a finite number of seconds >= 0 or a
+    timedelta of them."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if seconds is not None and (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not 0 <= seconds < math.inf  # NaN compares false
     ):
         raise InvalidInputError(
-            f"timeout= must be a finite number of seconds >= 0, or None to wait as long as "
-            f"it takes, not {timeout!r}"
+            f"timeout= must be a finite number of seconds >= 0 (or a timedelta), or None to "
+            f"wait as long as it takes, not {timeout!r}"
         )
+    return seconds
 
 
 def _deadline(timeout: object, now: datetime, what: str) -> datetime:

@@ -175,7 +175,8 @@ async def test_the_deadline_goes_on_through_continue_as_new(
     await clock.advance(10)
     with pytest.raises(ExecutionTimedOutError) as caught:
         await handle.result(timeout=5)
-    assert caught.value.execution_id == "r#2"
+    assert caught.value.execution_id == "r"  # the id the caller knows; r#2 timed out
+    assert (await app.inspect("r#2")).timed_out
     assert await app.storage.timers.pending("r#2") == ()
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from datetime import timedelta
 
 import pytest
-from loom_runtime import Context, ExecutionCancelledError, Loom, ResultTimeoutError
+from loom_runtime import (
+    Context,
+    ExecutionCancelledError,
+    Loom,
+    ResultTimeoutError,
+    WorkflowFailedError,
+)
 from loom_runtime.fold import View
+
+from loom_core import InvalidInputError
 
 
 async def test_a_completion_between_the_handles_read_and_its_wait_wakes_it(app: Loom) -> None:
@@ -108,3 +117,42 @@ async def test_a_reader_that_gives_up_leaves_the_others_watching(app: Loom) -> N
     assert await asyncio.wait_for(events, 5) is None  # it ended without the key
     gc.collect()
     assert app._signals == {}
+
+
+async def test_a_chains_failure_or_cancellation_names_the_id_the_caller_knows(app: Loom) -> None:
+    @app.workflow(name="again")
+    async def again(ctx: Context, generation: int) -> None:
+        if generation == 0:
+            ctx.continue_as_new(1)
+        raise ValueError("gave up")
+
+    @app.workflow(name="wait_again")
+    async def wait_again(ctx: Context, generation: int) -> None:
+        if generation == 0:
+            ctx.continue_as_new(1)
+        await ctx.sleep(60)
+
+    failing = await app.start(again, 0, id="job")
+    with pytest.raises(WorkflowFailedError) as failed:
+        await failing.result(timeout=5)
+    assert failed.value.execution_id == "job"
+    waiting = await app.start(wait_again, 0, id="nap")
+    await app.drain()
+    assert await app.cancel("nap", reason="enough")
+    with pytest.raises(ExecutionCancelledError) as cancelled:
+        await waiting.result(timeout=5)
+    assert cancelled.value.execution_id == "nap"
+
+
+async def test_waits_take_a_timedelta_as_every_other_timeout_does(app: Loom) -> None:
+    @app.workflow(name="naps")
+    async def naps(ctx: Context) -> None:
+        await ctx.sleep(timedelta(hours=1))
+
+    handle = await app.start(naps, id="t")
+    await app.drain()
+    with pytest.raises(ResultTimeoutError):
+        await handle.result(timeout=timedelta(milliseconds=1))
+    assert await handle.get_event("progress", timeout=timedelta(0)) is None
+    with pytest.raises(InvalidInputError, match="or a timedelta"):
+        await handle.result(timeout=timedelta(seconds=-1))
