@@ -200,8 +200,8 @@ async def _serve(app: Loom, grace: float) -> None:
     if running:
         click.echo(
             f"loom worker: leaving {running} sync step(s) still running in threads after "
-            f"{grace:g} s (--grace); their executions are carried on by node {app.node!r}'s "
-            "next start",
+            f"{grace:g} s (--grace); their executions are carried on at the next start of "
+            f"node {app.node!r}",
             err=True,
         )
     click.echo("loom worker: stopped", err=True)
