@@ -112,10 +112,6 @@ Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
 ``"cancel"`` or ``"fork"``); False refuses it, and a refused resume or cancel is recorded
 as EXECUTION_DENIED (a fork writes nothing to the execution it would copy)."""
 
-_BY_LOOM: Final = object()
-"""The principal of the runtime's own answers to a park (a due timer, a message's
-delivery): not a caller's action, so ``authorize`` is not asked about them."""
-
 CrashPoint: TypeAlias = Callable[[str, Position, str, str], bool]
 """``(execution_id, position, call name, "before" | "after") -> crash now?`` (the test kit's
 crash injection; see :mod:`loom_runtime.testing`)."""
@@ -132,6 +128,15 @@ refuse it with ExecutionAlreadyExistsError, or attach to that execution."""
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class _Strand:
+    """A stranded execution: when to take it back, and whether that is a node's
+    recovery (counted against ``max_recoveries``) rather than a carry-on."""
+
+    not_before: datetime
+    limited: bool = False
+
+
 class Handle(Generic[R]):
     """A started execution, wherever it runs. Waiting follows continue-as-new chains."""
 
@@ -362,7 +367,7 @@ class Loom:
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
-        self._stranded: dict[str, int] = {}
+        self._stranded: dict[str, _Strand] = {}
         # The recovery on entering could not list the executions (the store, or a shard
         # of it, failed): the carry-on tries it again.
         self._relist = False
@@ -1059,13 +1064,16 @@ class Loom:
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
 
-    async def _take_back(self, execution_id: str, fence_first: bool) -> None:
+    async def _take_back(
+        self, execution_id: str, fence_first: bool, *, limited: bool = False
+    ) -> None:
         """Take a fresh token first (``fence_first``), so that whatever write of ours was
         in flight has landed or never will; then take the execution over as a restarted
         node would (an answer or a first write that landed leaves it running with no
         driver), and each successor it continued as meanwhile. A run cut in its body
         needs no token first: its log shows it running, and the takeover's own token
-        settles its write."""
+        settles its write. ``limited``: a node's recovery that a store failure cut short,
+        made again: still a recovery, counted against ``max_recoveries``."""
         try:
             await self._unclaimed(execution_id)
             events = self.storage.events
@@ -1093,9 +1101,9 @@ class Loom:
                     # Another node answered the park (its timer service, a send of its
                     # own) before our token: that token has fenced its run out, so the
                     # execution is this process's to carry on.
-                    await self._carry_on_fenced_out(current)
+                    await self._carry_on_fenced_out(current, older_than=token)
                 else:
-                    await self._recover_one(current, limited=False)
+                    await self._recover_one(current, limited=limited)
                 view = await self.inspect(current)
                 current = view.successor if view.status == "continued" else None
         finally:
@@ -1122,16 +1130,25 @@ class Loom:
         carried on yet: the app retries in the background until the store answers."""
         return frozenset(self._stranded)
 
-    def _strand(self, execution_id: str, fruitless: int = 0) -> None:
+    def _strand(self, execution_id: str, fruitless: int = 0, *, limited: bool = False) -> None:
         """A run of this process stopped because a store call failed (or a first write or
         an answer's outcome is unknown): the log may say it runs here with nothing driving
         it. Carry it on once the store answers again, as a restarted node would; see
         docs/design.md, "A failed store call". ``fruitless``: how many carry-ons in a row
-        the run's log ends with (each waits twice as long as the one before)."""
+        the run's log ends with (each waits twice as long as the one before);
+        ``limited``: a node's recovery, cut short by the store, to be made again."""
         if not self._entered:
             return  # leaving: the node's next start recovers it
-        self._stranded[execution_id] = fruitless
+        wait = min(CARRY_ON_AFTER * 2 ** min(fruitless, 16), CARRY_ON_CAP)
+        self._stranded[execution_id] = _Strand(
+            self.clock.now() + self._jittered(wait), limited
+        )
         self._carry_on_later()
+
+    def _jittered(self, seconds: float) -> timedelta:
+        """Between half and all of ``seconds``: executions one outage stopped do not all
+        come back in the same instant."""
+        return timedelta(seconds=seconds * (0.5 + self.random.random() / 2))
 
     def _carry_on_later(self) -> None:
         if self._carrying_on is None or self._carrying_on.done():
@@ -1140,16 +1157,20 @@ class Loom:
             )
 
     async def _carry_on(self) -> None:
-        """Take back every stranded execution, and make the recovery on entering that
-        could not list the executions, waiting longer each time the store fails."""
-        delay = CARRY_ON_AFTER
+        """Take back each stranded execution once its wait is over, and make the recovery
+        on entering that could not list the executions, waiting longer each time the
+        store fails."""
+        delay = CARRY_ON_AFTER  # grows while the store keeps failing
+        relist_at = self.clock.now() + self._jittered(delay)
         while self._stranded or self._relist:
-            # A run carried on that stopped again before writing anything (a store that
-            # takes a small write but not the run's next) waits longer each time too.
-            fruitless = min(max(self._stranded.values(), default=0), 16)
-            wait = min(max(delay, CARRY_ON_AFTER * 2**fruitless), CARRY_ON_CAP)
-            await self.clock.sleep(wait * (0.5 + self.random.random() / 2))
+            due = [strand.not_before for strand in self._stranded.values()]
             if self._relist:
+                due.append(relist_at)
+            pause = (min(due) - self.clock.now()).total_seconds()
+            if pause > 0:
+                await self.clock.sleep(pause)
+            now = self.clock.now()
+            if self._relist and relist_at <= now:
                 try:
                     await self.recover()  # what it cannot take over now, it strands
                 except StoreClosedError as exc:
@@ -1160,24 +1181,31 @@ class Loom:
                 except StorageError as exc:
                     self.hooks.error(exc)
                     delay = min(delay * 2, CARRY_ON_CAP)
+                    relist_at = self.clock.now() + self._jittered(delay)
                     continue
                 except Exception as exc:
                     self.hooks.error(exc)
                 self._relist = False
-            for execution_id, fruitless in list(self._stranded.items()):
-                self._stranded.pop(execution_id, None)  # stranded again meanwhile: it comes back
+            for execution_id, strand in list(self._stranded.items()):
+                if strand.not_before > now or self._stranded.get(execution_id) is not strand:
+                    continue  # not due yet, or stranded again meanwhile
+                del self._stranded[execution_id]
                 try:
-                    await self._take_back(execution_id, fence_first=True)
+                    await self._take_back(execution_id, fence_first=True, limited=strand.limited)
                 except StoreClosedError as exc:
                     # The storage was closed under the app: nothing will answer again.
                     self.hooks.error(exc)
                     self._stranded.clear()
                     return
                 except StorageError as exc:
-                    self._stranded[execution_id] = fruitless
                     self.hooks.storage_error(execution_id, exc)
                     delay = min(delay * 2, CARRY_ON_CAP)
-                    break  # the store fails still: wait longer before the next try
+                    later = self.clock.now() + self._jittered(delay)
+                    self._stranded.setdefault(execution_id, _Strand(later, strand.limited))
+                    for other, waiting in list(self._stranded.items()):
+                        if waiting.not_before < later:  # the store fails still: all wait
+                            self._stranded[other] = _Strand(later, waiting.limited)
+                    break
                 except Exception as exc:
                     self.hooks.error(exc)
             else:
@@ -1487,8 +1515,15 @@ class Loom:
                 f"fence_if_parked_at must be the park's sequence (an int >= 0), not "
                 f"{fence_if_parked_at!r}"
             )
+        # Asked first, so a refused caller learns nothing of the execution, and before any
+        # token is taken (docs/design.md, "Resuming a park").
+        allowed = await self._allows(principal, "resume", execution_id)
         view = await self.inspect(execution_id)
-        _, run = await self._answer(view, fence_if_parked_at, force=True, principal=principal)
+        if not allowed:
+            if view.status is not None and not view.terminal:
+                await self._record_denial(principal, "resume", view)
+            raise ActionDeniedError(execution_id, "resume", principal)
+        _, run = await self._answer(view, fence_if_parked_at, force=True)
         self._spawn(run)
 
     async def cancel(
@@ -1630,7 +1665,7 @@ class Loom:
                     raise
                 except StorageError as exc:
                     self.hooks.storage_error(execution_id, exc)
-                    self._strand(execution_id)
+                    self._strand(execution_id, limited=True)
                     continue
                 except LoomError as exc:
                     self.hooks.error(exc)
@@ -1992,9 +2027,13 @@ class Loom:
         assert refusal is not None
         raise refusal
 
-    async def _carry_on_fenced_out(self, execution_id: str) -> None:
+    async def _carry_on_fenced_out(
+        self, execution_id: str, *, older_than: int | None = None
+    ) -> None:
         """Take over a running execution whose driver a token of ours fenced out (a run
-        of this process among them: it stops at its next write, and is waited for)."""
+        of this process among them: it stops at its next write, and is waited for).
+        ``older_than``: our token; a log showing a newer one was taken over by someone
+        after us, and is theirs."""
         await self._unclaimed(execution_id)
         task = self._runs.get(execution_id)
         driver = self._drivers.get(execution_id)
@@ -2005,7 +2044,7 @@ class Loom:
         if self._owned(execution_id):
             return  # another takeover of this process won the race
         view = await self.inspect(execution_id)
-        if view.status != "running":
+        if view.status != "running" or (older_than is not None and view.fence >= older_than):
             return
         try:
             fn = self._body_of(view)
@@ -2159,10 +2198,11 @@ class Loom:
                 ended, next_run = await self._settle(run, outcome)
         except asyncio.CancelledError:
             raise
+        except StorageError as exc:
+            self.hooks.storage_error(execution_id, exc)
+            self._strand(execution_id)
         except Exception as exc:
             self.hooks.error(exc)
-            if isinstance(exc, StorageError):
-                self._strand(execution_id)
         finally:
             self.changed(execution_id)
             # Wake whoever waits for this run's end (a handle's result), directly rather
@@ -2185,12 +2225,11 @@ class Loom:
                 _log.debug("%s", reason)
             elif isinstance(reason, TimedOut):
                 await self._time_out(execution_id)
-            elif isinstance(reason, LoomError):
+            elif isinstance(reason, StorageError):
                 # A store call failed: the run has told on_storage_error already.
-                if isinstance(reason, StorageError):
-                    self._strand(execution_id, run.final_view().carried_on)
+                self._strand(execution_id, run.final_view().carried_on)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
-                self.hooks.error(reason)
+                self.hooks.error(reason)  # a log the run cannot read (shredded), say
             return None, None
         if self.halted:
             self.halted.pop(execution_id, None)
@@ -2206,7 +2245,7 @@ class Loom:
                 final = run.final_view()
                 if final.deadline is not None:
                     # The successor has a row of its own at the same deadline.
-                    await self.storage.timers.complete(execution_id, final.deadline)
+                    await self._retire_row(TimerRecord(execution_id, final.deadline))
                 await self._hand_on(final, wake=False)
                 if successor.execution_id not in self._runs:
                     self._spawn(
@@ -2215,7 +2254,13 @@ class Loom:
             finally:
                 self._unclaim(successor.execution_id)
         elif run.waited or run.deadline is not None:
-            await self.storage.timers.cancel(execution_id)
+            try:
+                await self.storage.timers.cancel(execution_id)
+            except StoreClosedError:
+                raise
+            except StorageError as exc:
+                # The execution has ended: rows left are found obsolete when they fall due.
+                self.hooks.storage_error(execution_id, exc)
         return run.last_written, None
 
     async def _after_park(self, view: View, park_seq: int) -> Run | None:
@@ -2252,7 +2297,7 @@ class Loom:
         execution_id = view.execution_id
         now = self.clock.now()
         try:
-            answered, token, resumed = await self._answer_view(view, park_seq, None, False, None)
+            answered, token, resumed = await self._answer_view(view, park_seq, None, False)
         except ResumeRefusedError:
             return None  # answered by someone else (a cancel, a resume), or nothing to answer
         except LoomError as exc:
@@ -2301,18 +2346,15 @@ class Loom:
         *,
         prefer: datetime | None = None,
         force: bool = False,
-        principal: object = _BY_LOOM,
     ) -> tuple[Wait, Run]:
         """Answer the park through :func:`answer_park`; the wait answered, and the run that
-        drives the body on from the answer (for the caller to drive or spawn). ``principal``
-        is an ``app.resume`` caller's, whom ``authorize`` is asked about; the runtime's own
-        answers (a due timer, a message's delivery) are not an action to authorize."""
+        drives the body on from the answer (for the caller to drive or spawn). No one is
+        asked: ``app.resume`` asked ``authorize`` about its caller first, and the runtime's
+        own answers (a due timer, a message's delivery) are no caller's action."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
         try:
-            wait, token, resumed = await self._answer_view(
-                view, park_seq, prefer, force, principal
-            )
+            wait, token, resumed = await self._answer_view(view, park_seq, prefer, force)
         except asyncio.CancelledError:
             self._take_back_later(view.execution_id, fence_first=True)  # it may land yet
             raise
@@ -2324,7 +2366,6 @@ class Loom:
         park_seq: int,
         prefer: datetime | None,
         force: bool,
-        principal: object,
     ) -> tuple[Wait, int, View]:
         """Answer the park through :func:`answer_park`; the wait answered, the token now
         held and the view past the answer."""
@@ -2336,15 +2377,9 @@ class Loom:
             chosen[:] = [wait]
             return batch
 
-        async def checked(current: View) -> None:
-            await self._check_allowed(principal, "resume", current)
-
         async with self._answering(view.execution_id):
             try:
-                token, resumed, written = await answer_park(
-                    events, view, park_seq, answer,
-                    checked=None if principal is _BY_LOOM else checked,
-                )
+                token, resumed, written = await answer_park(events, view, park_seq, answer)
             except WriteOutcomeUnknownError:
                 self._strand(view.execution_id)  # the answer may have landed
                 raise
@@ -2415,14 +2450,6 @@ class Loom:
         if inspect.isawaitable(verdict):
             verdict = await verdict
         return verdict is True
-
-    async def _check_allowed(self, principal: object, action: str, view: View) -> None:
-        """Refuse ``action`` on ``view``'s execution unless ``authorize`` allows it,
-        recording the refusal as EXECUTION_DENIED."""
-        if await self._allows(principal, action, view.execution_id):
-            return
-        await self._record_denial(principal, action, view)
-        raise ActionDeniedError(view.execution_id, action, principal)
 
     async def _record_denial(self, principal: object, action: str, view: View) -> None:
         """Append EXECUTION_DENIED, unfenced, to ``view``'s execution."""

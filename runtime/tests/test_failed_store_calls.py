@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pytest
-from loom_runtime import Context, Loom
+from loom_runtime import Context, LogFormatError, Loom, records
 from loom_runtime.app import CARRY_ON_AFTER, CARRY_ON_CAP
 from loom_runtime.testing import VirtualClock
 from store_probes import kinds
@@ -48,6 +48,8 @@ class Switch:
 
     down: bool = False
     unknown: set[str] = field(default_factory=set)
+    unreadable: set[str] = field(default_factory=set)
+    """Streams whose reads find a log the runtime cannot read (not a store failure)."""
     refused: set[str] = field(default_factory=set)
     """Kinds whose appends fail (nothing written) while listed: a store that takes a
     small write but not the next one."""
@@ -97,6 +99,8 @@ class FailingEventStore(EventStoreDecorator):
         limit: int | None = None,
     ) -> tuple[Event, ...]:
         self.switch.check(f"read of {execution_id!r}")
+        if execution_id in self.switch.unreadable:
+            raise LogFormatError(execution_id, 0, "MESSAGE", "the test made it unreadable")
         return await self.inner.read(
             execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
         )
@@ -506,3 +510,74 @@ async def test_a_send_whose_delivery_fails_returns_and_the_message_is_delivered_
         assert await handle.result(timeout=5) == {"n": 1}
         assert (await kinds(f.base.events, "l")).count(EventKind.MESSAGE_CONSUMED) == 1
         assert f.errors == []
+
+
+async def test_a_nodes_recovery_cut_short_by_the_store_still_counts_against_the_limit() -> None:
+    """A restart whose recovery of an execution fails on the store strands it, and the
+    background retry is that recovery made again: counted, so a crash-looping execution
+    at its limit is failed, not run again (and not written down as a live carry-on)."""
+    async with failing() as f:
+        ran: list[str] = []
+
+        async def poison() -> str:
+            ran.append("poison")
+            return "never recorded"
+
+        @f.app.workflow(name="poisoned", max_recoveries=1)
+        async def poisoned(ctx: Context) -> str:
+            return await ctx.step(poison)
+
+        fingerprint = f.app._fingerprints["poisoned"]
+        await f.base.events.append(
+            "p",
+            [
+                records.started("poisoned", [], fingerprint=fingerprint, node="n1", root="p"),
+                records.recovered("n1", 1, fingerprint),  # the last start's, which died
+            ],
+            expected_sequence=0,
+        )
+        f.switch.down = True  # reads fail; the listing still answers
+        assert await f.app.recover() == []
+        assert f.app.stranded == {"p"}
+        f.switch.down = False
+        await f.wait_out(CARRY_ON_AFTER)
+        view = await f.app.inspect("p")
+        assert view.status == "failed"
+        assert view.error is not None
+        assert view.error[0].endswith("RecoveryLimitError")
+        assert ran == []
+
+
+async def test_a_run_stopped_by_a_log_it_cannot_read_is_reported_and_not_carried_on() -> None:
+    """Not a store failure: waiting for the store to answer would change nothing, so the
+    run's stop goes to on_error (an operator's), and the execution is not stranded."""
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def listen(ctx: Context) -> object:
+            return await ctx.receive("go", timeout=600)
+
+        f.switch.unreadable = {"$inbox:l"}
+        await f.app.start(listen, id="l")
+        await f.app.drain()
+        assert [type(e) for e in f.errors] == [LogFormatError]
+        assert f.app.stranded == frozenset()
+
+
+async def test_a_timer_cleanup_that_fails_after_the_end_strands_nothing() -> None:
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def nap(ctx: Context) -> str:
+            await ctx.sleep(0)
+            return "rested"
+
+        async def cannot_cancel(execution_id: str, wake_at: datetime | None = None) -> int:
+            raise StorageUnavailableError(f"cancel on {execution_id!r}: the test's disk is full")
+
+        f.base.timers.cancel = cannot_cancel  # type: ignore[method-assign]
+        assert await f.app.execute(nap, id="n") == "rested"
+        await f.app.drain()
+        assert [e for e, _ in f.storage_errors] == ["n"]
+        assert f.errors == []
+        assert f.app.stranded == frozenset()

@@ -597,6 +597,7 @@ async def test_authorize_is_asked_about_callers_actions_not_the_runtimes_own_ans
 
     @app.workflow(name="nap_then_listen")
     async def nap_then_listen(ctx: Context) -> object:
+        await ctx.sleep(0)  # due when parked: the run answers its own park
         await ctx.sleep(60)
         return await ctx.receive("go")
 
@@ -642,8 +643,8 @@ async def test_a_cancel_reason_no_store_can_hold_is_refused_before_any_token_is_
 
 async def test_a_refused_cancel_tells_the_caller_nothing_of_the_execution() -> None:
     """``authorize`` is asked before the execution is looked at: a caller it refuses
-    gets ActionDeniedError whether the id is unknown, finished or running, and only a
-    running execution's log records the refusal."""
+    gets ActionDeniedError from a cancel or a resume whether the id is unknown, finished
+    or running, and only a running execution's log records the refusals."""
 
     def only_admins(principal: object, action: str, execution_id: str) -> bool:
         return principal == "admin"
@@ -666,13 +667,15 @@ async def test_a_refused_cancel_tells_the_caller_nothing_of_the_execution() -> N
             denied = f"'mallory' may not cancel '{execution_id}'"
             with pytest.raises(ActionDeniedError, match=denied):
                 await app.cancel(execution_id, principal="mallory")
+            with pytest.raises(ActionDeniedError):  # nor by a resume
+                await app.resume(execution_id, fence_if_parked_at=1, principal="mallory")
         assert await app.storage.events.head("unknown") == 0
         assert [e.kind for e in await app.storage.events.read("finished")][-1] == (
             EventKind.EXECUTION_COMPLETED
         )
-        assert [e.kind for e in await app.storage.events.read("parked")][-1] == (
-            EventKind.EXECUTION_DENIED
-        )
+        assert [e.kind for e in await app.storage.events.read("parked")][-2:] == [
+            EventKind.EXECUTION_DENIED, EventKind.EXECUTION_DENIED
+        ]
         with pytest.raises(ExecutionNotFoundError):
             await app.cancel("unknown", principal="admin")
         assert await app.cancel("finished", principal="admin") is False
