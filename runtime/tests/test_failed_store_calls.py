@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pytest
-from loom_runtime import Context, LogFormatError, Loom, records
+from loom_runtime import Context, Handle, LogFormatError, Loom, records
 from loom_runtime.app import CARRY_ON_AFTER, CARRY_ON_CAP
 from loom_runtime.testing import VirtualClock
 from store_probes import kinds
@@ -202,6 +202,19 @@ async def failing() -> AsyncIterator[Failing]:
         await storage.close()
 
 
+async def parked_listener(app: Loom) -> Handle[object]:
+    """Execution ``l``, parked on a receive of ``go`` with a ten-minute timeout."""
+
+    @app.workflow(name="listen")
+    async def listen(ctx: Context) -> object:
+        return await ctx.receive("go", timeout=600)
+
+    handle = await app.start(listen, id="l")
+    await app.drain()
+    assert await handle.status() == "suspended"
+    return handle
+
+
 async def test_a_run_whose_write_failed_is_carried_on_once_the_store_answers() -> None:
     async with failing() as f:
         ran: list[str] = []
@@ -333,14 +346,7 @@ async def test_a_start_whose_write_landed_unheard_is_carried_on() -> None:
 
 async def test_an_answer_that_landed_unheard_leaves_the_receiver_carried_on() -> None:
     async with failing() as f:
-
-        @f.app.workflow()
-        async def listen(ctx: Context) -> object:
-            return await ctx.receive("go", timeout=600)
-
-        handle = await f.app.start(listen, id="l")
-        await f.app.drain()
-        assert await handle.status() == "suspended"
+        handle = await parked_listener(f.app)
         f.switch.unknown = {EventKind.EXECUTION_RESUMED}
         # The message is stored: send returns its id (a caller that sent it again without
         # a key would have it twice), and on_storage_error hears of the delivery's fate.
@@ -484,13 +490,7 @@ async def test_a_send_whose_delivery_fails_returns_and_the_message_is_delivered_
     send returns the message's id all the same, and the wake row it wrote first delivers
     the message once the store answers."""
     async with failing() as f:
-
-        @f.app.workflow()
-        async def listen(ctx: Context) -> object:
-            return await ctx.receive("go", timeout=600)
-
-        handle = await f.app.start(listen, id="l")
-        await f.app.drain()
+        handle = await parked_listener(f.app)
         real_acquire = f.base.events.acquire_fence_if
 
         async def trip_then_acquire(
