@@ -127,7 +127,6 @@ IfExists: TypeAlias = Literal["raise", "attach"]
 refuse it with ExecutionAlreadyExistsError, or attach to that execution."""
 
 
-@final
 @dataclass(frozen=True, slots=True)
 class _Strand:
     """A stranded execution: when to take it back, and whether that is a node's
@@ -137,6 +136,7 @@ class _Strand:
     limited: bool = False
 
 
+@final
 class Handle(Generic[R]):
     """A started execution, wherever it runs. Waiting follows continue-as-new chains."""
 
@@ -368,6 +368,8 @@ class Loom:
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
         self._stranded: dict[str, _Strand] = {}
+        # When the carry-on's sleep ends, while it sleeps (see _strand).
+        self._carry_on_wakes: datetime | None = None
         # The recovery on entering could not list the executions (the store, or a shard
         # of it, failed): the carry-on tries it again.
         self._relist = False
@@ -1140,9 +1142,14 @@ class Loom:
         if not self._entered:
             return  # leaving: the node's next start recovers it
         wait = min(CARRY_ON_AFTER * 2 ** min(fruitless, 16), CARRY_ON_CAP)
-        self._stranded[execution_id] = _Strand(
-            self.clock.now() + self._jittered(wait), limited
-        )
+        strand = _Strand(self.clock.now() + self._jittered(wait), limited)
+        self._stranded[execution_id] = strand
+        waking = self._carry_on_wakes
+        if waking is not None and strand.not_before < waking and self._carrying_on is not None:
+            # The carry-on sleeps past this one's turn (for an execution that keeps
+            # failing): start it again, so this one is not held back by that one.
+            self._carrying_on.cancel()
+            self._carrying_on = self._carry_on_wakes = None
         self._carry_on_later()
 
     def _jittered(self, seconds: float) -> timedelta:
@@ -1166,9 +1173,15 @@ class Loom:
             due = [strand.not_before for strand in self._stranded.values()]
             if self._relist:
                 due.append(relist_at)
-            pause = (min(due) - self.clock.now()).total_seconds()
+            wakes = min(due)
+            pause = (wakes - self.clock.now()).total_seconds()
             if pause > 0:
-                await self.clock.sleep(pause)
+                self._carry_on_wakes = wakes
+                try:
+                    await self.clock.sleep(pause)
+                finally:
+                    if self._carrying_on is asyncio.current_task():
+                        self._carry_on_wakes = None
             now = self.clock.now()
             if self._relist and relist_at <= now:
                 try:

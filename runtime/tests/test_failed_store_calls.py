@@ -53,6 +53,8 @@ class Switch:
     refused: set[str] = field(default_factory=set)
     """Kinds whose appends fail (nothing written) while listed: a store that takes a
     small write but not the next one."""
+    refused_in: set[str] = field(default_factory=set)
+    """The executions ``refused`` applies to (every one when empty)."""
     tripped: bool = False
 
     def trip(self) -> None:
@@ -79,7 +81,9 @@ class FailingEventStore(EventStoreDecorator):
         fence: int | None = None,
     ) -> tuple[Event, ...]:
         self.switch.check(f"append to {execution_id!r}")
-        if self.switch.refused & {e.kind for e in events}:
+        if self.switch.refused & {e.kind for e in events} and (
+            not self.switch.refused_in or execution_id in self.switch.refused_in
+        ):
             raise StorageUnavailableError(f"append to {execution_id!r}: the test refused it")
         written = await self.inner.append(
             execution_id, events, expected_sequence=expected_sequence, fence=fence
@@ -581,3 +585,35 @@ async def test_a_timer_cleanup_that_fails_after_the_end_strands_nothing() -> Non
         assert [e for e, _ in f.storage_errors] == ["n"]
         assert f.errors == []
         assert f.app.stranded == frozenset()
+
+
+async def test_an_execution_whose_carry_ons_keep_failing_holds_back_no_other() -> None:
+    """One execution's step result is refused at every carry-on, so it waits longer and
+    longer; another, stranded once meanwhile, is carried on a second or so later, not
+    when the first one's next try comes."""
+    async with failing() as f:
+
+        @f.app.workflow(name="order")
+        async def order(ctx: Context, n: int) -> int:
+            return await ctx.step(lambda: n, name="charge")
+
+        f.switch.refused, f.switch.refused_in = {EventKind.STEP_COMPLETED}, {"a"}
+        await f.app.start(order, 1, id="a")
+        await f.app.drain()
+        for _ in range(40):  # a few carry-ons: a's next wait is 8 s or more
+            await f.wait_out(1)
+        assert (await f.app.inspect("a")).carried_on >= 3
+
+        @f.app.workflow(name="pair")
+        async def pair(ctx: Context) -> list[int]:
+            return [await ctx.step(lambda: 1, name="one"), await ctx.step(lambda: 2, name="two")]
+
+        f.switch.unknown = {EventKind.STEP_COMPLETED}  # b's first result lands, unheard
+        handle = await f.app.start(pair, id="b")
+        await f.app.drain()
+        assert f.app.stranded == {"a", "b"}
+        assert await handle.status() == "running"
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await handle.status() == "completed"
+        assert await handle.result(timeout=5) == [1, 2]
+        assert f.app.stranded == {"a"}
