@@ -127,6 +127,12 @@ IfExists: TypeAlias = Literal["raise", "attach"]
 refuse it with ExecutionAlreadyExistsError, or attach to that execution."""
 
 
+_Outgoing: TypeAlias = tuple[str, JsonValue, str | None]
+"""A message to store: its topic, value and key."""
+_Hop: TypeAlias = tuple[str, list[_Outgoing]]
+"""What a generation that continued as new left, for its successor (named first)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Strand:
     """A stranded execution: when to take it back, and whether that is a node's
@@ -1380,13 +1386,12 @@ class Loom:
         return stored[0].sequence
 
     async def _post(
-        self, execution_id: str, messages: Sequence[tuple[str, JsonValue, str | None]]
+        self, execution_id: str, messages: Sequence[_Outgoing]
     ) -> tuple[list[Message], Fired]:
         """Store ``messages`` (topic, value, key) in order, then wake the receiver; what
         was stored and how its wake went. When the receiver continued as new, what it left
         goes on to its successor, and so on down the chain: in a loop here, not a call per
         generation, since a chain can be thousands of generations long."""
-        timers = self.storage.timers
         result: tuple[list[Message], Fired] | None = None
         behind: TimerRecord | None = None  # the row of the hop before, until this one holds
         while True:
@@ -1411,12 +1416,12 @@ class Loom:
                     # Refused, nothing stored: the row would wake the receiver for nothing
                     # (and the refusal leaves the store as it was).
                     with contextlib.suppress(LoomError):
-                        await timers.complete(wake.execution_id, wake.wake_at)
+                        await self.storage.timers.complete(wake.execution_id, wake.wake_at)
                 raise
             if behind is not None:
                 await self._retire_row(behind)  # what it woke for is onward now
                 behind = None
-            onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]] = []
+            onward: list[_Hop] = []
             outcome = await self._deliver_stored(wake, onward)
             if result is None:
                 result = (stored, outcome)
@@ -1440,7 +1445,7 @@ class Loom:
     async def _deliver_stored(
         self,
         wake: TimerRecord,
-        onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]],
+        onward: list[_Hop],
     ) -> Fired:
         """Deliver what a sender has stored. Raising from here on would tell it the send
         failed (a send without a key, sent again, would be stored twice): when the
@@ -1471,13 +1476,13 @@ class Loom:
 
     def _left_behind(
         self, view: View, messages: Sequence[Message]
-    ) -> tuple[str, list[tuple[str, JsonValue, str | None]]] | None:
+    ) -> _Hop | None:
         """What ``view``'s execution, which continued as new, left unconsumed among
         ``messages`` (its inbox), each keyed by the message, for its successor; None when
         it left nothing."""
         if view.status != "continued" or view.successor is None:
             return None
-        left: list[tuple[str, JsonValue, str | None]] = [
+        left: list[_Outgoing] = [
             (m.topic, m.value, f"$from:{view.execution_id}:{m.sequence}")
             for m in messages
             if m.sequence not in view.consumed
@@ -1932,7 +1937,7 @@ class Loom:
         row: TimerRecord,
         *,
         patient: bool = False,
-        onward: list[tuple[str, list[tuple[str, JsonValue, str | None]]]] | None = None,
+        onward: list[_Hop] | None = None,
     ) -> Fired:
         """Answer the park ``row`` wakes. ``patient`` (a timer service, not the sender
         itself) leaves a sender's row whose message is not stored yet (see _sending).
