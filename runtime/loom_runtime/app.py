@@ -1399,10 +1399,16 @@ class Loom:
             # a due row behind, and the timer service delivers what it finds.
             wake = TimerRecord(execution_id, self.clock.now())
             stored: list[Message] = []
+            claimed: list[TimerRecord] = []  # its own rows, when another's named its instant
+            claim = functools.partial(self._claim_row, claimed, execution_id)
             try:
                 await self.schedule_wake(wake)
                 for m in messages:
-                    stored.append(await self.inbox.put(execution_id, *m, wake_at=wake.wake_at))
+                    at = claimed[-1].wake_at if claimed else wake.wake_at
+                    claiming = None if stored else claim
+                    stored.append(
+                        await self.inbox.put(execution_id, *m, wake_at=at, claim=claiming)
+                    )
             except LoomError as exc:
                 if result is not None and not isinstance(exc, StoreClosedError):
                     # A hop down the chain: the sender's message is stored, and the row
@@ -1413,11 +1419,14 @@ class Loom:
                         self.hooks.error(exc)
                     return result
                 if not stored and not isinstance(exc, WriteOutcomeUnknownError):
-                    # Refused, nothing stored: the row would wake the receiver for nothing
+                    # Refused, nothing stored: the rows would wake the receiver for nothing
                     # (and the refusal leaves the store as it was).
                     with contextlib.suppress(LoomError):
-                        await self.storage.timers.complete(wake.execution_id, wake.wake_at)
+                        for row in (wake, *claimed):
+                            await self.storage.timers.complete(row.execution_id, row.wake_at)
                 raise
+            if claimed:
+                wake = claimed[-1]
             if behind is not None:
                 await self._retire_row(behind)  # what it woke for is onward now
                 behind = None
@@ -1441,6 +1450,14 @@ class Loom:
                 except StorageError as exc:
                     self.hooks.storage_error(execution_id, exc)  # the row is due still
             return result
+
+    async def _claim_row(
+        self, claimed: list[TimerRecord], execution_id: str, wake_at: datetime
+    ) -> None:
+        """Write a sender's wake row at ``wake_at``, the instant it takes when another
+        sender's message names the one it first wrote (see Inbox.put)."""
+        claimed.append(TimerRecord(execution_id, wake_at))
+        await self.schedule_wake(claimed[-1])
 
     async def _deliver_stored(
         self,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Set
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, final
 
 from loom_core import (
@@ -29,6 +29,7 @@ __all__ = ["Inbox", "Message"]
 
 _CACHE_SIZE: Final = 1024
 _PUT_ATTEMPTS: Final = 32
+_TICK: Final = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +118,22 @@ class Inbox:
         key: str | None,
         *,
         wake_at: datetime | None = None,
+        claim: Callable[[datetime], Awaitable[None]] | None = None,
     ) -> Message:
         """Store a message durably; a second put with the same ``key`` returns the first.
-        ``wake_at`` names the wake row the sender wrote for it."""
+        ``wake_at`` names the wake row the sender wrote for it. With ``claim``, the row is
+        the sender's alone: when a stored message already names that instant (another
+        sender whose clock read the same), the message names the nearest earlier instant
+        none names, and ``claim`` writes its row before the message is stored (see
+        docs/design.md, "Resuming a park")."""
         stream = inbox_of(execution_id)
         lock, users = self._putting.get(stream) or (asyncio.Lock(), 0)
         self._putting[stream] = (lock, users + 1)
         try:
             async with lock:
-                return await self._put(execution_id, stream, topic, value, key, wake_at)
+                return await self._put(
+                    execution_id, stream, topic, value, key, wake_at, claim
+                )
         finally:
             lock, users = self._putting[stream]
             if users == 1:
@@ -141,14 +149,21 @@ class Inbox:
         value: JsonValue,
         key: str | None,
         wake_at: datetime | None,
+        claim: Callable[[datetime], Awaitable[None]] | None,
     ) -> Message:
         for _ in range(_PUT_ATTEMPTS):
             known = await self.messages(execution_id)
+            head = self._cache[stream][0]
             if key is not None:
                 for existing in known:
                     if existing.key == key:
                         return existing
-            head = self._cache[stream][0]
+            if claim is not None and wake_at is not None:
+                named = {m.wake_at for m in known}
+                if wake_at in named:
+                    while wake_at in named:
+                        wake_at -= _TICK
+                    await claim(wake_at)
             try:
                 written = await self._events.append(
                     stream, [message(topic, value, key, wake_at)], expected_sequence=head

@@ -406,6 +406,46 @@ async def test_a_sender_that_dies_after_storing_is_delivered_from_the_row_it_wro
         assert await w.base.timers.pending("r") == ()
 
 
+async def test_two_senders_whose_clocks_read_the_same_each_leave_a_row_of_their_own() -> None:
+    """Wake rows are keyed by (execution, instant). Sender B writes its row at the instant
+    sender A writes its own; A stores, delivers and retires the row, then B stores and dies
+    before it can deliver. B's message names an instant no other message names, with a
+    row written for it first, so a timer service still delivers it."""
+    async with wired() as w:
+
+        @w.app.workflow(name="wait_two")
+        async def wait_two(ctx: Context) -> object:
+            return [await ctx.receive("note"), await ctx.receive("note")]
+
+        handle = await w.app.start("wait_two", id="r")
+        await w.app.drain()
+        a_sent: list[bool] = []
+
+        async def a_sends_first(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r" and a_sent == []:
+                a_sent.append(False)
+                await w.app.send("r", "note", "from a")  # stored, delivered, row retired
+                a_sent[0] = True
+
+        async def b_dies(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if execution_id == "$inbox:r" and a_sent == [True]:
+                raise SenderDied
+
+        w.probe.before_append = a_sends_first
+        w.probe.after_append = b_dies
+        b = Loom(w.app.storage, node="api", clock=w.clock, timers=False, recover=False)
+        with pytest.raises(SenderDied):
+            async with b:
+                await b.send("r", "note", "from b")
+        w.probe.before_append = w.probe.after_append = None
+        await w.app.drain()
+        assert await consumed(w.app, "r") == ["from a"]  # the window was hit
+        assert len(await w.app.inbox.messages("r")) == 2
+        await w.app.timer_service.poll_once()
+        assert await handle.result(timeout=5) == ["from a", "from b"]
+        assert await w.base.timers.pending("r") == ()
+
+
 async def test_a_senders_row_whose_message_never_came_is_retired_after_the_grace() -> None:
     """A sender that dies between its row and its message leaves a row that names nothing:
     timer services leave it while it is younger than SENDER_GRACE, then retire it, and the
