@@ -81,7 +81,7 @@ from loom_runtime.fold import Recorded, Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
 from loom_runtime.inbox import Inbox, Message
 from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, fresh, json_value
-from loom_runtime.resume import answer_park, read_tail
+from loom_runtime.resume import answer_park, read_tail, still_parked
 from loom_runtime.schedules import Schedule, Scheduler, check_schedule, tick_id
 from loom_runtime.timers import Fired, TimerService
 
@@ -1024,7 +1024,8 @@ class Loom:
                 # cancellation here is one after the write landed.
                 await self._schedule_deadline(execution_id, deadline)
         except asyncio.CancelledError:
-            self._take_back_later(execution_id, fence_first=True)  # the write may land yet
+            # The write may land yet, unless another start's first write is in its place.
+            self._take_back_later(execution_id, fence_first=True, settled=_exists)
             raise
         except WriteOutcomeUnknownError:
             self._strand(execution_id)  # it may have landed, with no one to drive it
@@ -1055,25 +1056,41 @@ class Loom:
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
 
-    def _take_back_later(self, execution_id: str, *, fence_first: bool) -> None:
+    def _take_back_later(
+        self,
+        execution_id: str,
+        *,
+        fence_first: bool,
+        settled: Callable[[View], bool] | None = None,
+    ) -> None:
         """A call was cancelled while a write of this process for ``execution_id`` may
         have been in flight (a start's first write, a resume's answer, a run's own write):
         take the execution back in a task of the app's own (left to the node's next start
         when the app is leaving). ``fence_first`` when the write may have left the log
-        showing the execution not running yet (a first write, an answer); see
-        docs/design.md, "A cancelled call"."""
+        showing the execution not running yet (a first write, an answer, a cancel's end);
+        ``settled``, when given, tells from the log that the write can no longer land
+        (what it was to write, or another's write, is in its place), so no token is
+        taken; see docs/design.md, "A cancelled call"."""
         if not self._entered or execution_id in self._taking_back:
             return
         self._taking_back.add(execution_id)
+        take_back = functools.partial(
+            self._take_back, execution_id, fence_first, settled=settled
+        )
         task = asyncio.get_running_loop().create_task(
-            self._quietly(functools.partial(self._take_back, execution_id, fence_first)),
+            self._quietly(take_back),
             name=f"loom:take-back:{execution_id}",
         )
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
 
     async def _take_back(
-        self, execution_id: str, fence_first: bool, *, limited: bool = False
+        self,
+        execution_id: str,
+        fence_first: bool,
+        *,
+        limited: bool = False,
+        settled: Callable[[View], bool] | None = None,
     ) -> None:
         """Take a fresh token first (``fence_first``), so that whatever write of ours was
         in flight has landed or never will; then take the execution over as a restarted
@@ -1081,7 +1098,9 @@ class Loom:
         driver), and each successor it continued as meanwhile. A run cut in its body
         needs no token first: its log shows it running, and the takeover's own token
         settles its write. ``limited``: a node's recovery that a store failure cut short,
-        made again: still a recovery, counted against ``max_recoveries``."""
+        made again: still a recovery, counted against ``max_recoveries``. ``settled``:
+        whether a log shows the write in flight can no longer land (no token is needed
+        then; one would fence out another node's run that put its own write there)."""
         try:
             await self._unclaimed(execution_id)
             events = self.storage.events
@@ -1090,6 +1109,7 @@ class Loom:
                 fence_first
                 and not self._owned(execution_id)
                 and "acquire_fence" in events.capabilities
+                and (settled is None or not settled(await self.inspect(execution_id)))
             ):
                 self._claim(execution_id)
                 try:
@@ -1624,31 +1644,49 @@ class Loom:
         token, which fences out whatever drives it; False if it ended meanwhile."""
         events = self.storage.events
         execution_id = view.execution_id
-        token = await events.acquire_fence(execution_id) if "acquire_fence" in (
-            events.capabilities
-        ) else view.fence
-        while True:
-            view = await read_tail(events, view)
-            if view.terminal:
-                return False
-            try:
-                written = await events.append(
-                    execution_id, [event], expected_sequence=view.head, fence=token
+        fencing = "acquire_fence" in events.capabilities
+        token: int | None = None
+        try:
+            token = await events.acquire_fence(execution_id) if fencing else view.fence
+            while True:
+                view = await read_tail(events, view)
+                if view.terminal:
+                    return False
+                try:
+                    written = await events.append(
+                        execution_id, [event], expected_sequence=view.head, fence=token
+                    )
+                except SequenceConflictError:
+                    continue
+                except StaleFenceError:
+                    if not fencing:
+                        raise
+                    token = await events.acquire_fence(execution_id)
+                    continue
+                break
+        except asyncio.CancelledError:
+            if fencing:  # a token may have fenced out the run, and the end may land yet
+                self._later(
+                    f"loom:carry-on:{execution_id}",
+                    functools.partial(self._end_cut_short, execution_id),
                 )
-            except SequenceConflictError:
-                continue
-            except StaleFenceError:
-                if "acquire_fence" not in events.capabilities:
-                    raise
-                token = await events.acquire_fence(execution_id)
-                continue
-            self._reported(written)
-            run = self._drivers.get(execution_id)
-            if run is not None:
-                # This process's run stops now, not at its next write: a step waiting to
-                # try again does not (a run elsewhere finds the cancel between attempts).
-                run.stop()
-            return True
+            raise
+        except StorageError as exc:
+            if fencing and not isinstance(exc, StoreClosedError) and (
+                token is not None or isinstance(exc, WriteOutcomeUnknownError)
+            ):
+                self._later(
+                    f"loom:carry-on:{execution_id}",
+                    functools.partial(self._end_cut_short, execution_id),
+                )
+            raise
+        self._reported(written)
+        run = self._drivers.get(execution_id)
+        if run is not None:
+            # This process's run stops now, not at its next write: a step waiting to try
+            # again does not (a run elsewhere finds the cancel between attempts).
+            run.stop()
+        return True
 
     async def _give_up(self, view: View) -> None:
         """Fail an execution its recoveries never got further (see ``max_recoveries``),
@@ -2069,13 +2107,7 @@ class Loom:
         of this process among them: it stops at its next write, and is waited for).
         ``older_than``: our token; a log showing a newer one was taken over by someone
         after us, and is theirs."""
-        await self._unclaimed(execution_id)
-        task = self._runs.get(execution_id)
-        driver = self._drivers.get(execution_id)
-        if driver is not None:
-            driver.stop()
-        if task is not None and not task.done():
-            await asyncio.wait({task})
+        await self._stopped_here(execution_id)
         if self._owned(execution_id):
             return  # another takeover of this process won the race
         view = await self.inspect(execution_id)
@@ -2096,6 +2128,36 @@ class Loom:
         if taken is not None:
             token, view = taken
             self._spawn(Run(self, view, token, fn))
+
+    async def _stopped_here(self, execution_id: str) -> None:
+        """Stop the run of this process that drives ``execution_id`` (fenced out, it would
+        stop at its next write) and wait until it has, and for any write in flight."""
+        await self._unclaimed(execution_id)
+        task = self._runs.get(execution_id)
+        driver = self._drivers.get(execution_id)
+        if driver is not None:
+            driver.stop()
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+
+    async def _end_cut_short(self, execution_id: str) -> None:
+        """An end (a cancel's) that took a token and was then cut short (its caller was
+        cancelled, or the store failed): the token may have fenced out the execution's
+        run, here or on another node, and nothing drives it then. Unless the log shows it
+        ended, take a fresh token (the end in flight can no longer land) and carry it on
+        as a restarted node would; see docs/design.md, "A cancelled call"."""
+        await self._stopped_here(execution_id)
+        try:
+            if (await self.inspect(execution_id)).terminal or self._owned(execution_id):
+                return
+            token = await self.storage.events.acquire_fence(execution_id)
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            self.hooks.storage_error(execution_id, exc)
+            self._strand(execution_id)  # no run of ours is left to stand in its way
+            return
+        await self._carry_on_fenced_out(execution_id, older_than=token)
 
     async def _unowned_view(self, execution_id: str) -> View | None:
         """The execution's view when it runs under this node and no run of this process
@@ -2388,11 +2450,7 @@ class Loom:
         own answers (a due timer, a message's delivery) are no caller's action."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
-        try:
-            wait, token, resumed = await self._answer_view(view, park_seq, prefer, force)
-        except asyncio.CancelledError:
-            self._take_back_later(view.execution_id, fence_first=True)  # it may land yet
-            raise
+        wait, token, resumed = await self._answer_view(view, park_seq, prefer, force)
         return wait, Run(self, resumed, token, fn)
 
     async def _answer_view(
@@ -2403,7 +2461,9 @@ class Loom:
         force: bool,
     ) -> tuple[Wait, int, View]:
         """Answer the park through :func:`answer_park`; the wait answered, the token now
-        held and the view past the answer."""
+        held and the view past the answer. A caller cancelled meanwhile (a resume's, a
+        sender's, an ``execute`` whose run answers its own park) leaves the execution
+        to the app: the answer may land yet."""
         events = self.storage.events
         chosen: list[Wait] = []
 
@@ -2415,6 +2475,13 @@ class Loom:
         async with self._answering(view.execution_id):
             try:
                 token, resumed, written = await answer_park(events, view, park_seq, answer)
+            except asyncio.CancelledError:
+                self._take_back_later(
+                    view.execution_id,
+                    fence_first=True,
+                    settled=functools.partial(_answered, park_seq=park_seq),
+                )
+                raise
             except WriteOutcomeUnknownError:
                 self._strand(view.execution_id)  # the answer may have landed
                 raise
@@ -2596,6 +2663,17 @@ class _Answering:
         resumers.waiting -= 1
         if resumers.waiting == 0 and self._table.get(self._execution_id) is resumers:
             del self._table[self._execution_id]
+
+
+def _exists(view: View) -> bool:
+    """Whether ``view``'s log has been written: a first write in flight cannot land."""
+    return view.status is not None
+
+
+def _answered(view: View, *, park_seq: int) -> bool:
+    """Whether the park at ``park_seq`` is no longer open: an answer in flight cannot
+    land."""
+    return not still_parked(view, park_seq)
 
 
 def _wake_order(wait: Wait) -> tuple[datetime, Position]:

@@ -18,7 +18,7 @@ import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, StepFailedError, WorkflowFailedError
 from store_probes import kinds, wired
 
-from loom_core import EventKind, open_storage
+from loom_core import EventKind, StaleFenceError, StorageUnavailableError, open_storage
 
 
 class Gate:
@@ -100,6 +100,152 @@ async def test_a_start_cancelled_before_its_write_reached_the_store_leaves_nothi
         w.probe.before_append = None
         assert await (await w.app.start(order, id="o")).result(timeout=5) == "done"
         assert w.errors == []
+
+
+async def test_a_start_cancelled_after_another_node_started_the_id_takes_no_token() -> None:
+    """A start whose write is in flight when another node starts the same id (a request
+    that timed out, retried on another web node) and is then cancelled: its write can no
+    longer land, so its take-back takes no token. One would fence the other node's run out
+    mid-step and carry it on here, running the step on two nodes at once."""
+    async with wired() as w:
+        ran: list[str] = []
+        in_step, finish = asyncio.Event(), asyncio.Event()
+
+        async def slow(node: str) -> str:
+            ran.append(node)
+            if len(ran) == 1:  # the first run's step is held; a second one's goes through
+                in_step.set()
+                await finish.wait()
+            return node
+
+        async def order(ctx: Context, node: str) -> str:
+            return await ctx.step(slow, node)
+
+        w.app.workflow(name="order")(order)
+        other = Loom(w.base, node="web-2", clock=w.clock, timers=False, recover=False)
+        other.workflow(name="order")(order)
+        async with other:
+            gate = Gate(EventKind.EXECUTION_STARTED)
+
+            async def the_other_starts_first(execution_id: str, written: tuple[str, ...]) -> None:
+                if not gate.held.is_set():
+                    await other.start("order", "web-2", id="o")
+                    await in_step.wait()  # its run is in its step
+                await gate(execution_id, written)
+
+            w.probe.before_append = the_other_starts_first
+            await _cancelled(asyncio.create_task(w.app.start("order", "n1", id="o")), gate)
+            await w.app.drain()
+            assert w.probe.of("acquire_fence", "acquire_fence_if") == []
+            finish.set()
+            assert await other.get("o").result(timeout=5) == "web-2"
+            assert ran == ["web-2"]
+            assert w.errors == []
+
+
+@pytest.mark.parametrize("cut", ["cancelled", "store-failed"])
+async def test_a_cancel_cut_short_after_its_token_leaves_the_execution_driven(cut: str) -> None:
+    """``app.cancel`` of a running execution takes a token (fencing the run out), then
+    appends EXECUTION_CANCELLED. Cut between the two (its caller cancelled once the token
+    landed, or the store failing the append), it must not leave the execution running
+    with its run fenced out and nothing to drive it: the app carries it on."""
+    async with wired() as w:
+        ran: list[str] = []
+        in_step, finish = asyncio.Event(), asyncio.Event()
+
+        async def slow() -> str:
+            ran.append("slow")
+            in_step.set()
+            await finish.wait()
+            return "slow"
+
+        @w.app.workflow()
+        async def order(ctx: Context) -> str:
+            return await ctx.step(slow)
+
+        handle = await w.app.start(order, id="o")
+        await in_step.wait()
+        acquire = w.probe.acquire_fence
+        landed, hold = asyncio.Event(), asyncio.Event()
+
+        async def token_lands_then_the_reply_waits(execution_id: str) -> int:
+            token = await acquire(execution_id)
+            landed.set()
+            await hold.wait()
+            return token
+
+        async def the_store_fails(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if EventKind.EXECUTION_CANCELLED in kinds:
+                raise StorageUnavailableError("the disk is gone")
+
+        if cut == "cancelled":
+            w.probe.acquire_fence = token_lands_then_the_reply_waits  # type: ignore[method-assign]
+            call = asyncio.create_task(w.app.cancel("o"))
+            await landed.wait()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            w.probe.acquire_fence = acquire  # type: ignore[method-assign]
+            hold.set()
+        else:
+            w.probe.before_append = the_store_fails
+            with pytest.raises(StorageUnavailableError):
+                await w.app.cancel("o")
+            w.probe.before_append = None
+        finish.set()
+        assert await handle.result(timeout=5) == "slow"
+        assert EventKind.EXECUTION_CANCELLED not in await kinds(w.base.events, "o")
+        assert w.errors == []
+
+
+async def test_an_execute_cancelled_while_its_run_answers_its_own_park_is_driven() -> None:
+    """An ``execute`` whose body parks on a due wait answers the park itself; cancelled
+    while that answer is in flight, and the store completing the write after the caller
+    stopped waiting (a store's own worker), the answer must not land behind the app's
+    back: the app's take-back takes a token first, and the execution finishes once."""
+    async with wired() as w:
+        ran: list[str] = []
+
+        async def work() -> str:
+            ran.append("work")
+            return "done"
+
+        @w.app.workflow()
+        async def nap_then_work(ctx: Context) -> str:
+            await ctx.sleep(0)
+            return await ctx.step(work)
+
+        append = w.probe.append
+        held, release = asyncio.Event(), asyncio.Event()
+        late: list[asyncio.Future[object]] = []
+
+        async def lands_later(execution_id: str, events: Any, **options: Any) -> Any:
+            if any(e.kind == EventKind.EXECUTION_RESUMED for e in events) and not late:
+
+                async def write() -> object:
+                    await release.wait()
+                    return await append(execution_id, events, **options)
+
+                late.append(asyncio.ensure_future(write()))  # the store's own worker
+                held.set()
+                return await asyncio.shield(late[0])
+            return await append(execution_id, events, **options)
+
+        w.probe.append = lands_later  # type: ignore[method-assign]
+        call = asyncio.create_task(w.app.execute(nap_then_work, id="e"))
+        await held.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await w.app.drain()  # the take-back has looked, and taken its token
+        release.set()
+        with pytest.raises(StaleFenceError):
+            await late[0]  # the answer in flight can no longer land
+        w.probe.append = append  # type: ignore[method-assign]
+        await w.app.timer_service.poll_once()
+        assert await w.app.get("e").result(timeout=5) == "done"
+        assert ran == ["work"]
+        assert (await kinds(w.base.events, "e")).count(EventKind.EXECUTION_RESUMED) == 1
 
 
 async def test_a_send_cancelled_after_its_answer_landed_leaves_the_receiver_driven() -> None:
