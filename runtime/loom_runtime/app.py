@@ -51,7 +51,14 @@ from loom_core import (
 )
 from loom_core.spi import MAX_EVENTS_PER_APPEND, MAX_ID_BYTES, check_execution_id
 from loom_runtime import records
-from loom_runtime.clock import LATEST_DEADLINE, Clock, RandomSource, SystemClock, shown
+from loom_runtime.clock import (
+    LATEST_DEADLINE,
+    MAX_DURATION,
+    Clock,
+    RandomSource,
+    SystemClock,
+    shown,
+)
 from loom_runtime.context import Context, check_end, seconds_of
 from loom_runtime.driver import (
     FencedOut,
@@ -201,8 +208,12 @@ class Handle(Generic[R]):
                 # A run in this process ends with the log's last word on a finished
                 # execution (nothing changes a log after its terminal event): wait for it
                 # rather than reading the log after every append. Otherwise watch before
-                # reading, so a write between the read and the wait still wakes us.
-                last = await self._app._local_end(execution_id, _remaining(loop, deadline))
+                # reading, so a write between the read and the wait still wakes us. The log
+                # is read each second meanwhile: another process's cancel fences the run
+                # out, and it hears of that only at its next write.
+                left = _remaining(loop, deadline)
+                look = _LOCAL_LOOK if left is None else min(left, _LOCAL_LOOK)
+                last = await self._app._local_end(execution_id, look)
                 if last is not None:
                     if last.kind == EventKind.EXECUTION_COMPLETED:
                         done: R = completion_result(last)  # type: ignore[assignment]
@@ -369,6 +380,9 @@ class Loom:
         # execute() calls driving in their callers' tasks: a future done when each stops,
         # and the task it drives in.
         self._inline: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
+        # The end a call of this process wrote for an execution whose run here winds down
+        # (a step in flight returns first): what a result() waiting for the run is told.
+        self._ended: dict[str, Event] = {}
         self._drivers: dict[str, Run] = {}
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
@@ -627,9 +641,10 @@ class Loom:
         if detach is not None:
             detach(self)
         # Runs stop where they are, as a process that exits would: the log keeps them, and
-        # the node's next start recovers what was running. A run in an execute() caller's
-        # task is stopped, not its task: it appends nothing more, and its body unwinds at
-        # its next durable call.
+        # the node's next start recovers what was running. Each run is stopped (it appends
+        # nothing more, and its body unwinds at its next durable call) before the tasks
+        # are cancelled: a step that swallows its cancellation must not let its run go on.
+        # A run in an execute() caller's task is stopped, not its task.
         if self._runs or self._stranded:
             stopped = sorted({*self._runs, *self._stranded})
             _log.warning(
@@ -640,11 +655,8 @@ class Loom:
                 len(stopped), self.node, ", ".join(map(repr, stopped[:5])),
                 ", ..." if len(stopped) > 5 else "", self.node,
             )
-        inline = set(self._inline.values())
-        for execution_id, task in self._runs.items():
-            run = self._drivers.get(execution_id)
-            if task in inline and run is not None:
-                run.stop()
+        for run in self._drivers.values():
+            run.stop()
         carrying_on = [] if self._carrying_on is None else [self._carrying_on]
         await _stop_tasks(
             [*self._services, *self.scheduler.tasks(), *carrying_on, *self._driving]
@@ -664,6 +676,7 @@ class Loom:
                 if not end.done():
                     end.set_result(None)
         self._ends.clear()
+        self._ended.clear()
         self._claims.clear()
         for waiter in self._unclaimed_waiters.values():
             waiter.set()
@@ -1686,6 +1699,12 @@ class Loom:
             # This process's run stops now, not at its next write: a step waiting to try
             # again does not (a run elsewhere finds the cancel between attempts).
             run.stop()
+        # Whoever waits for its result hears now, not when a step in flight returns.
+        if execution_id in self._runs:
+            self._ended[execution_id] = written[-1]
+        for end in self._ends.pop(execution_id, ()):
+            if not end.done():
+                end.set_result(written[-1])
         return True
 
     async def _give_up(self, view: View) -> None:
@@ -1869,16 +1888,19 @@ class Loom:
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while execution_id in self._runs:
+            if (ended_here := self._ended.get(execution_id)) is not None:
+                return ended_here  # a cancel of this process ended it; its run winds down
             left = _remaining(loop, deadline)
             if left is not None and left <= 0:
                 return None
             end: asyncio.Future[Event | None] = loop.create_future()
             self._ends.setdefault(execution_id, []).append(end)
             try:
-                if left is None:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an end
+                # that came in the turn the caller was cancelled, and the cancellation is
+                # lost.
+                async with asyncio.timeout(left):
                     ended = await end
-                else:
-                    ended = await asyncio.wait_for(end, left)
             except TimeoutError:
                 return None
             finally:
@@ -1927,7 +1949,8 @@ class Loom:
             signal = self.watch(execution_id)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signal.wait(), seconds)
+                async with asyncio.timeout(seconds):  # not wait_for (see _local_end)
+                    await signal.wait()
         finally:
             self.unwatch(execution_id, signal)
 
@@ -2302,6 +2325,8 @@ class Loom:
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)
+            if execution_id not in self._runs:
+                self._ended.pop(execution_id, None)
             # Wake whoever waits for this run's end (a handle's result), directly rather
             # than through a done callback of the task: one hop of the loop less.
             for end in self._ends.pop(execution_id, ()):
@@ -2701,19 +2726,19 @@ async def _stop_tasks(tasks: Collection[asyncio.Task[Any]]) -> None:
 
 
 def _check_timeout(timeout: object) -> float | None:
-    """A wait's ``timeout=`` in seconds: None, or a finite number of seconds >= 0 or a
-    timedelta of them."""
+    """A wait's ``timeout=`` in seconds: None, or a number of seconds from 0 to
+    MAX_DURATION's, or a timedelta of them."""
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if seconds is not None and (
         not isinstance(seconds, int | float)
         or isinstance(seconds, bool)
-        or not 0 <= seconds < math.inf  # NaN compares false
+        or not 0 <= seconds <= _MAX_WAIT  # NaN compares false
     ):
         raise InvalidInputError(
-            f"timeout= must be a finite number of seconds >= 0 (or a timedelta), or None to "
-            f"wait as long as it takes, not {timeout!r}"
+            f"timeout= must be a number of seconds from 0 to {_MAX_WAIT:.0f} (1000 years; "
+            f"or a timedelta), or None to wait as long as it takes, not {timeout!r}"
         )
-    return seconds
+    return None if seconds is None else float(seconds)
 
 
 def _deadline(timeout: object, now: datetime, what: str) -> datetime:
@@ -2722,6 +2747,11 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
     seconds = seconds_of(timeout, what, endless="leave it out for no deadline", positive=True)
     check_end(seconds, timeout, what, now, "leave it out for no deadline")
     return now + timedelta(seconds=seconds)
+
+
+_MAX_WAIT: Final = MAX_DURATION.total_seconds()
+_LOCAL_LOOK: Final = 1.0
+"""How long ``Handle.result`` waits for a run of its process before it reads the log."""
 
 
 def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:

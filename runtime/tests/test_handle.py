@@ -11,13 +11,14 @@ import pytest
 from loom_runtime import (
     Context,
     ExecutionCancelledError,
+    Handle,
     Loom,
     ResultTimeoutError,
     WorkflowFailedError,
 )
 from loom_runtime.fold import View
 
-from loom_core import InvalidInputError
+from loom_core import Event, EventKind, InvalidInputError, open_storage
 
 
 async def test_a_completion_between_the_handles_read_and_its_wait_wakes_it(app: Loom) -> None:
@@ -156,3 +157,77 @@ async def test_waits_take_a_timedelta_as_every_other_timeout_does(app: Loom) -> 
     assert await handle.get_event("progress", timeout=timedelta(0)) is None
     with pytest.raises(InvalidInputError, match="or a timedelta"):
         await handle.result(timeout=timedelta(seconds=-1))
+
+
+async def test_result_passes_on_a_cancellation_that_comes_with_the_end() -> None:
+    """The caller of ``result()`` cancelled in the loop turn its execution ends gets the
+    cancellation, not the result (Python 3.11's ``asyncio.wait_for`` would drop it)."""
+    caller: list[asyncio.Task[object]] = []
+
+    def on_durable(event: Event) -> None:
+        if event.kind == EventKind.EXECUTION_COMPLETED:
+            asyncio.get_running_loop().call_soon(caller[0].cancel)
+
+    app = Loom("memory://", node="n1", on_durable_event=on_durable)
+    gate = asyncio.Event()
+    after: list[object] = []
+
+    async def work() -> str:
+        await gate.wait()
+        return "done"
+
+    @app.workflow()
+    async def flow(ctx: Context) -> str:
+        return await ctx.step(work)
+
+    async def wait_for_it(handle: Handle[str]) -> object:
+        after.append(await handle.result(timeout=60))  # must not run: it was cancelled
+        return after[-1]
+
+    async with app:
+        handle = await app.start(flow, id="f")
+        caller.append(asyncio.create_task(wait_for_it(handle)))
+        await asyncio.sleep(0)  # it waits for the run's end
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await caller[0]
+    assert after == []
+
+
+@pytest.mark.parametrize("where", ["here", "another process"])
+async def test_result_of_a_cancelled_execution_does_not_wait_for_its_step_in_flight(
+    where: str,
+) -> None:
+    """A cancel fences the run out, and it stops at its next durable call; a step in
+    flight finishes first. ``result()`` raises the cancellation without waiting for that
+    step (one that never returns would hold it for ever): at once for a cancel of its own
+    process, and within a second of one made elsewhere (it reads the log meanwhile)."""
+    storage = await open_storage("memory://")
+    app = Loom(storage, node="n1")
+    other = Loom(storage, node="n2", timers=False, recover=False)
+    in_step, finish = asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> str:
+        in_step.set()
+        await finish.wait()
+        return "late"
+
+    @app.workflow()
+    async def flow(ctx: Context) -> str:
+        return await ctx.step(hangs)
+
+    try:
+        async with app, other:
+            handle = await app.start(flow, id="f")
+            await in_step.wait()
+            assert await (app if where == "here" else other).cancel("f", reason="stop")
+            waiting = asyncio.create_task(handle.result())  # no timeout= to run out
+            # A bound only on a failure: a correct run is done in a second at most.
+            await asyncio.wait({waiting}, timeout=20)
+            assert waiting.done(), "result() waited for the step in flight"
+            with pytest.raises(ExecutionCancelledError):
+                waiting.result()
+            finish.set()
+            await app.drain()
+    finally:
+        await storage.close()

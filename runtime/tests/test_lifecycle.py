@@ -25,7 +25,7 @@ from loom_runtime import (
     WorkflowNotFoundError,
 )
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
-from store_probes import wired
+from store_probes import kinds, wired
 
 from loom_core import (
     Event,
@@ -398,7 +398,7 @@ def test_options_a_user_gets_wrong_are_refused_when_the_app_is_built(
         Loom("memory://", **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1, "5"])
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1, "5", 10**400])
 async def test_a_result_timeout_that_is_no_number_of_seconds_is_refused(
     app: Loom, seconds: object
 ) -> None:
@@ -715,3 +715,37 @@ async def test_a_hook_that_returns_a_coroutine_is_reported_and_the_run_goes_on(
             assert await app.execute(quick, id="q") == "done"
         gc.collect()
     assert "the on_durable_event hook returned a coroutine" in caplog.text
+
+
+async def test_leaving_the_app_stops_a_run_whose_step_swallowed_its_cancellation() -> None:
+    """Leaving stops every run where it is, as an exit would: a step that catches the
+    cancellation and returns must not let its run record it and go on to the next step."""
+    storage = await open_storage("memory://")
+    app = Loom(storage, node="n1")
+    in_step = asyncio.Event()
+    charged: list[str] = []
+
+    async def stubborn() -> str:
+        in_step.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "late"  # swallowed
+        return "never"
+
+    def charge() -> str:
+        charged.append("charge")
+        return "charged"
+
+    @app.workflow()
+    async def flow(ctx: Context) -> list[str]:
+        return [await ctx.step(stubborn), await ctx.step(charge)]
+
+    try:
+        async with app:
+            await app.start(flow, id="f")
+            await in_step.wait()
+        assert charged == []
+        assert await kinds(storage.events, "f") == [EventKind.EXECUTION_STARTED]
+    finally:
+        await storage.close()
