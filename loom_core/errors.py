@@ -94,7 +94,8 @@ class InvalidInputError(LoomError, ValueError):
 
 
 class InvalidExecutionIdError(InvalidInputError):
-    """An execution id (or another key) that is not a non-empty, printable string."""
+    """An execution id (or another key) that is not a non-empty string of at most 512
+    UTF-8 bytes free of ASCII control characters (U+0000 to U+001F, U+007F)."""
 
     def __init__(self, value: object, reason: str) -> None:
         self.value = value

@@ -177,7 +177,12 @@ def check_aware(value: object, what: str) -> datetime:
         raise InvalidOptionError(f"{what} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidOptionError(f"{what} must be timezone-aware (got naive {value.isoformat()})")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidOptionError(
+            f"{what} {value.isoformat()} falls outside the years 1 to 9999 in UTC"
+        ) from None
 
 
 # Where a value sits inside an event: the root's name, or (parent, key or index). Built as

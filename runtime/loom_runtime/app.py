@@ -83,6 +83,7 @@ from loom_runtime.errors import (
     RunStoppedError,
     WorkflowFailedError,
     WorkflowNotFoundError,
+    shown_safely,
 )
 from loom_runtime.fold import Recorded, Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
@@ -320,6 +321,10 @@ class Loom:
             node = socket.gethostname() or "local"
         if not isinstance(node, str) or not node:
             raise InvalidOptionError(f"Loom(node=...) must be a non-empty str, not {node!r}")
+        try:
+            check_text(node, "Loom(node=...)")  # every drive records it
+        except InvalidInputError as exc:
+            raise InvalidOptionError(str(exc)) from None
         if authorize is not None and not callable(authorize):
             raise InvalidOptionError(f"Loom(authorize=...) must be callable, not {authorize!r}")
         if clock is not None and not isinstance(clock, Clock):
@@ -2583,7 +2588,7 @@ class Loom:
         try:
             recorded: JsonValue = json_value(principal, "principal")
         except InvalidInputError:
-            recorded = repr(principal)
+            recorded = shown_safely(principal)
         events = self.storage.events
         denial = records.denied(action, recorded)
         self.hooks.event(view.execution_id, denial)

@@ -32,6 +32,16 @@ from loom_runtime.demo import Trial, middle_step, run_demo, step_names, timeline
 
 __all__ = ["main"]
 
+_MOST_GRACE = 86_400.0
+"""The longest --grace a worker takes (a day): a thread's join refuses an endless one."""
+
+
+def _finite(context: click.Context, parameter: click.Parameter, value: float) -> float:
+    if value != value:  # NaN passes a range's comparisons
+        raise click.BadParameter("must be a number of seconds, not nan")
+    return value
+
+
 T = TypeVar("T")
 
 
@@ -131,7 +141,8 @@ def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=_MOST_GRACE),
+    callback=_finite,
     default=2.0,
     show_default=True,
     help=(

@@ -152,7 +152,16 @@ class ActionDeniedError(LoomError, PermissionError):
         self.execution_id = execution_id
         self.action = action
         self.principal = principal
-        super().__init__(f"{principal!r} may not {action} {execution_id!r}")
+        super().__init__(f"{shown_safely(principal)} may not {action} {execution_id!r}")
+
+
+def shown_safely(value: object) -> str:
+    """``repr(value)``, or what it is when its repr fails (an int of more digits than
+    Python converts, a ``__repr__`` that raises): a principal is the caller's object."""
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<a {type(value).__qualname__} whose repr() raised {type(exc).__name__}>"
 
 
 class ReplayDivergedError(LoomError):

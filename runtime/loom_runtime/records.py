@@ -17,7 +17,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias
 from loom_core import EventKind, JsonObject, JsonValue, NewEvent
 from loom_core.errors import InvalidInputError
 from loom_core.spi import MAX_INT_BITS, build_new_event
-from loom_runtime.errors import NotJsonError
+from loom_runtime.errors import NotJsonError, shown_safely
 
 __all__ = [
     "ATTEMPT_FAILED_KIND",
@@ -176,10 +176,12 @@ def _json_checked(value: object, where: str, depth: int) -> JsonValue:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise NotJsonError(where, f"dict key {k!r} is a {type(k).__name__}, not a str")
+                raise NotJsonError(
+                    where, f"dict key {shown_safely(k)} is a {type(k).__name__}, not a str"
+                )
             out[_text(k, where)] = _json_checked(v, where, depth + 1)
         return out
-    raise NotJsonError(where, f"a {type(value).__name__} ({value!r:.60})")
+    raise NotJsonError(where, f"a {type(value).__name__} ({shown_safely(value):.60})")
 
 
 def check_text(value: object, what: str) -> str:

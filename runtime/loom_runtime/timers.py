@@ -66,9 +66,14 @@ a day later is already an operator's matter; the bound also keeps a retry's time
 the calendar's end (see :data:`~loom_runtime.clock.LATEST_DEADLINE`)."""
 
 
+_MOST: Final = 2**63 - 1  # what a store takes as a limit (a signed 64-bit integer)
+
+
 def _count(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidOptionError(f"TimerService({name}=...) must be an int >= 1, not {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MOST:
+        raise InvalidOptionError(
+            f"TimerService({name}=...) must be an int from 1 to 2**63 - 1, not {value!r}"
+        )
     return value
 
 

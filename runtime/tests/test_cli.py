@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from loom_runtime import Context, Loom
 from loom_runtime.testing import crash_at
 
@@ -122,6 +123,8 @@ STUCK = """
 import os
 import threading
 from pathlib import Path
+
+import pytest
 from loom_runtime import Context, Loom
 
 app = Loom(os.environ["SERVED_URL"], node="w1")
@@ -155,3 +158,22 @@ async def test_a_stopping_worker_does_not_wait_for_a_sync_step_that_never_return
         _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == 0, stderr
     assert "leaving 1 sync step(s) still running in threads after 0.1 s" in stderr
+
+
+@pytest.mark.parametrize("grace", ["inf", "nan", "1e300", "-1"])
+def test_the_worker_refuses_a_grace_that_is_no_number_of_seconds_it_can_wait(
+    tmp_path: Path, grace: str
+) -> None:
+    """An endless grace would reach a thread's join as an overflow when the worker
+    stops, and NaN would act as 0: each is refused before the worker starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "loom_runtime", "worker", "--app", "x:app", "--grace", grace],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--grace" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -369,6 +369,20 @@ async def test_a_denied_cancel_is_recorded_unfenced_and_refused() -> None:
         assert log[-1].kind == EventKind.EXECUTION_DENIED
         assert "fence" not in log[-1].metadata
         assert await handle.status() == "suspended"
+
+        class Opaque:
+            def __repr__(self) -> str:
+                raise RuntimeError("no repr")
+
+        # A principal the hook refuses is the caller's object: one whose repr fails (or an
+        # int of more digits than Python converts) is still refused, and recorded, typed.
+        for principal in (Opaque(), 10**5000):
+            with pytest.raises(ActionDeniedError, match="whose repr"):
+                await app.cancel("d", principal=principal)
+        assert [e.kind for e in (await app.storage.events.read("d"))[-2:]] == [
+            EventKind.EXECUTION_DENIED,
+            EventKind.EXECUTION_DENIED,
+        ]
         assert await app.cancel("d", principal="admin") is True
 
 
@@ -389,6 +403,8 @@ def test_options_are_checked_when_the_app_is_built() -> None:
         ({"timers": "no"}, r"timers=\.\.\.\) must be True or False"),
         ({"recover": 0}, r"recover=\.\.\.\) must be True or False"),
         ({"decorators": "tenant"}, "a list of decorator specs"),
+        ({"node": "web\x001"}, r"node=\.\.\.\) 'web\\x001' contains U\+0000"),
+        ({"node": "\ud800"}, "lone surrogate"),
     ],
 )
 def test_options_a_user_gets_wrong_are_refused_when_the_app_is_built(

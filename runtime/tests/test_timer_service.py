@@ -18,6 +18,7 @@ from loom_core import (
     EventKind,
     FenceAcquired,
     FenceStale,
+    InvalidOptionError,
     StorageUnavailableError,
     TimerRecord,
     open_storage,
@@ -566,3 +567,12 @@ async def test_a_row_the_store_fails_to_retire_is_reported_once_and_the_poll_goe
         assert first_b not in await rows(w, "b")
         assert await answers(w, "a") == await answers(w, "b") == ["timer"]
         assert len(w.errors) == 2
+
+
+@pytest.mark.parametrize("option", ["batch", "capacity", "max_attempts"])
+async def test_a_count_no_store_takes_is_refused_when_the_service_is_built(option: str) -> None:
+    """A batch is passed to ``due(limit=...)`` at every poll: one beyond a signed 64-bit
+    integer would fail every poll, and no timer would ever fire."""
+    async with wired() as w:
+        with pytest.raises(InvalidOptionError, match=f"{option}=.*from 1 to 2\\*\\*63 - 1"):
+            TimerService(w.app, **{option: 2**70})  # type: ignore[arg-type]

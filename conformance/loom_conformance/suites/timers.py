@@ -230,6 +230,25 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
         assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
         assert await loom_timers.pending("exec-2") == ()
 
+    async def test_datetimes_beyond_the_years_utc_can_hold_are_refused_and_change_nothing(
+        self, loom_timers: TimerStore
+    ) -> None:
+        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
+        for edge in (
+            datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+            datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+        ):
+            with pytest.raises(InvalidOptionError):
+                await loom_timers.schedule(TimerRecord("exec-2", edge))
+            with pytest.raises(InvalidOptionError):
+                await loom_timers.due(edge)
+            with pytest.raises(InvalidOptionError):
+                await loom_timers.complete("exec-1", edge)
+            with pytest.raises(InvalidOptionError):
+                await loom_timers.cancel("exec-1", edge)
+        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
+        assert await loom_timers.pending("exec-2") == ()
+
     async def test_bad_timer_input_is_refused_and_changes_nothing(
         self, loom_timers: TimerStore
     ) -> None:

@@ -76,6 +76,12 @@ def _path_of(url: str) -> tuple[str, str]:
         )
     if "\x00" in path:
         raise InvalidURLError(f"SQLite URL {url!r} contains a NUL character")
+    try:
+        path.encode("utf-8")  # what SQLite opens a file by
+    except UnicodeEncodeError:
+        raise InvalidURLError(
+            f"SQLite URL {url!r} has a path that is not UTF-8 text (a lone surrogate)"
+        ) from None
     return path, query
 
 

@@ -92,6 +92,7 @@ async def test_a_relative_path_is_relative_to_the_working_directory(
         ("sqlite:///:memory:", "memory://"),
         ("sqlite:///loom.db#frag", "fragment"),
         ("sqlite:///loom.db?synchronous", "malformed query"),
+        ("sqlite:///lo\ud800om.db", "not UTF-8 text"),
     ],
 )
 async def test_a_bad_url_is_refused_naming_the_problem(url: str, message: str) -> None:
