@@ -24,6 +24,7 @@ from collections.abc import (
     Iterable,
     Mapping,
     Sequence,
+    Set,
 )
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -414,6 +415,10 @@ class Loom:
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
         self._recovering: asyncio.Task[Any] | None = None  # the recovery on entering
+        # What this process drove since it entered, while the recovery on entering has not
+        # finished: that recovery is for what a previous process left, and leaves these
+        # (a run the test kit's crash_at stopped, say) to app.recover().
+        self._driven_here: set[str] | None = None
         self.timer_task: asyncio.Task[None] | None = None  # the timer service's, while entered
         self._owns_storage = False
         self._inbox: Inbox | None = None
@@ -633,6 +638,7 @@ class Loom:
             self._services.append(self.timer_task)
             self.scheduler.start()
         if self._recover_on_enter:
+            self._driven_here = set()
             self._recovering = asyncio.create_task(self._quietly(self._recover_on_entering))
             self._services.append(self._recovering)
         attach = getattr(self.clock, "attach", None)
@@ -669,6 +675,7 @@ class Loom:
         self._services.clear()
         self.scheduler.stopped()
         self._recovering = None
+        self._driven_here = None
         self.timer_task = None
         self._carrying_on = None
         self._relist = False
@@ -1229,7 +1236,10 @@ class Loom:
             now = self.clock.now()
             if self._relist and relist_at <= now:
                 try:
-                    await self.recover()  # what it cannot take over now, it strands
+                    # The recovery on entering, made again: what it cannot take over now,
+                    # it strands.
+                    await self._recover(left=self._driven_here)
+                    self._driven_here = None
                 except StoreClosedError as exc:
                     self.hooks.error(exc)
                     self._relist = False
@@ -1726,13 +1736,15 @@ class Loom:
         """:meth:`recover`, made again in the background (after 1 s, then up to every
         30 s) while the store fails to list the executions: a shard that is down, say."""
         try:
-            await self.recover()
+            await self._recover(left=self._driven_here)
         except StoreClosedError:
             raise
         except StorageError as exc:
             self.hooks.error(exc)
             self._relist = True
             self._carry_on_later()
+        else:
+            self._driven_here = None
 
     async def recover(self) -> list[Handle[JsonValue]]:
         """Re-drive every execution this node was running when it last stopped: take a
@@ -1744,6 +1756,10 @@ class Loom:
         store answers (it is in :attr:`stranded` meanwhile); any other refusal (its log
         cannot be read, its payloads shredded) goes to ``on_error``, and it is left.
         A failure to list the executions is raised."""
+        return await self._recover()
+
+    async def _recover(self, *, left: Set[str] | None = None) -> list[Handle[JsonValue]]:
+        """:meth:`recover`, leaving the executions in ``left``."""
         storage = self._running("app.recover")
         events = storage.events
         handles: list[Handle[JsonValue]] = []
@@ -1754,7 +1770,7 @@ class Loom:
                 return handles
             after = ids[-1]
             for execution_id in ids:
-                if execution_id.startswith("$"):
+                if execution_id.startswith("$") or (left is not None and execution_id in left):
                     continue
                 try:
                     handle = await self._recover_one(execution_id)
@@ -2312,6 +2328,8 @@ class Loom:
                     break
                 run = next_run
                 self._runs[execution_id] = task
+                if self._driven_here is not None:
+                    self._driven_here.add(execution_id)
                 self._drivers[execution_id] = run
                 try:
                     outcome = await run.drive()

@@ -141,6 +141,7 @@ class Run:
         "_stop_reason",
         "_stopped",
         "_tasks",
+        "_unpatched",
         "_view",
         "_visited",
         "_waits",
@@ -178,6 +179,10 @@ class Run:
         self._deadline = None if replay_only else view.deadline
         # The positions of failed attempts in the log whose step the body has made again.
         self._retried: set[Position] = set()
+        # Patches this run's body found absent (the execution recorded that stretch with
+        # the old code): a later check of the same name says so too, rather than take
+        # the new path halfway through.
+        self._unpatched: set[str] = set()
         self._start_from(view, set())
         self._stopped = False
         # Futures of the gathers and waits that block until the run is quiet or stops.
@@ -744,6 +749,8 @@ class Run:
                 raise failure
         for task in tasks:
             failure = task.exception()
+            if isinstance(failure, _OwnCancellation):
+                raise failure.raised
             if failure is not None:
                 raise failure
         return tuple(task.result() for task in tasks)
@@ -778,12 +785,15 @@ class Run:
                 branch.take()
                 self._visited.add(position)
                 return True
+            self._unpatched.add(name)
             return False
         if (
-            position in self._view.waits
+            name in self._unpatched
+            or position in self._view.waits
             or self._has_history(branch)
             or (self._replay_only and not self._frontier)
         ):
+            self._unpatched.add(name)
             return False
         branch.take()
         if not self._frontier:
@@ -1103,7 +1113,23 @@ class Run:
 
 
 async def _await(aw: Awaitable[Any]) -> Any:
-    return await aw
+    """A gather's branch. A CancelledError it raises of its own (its task not cancelled)
+    leaves the task as a failure, not as the task's cancellation: the gather then raises
+    it, message and all, in argument order with the other branches' failures."""
+    try:
+        return await aw
+    except asyncio.CancelledError as exc:
+        if _being_cancelled():
+            raise
+        raise _OwnCancellation(exc) from None
+
+
+class _OwnCancellation(Exception):
+    """A CancelledError a gather's branch raised of its own, carried out of its task."""
+
+    def __init__(self, raised: asyncio.CancelledError) -> None:
+        super().__init__(raised)
+        self.raised = raised
 
 
 def _being_cancelled() -> bool:

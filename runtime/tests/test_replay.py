@@ -7,7 +7,7 @@ import asyncio
 import random
 
 import pytest
-from loom_runtime import Context, Loom, ReplayDivergedError
+from loom_runtime import Context, Loom, ReplayDivergedError, WorkflowFailedError
 from loom_runtime.testing import VirtualClock, check_replay
 
 from loom_core import Storage, open_storage
@@ -161,6 +161,49 @@ async def test_patched_keeps_old_executions_on_the_old_path() -> None:
             assert await check_replay(new) == ["new-run", "old-run"]
 
 
+async def test_a_patch_an_execution_lacks_stays_absent_for_the_rest_of_it() -> None:
+    """One change guarded in two places by one patch name: an execution that recorded the
+    first place with the old code takes the old path at the second too, though it reaches
+    that one only under the new code (a half-new execution would charge stock it never
+    reserved). Each new execution takes the new path at both."""
+    code = {"version": 1}
+
+    async def step_named(what: str) -> str:
+        return what
+
+    async def order(ctx: Context) -> list[str]:
+        done = []
+        if code["version"] == 2 and ctx.patched("reserve-first"):
+            done.append(await ctx.step(step_named, "reserve"))
+        await ctx.sleep(10)
+        if code["version"] == 2 and ctx.patched("reserve-first"):
+            done.append(await ctx.step(step_named, "charge the reserved stock"))
+        else:
+            done.append(await ctx.step(step_named, "charge"))
+        return done
+
+    async with open_storage("memory://") as storage:
+        clock = VirtualClock()
+        old = Loom(storage, node="n", clock=clock)
+        old.workflow(name="order")(order)
+        async with old:
+            await old.start("order", id="old-run")
+            await old.drain()
+        code["version"] = 2
+        new = Loom(storage, node="n", clock=clock)
+        new.workflow(name="order")(order)
+        async with new:
+            await new.start("order", id="new-run")
+            await new.drain()
+            await clock.advance(10)
+            assert await new.get("old-run").result(timeout=5) == ["charge"]
+            assert await new.get("new-run").result(timeout=5) == [
+                "reserve",
+                "charge the reserved stock",
+            ]
+            assert await check_replay(new) == ["new-run", "old-run"]
+
+
 async def test_gather_numbers_calls_in_issue_order_not_finish_order(app: Loom) -> None:
     release_first = asyncio.Event()
 
@@ -268,3 +311,40 @@ async def test_a_body_that_changes_what_it_was_given_replays_as_it_ran(
     step = next(e for e in log if e.payload.get("call") == "step")  # type: ignore[union-attr]
     assert step.payload["result"] == {"items": ["a"]}  # type: ignore[index,call-overload]
     assert await check_replay(app, ["m"]) == ["m"]
+
+
+async def test_a_branch_that_raises_a_cancellation_of_its_own_fails_in_argument_order(
+    app: Loom,
+) -> None:
+    """A gather raises the first failure in argument order, a CancelledError a branch
+    raised of its own (not its task cancelled) among them, with its message: it is a
+    failure like any other."""
+
+    async def echo(value: int) -> int:
+        return value
+
+    async def fails(ctx: Context) -> None:
+        await ctx.step(echo, 1)
+        raise ValueError("first in argument order")
+
+    async def gives_up(ctx: Context) -> None:
+        await ctx.step(echo, 2)
+        raise asyncio.CancelledError("mine")
+
+    @app.workflow()
+    async def caught(ctx: Context) -> str:
+        try:
+            await ctx.gather(fails(ctx), gives_up(ctx))
+        except ValueError as exc:
+            return f"caught {exc}"
+        return "nothing raised"
+
+    @app.workflow()
+    async def uncaught(ctx: Context) -> None:
+        await ctx.gather(gives_up(ctx), ctx.step(echo, 3))
+
+    assert await app.execute(caught, id="c") == "caught first in argument order"
+    with pytest.raises(WorkflowFailedError):
+        await app.execute(uncaught, id="u")
+    assert (await app.inspect("u")).error == ("asyncio.exceptions.CancelledError", "mine")
+    assert sorted(await check_replay(app)) == ["c", "u"]  # each replays as it ran

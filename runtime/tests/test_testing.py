@@ -8,9 +8,9 @@ import random
 
 import pytest
 from loom_runtime import Context, Loom, ReplayDivergedError
-from loom_runtime.testing import check_replay
+from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
-from loom_core import EventKind
+from loom_core import EventKind, open_storage
 
 
 async def test_an_execution_cancelled_while_parked_replays_cleanly(app: Loom) -> None:
@@ -72,3 +72,41 @@ async def test_a_changed_body_before_the_cancellation_still_diverges(app: Loom) 
     with pytest.raises(ReplayDivergedError) as diverged:
         await check_replay(deployed)
     assert diverged.value.position == "0"
+
+
+async def test_a_crashed_run_waits_for_recover_even_while_the_recovery_on_entering_lists() -> None:
+    """``crash_at`` stops a run as a killed process would, and the execution stays running
+    until ``app.recover()``. The recovery that entering the app starts is for what a
+    previous process left: one still listing the store when the crash comes (a store with
+    many executions, a slow disk) must not take over a run this process started."""
+    async with await open_storage("memory://") as storage:
+        listing = asyncio.Event()
+        list_executions = storage.events.list_executions
+
+        async def slow_listing(**options: object) -> tuple[str, ...]:
+            await listing.wait()
+            return await list_executions(**options)  # type: ignore[arg-type]
+
+        storage.events.list_executions = slow_listing  # type: ignore[method-assign]
+        app = Loom(storage, node="n1", clock=VirtualClock(), timers=False)
+        ran: list[str] = []
+
+        async def charge() -> str:
+            ran.append("charge")
+            return "charged"
+
+        @app.workflow()
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge)
+
+        async with app:
+            crash = crash_at(app, step="charge", when="before")
+            await app.start(order, id="o")
+            await crash.fired.wait()
+            listing.set()
+            await app.drain()  # the recovery on entering has finished
+            assert await app.get("o").status() == "running"
+            assert ran == []
+            assert [h.execution_id for h in await app.recover()] == ["o"]
+            assert await app.get("o").result(timeout=5) == "charged"
+            assert ran == ["charge"]
