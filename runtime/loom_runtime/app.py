@@ -16,6 +16,7 @@ import re
 import socket
 import types
 import uuid
+from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -419,6 +420,10 @@ class Loom:
         # finished: that recovery is for what a previous process left, and leaves these
         # (a run the test kit's crash_at stopped, say) to app.recover().
         self._driven_here: set[str] | None = None
+        # Long logs' views, and the instant of the event each was folded to, for inspect
+        # to fold only what was appended since: a park lists every wait still pending,
+        # so a gather of many sleeps writes a log whose fold grows as its square.
+        self._views: OrderedDict[str, tuple[View, datetime]] = OrderedDict()
         self.timer_task: asyncio.Task[None] | None = None  # the timer service's, while entered
         self._owns_storage = False
         self._inbox: Inbox | None = None
@@ -1284,9 +1289,38 @@ class Loom:
 
     async def inspect(self, execution_id: str) -> View:
         """Fold the execution's log (``status`` is None when there is none)."""
-        storage = self.storage
+        events = self.storage.events
         execution_id = _check_id(execution_id)
-        return fold(await storage.events.read(execution_id), execution_id=execution_id)
+        known = self._views.get(execution_id)
+        if known is not None:
+            # A long log folded before: fold what was appended since. Its last event read
+            # again tells whether the log is still that one (not deleted, nor made anew).
+            view, last_at = known
+            tail = await events.read(execution_id, from_sequence=view.head - 1)
+            if tail and tail[0].sequence == view.head - 1 and tail[0].recorded_at == last_at:
+                if len(tail) > 1:
+                    view, last_at = fold(tail[1:], into=view), tail[-1].recorded_at
+                self._keep_view(view, last_at)
+                return fold((), into=view)  # a copy: the kept one is never handed out
+            self._views.pop(execution_id, None)
+        log = await events.read(execution_id)
+        view = fold(log, execution_id=execution_id)
+        if len(log) + len(view.waits) >= _KEPT_FROM:
+            self._keep_view(view, log[-1].recorded_at, anew=True)
+            return fold((), into=view)
+        return view
+
+    def _keep_view(self, view: View, last_at: datetime, *, anew: bool = False) -> None:
+        """Keep ``view`` for the next inspect; one folded from the log read whole
+        (``anew``) replaces what was kept, one from a tail only a view it goes beyond (an
+        inspect that read later may have kept a later one meanwhile)."""
+        kept = self._views.get(view.execution_id)
+        if not anew and kept is not None and kept[0].head > view.head:
+            return
+        self._views[view.execution_id] = (view, last_at)
+        self._views.move_to_end(view.execution_id)
+        while len(self._views) > _KEPT_VIEWS:
+            self._views.popitem(last=False)
 
     async def get_event(
         self,
@@ -2084,7 +2118,7 @@ class Loom:
             return "obsolete"
         # A row with no wait of its own (a send's wake) has done its work once the park is
         # answered; a timer's row only once its own wait is.
-        return "resumed" if not own or answered.wake_at == row.wake_at else "left"
+        return "resumed" if not own or any(w.wake_at == row.wake_at for w in answered) else "left"
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -2450,12 +2484,15 @@ class Loom:
             with contextlib.suppress(LoomError):  # a store that failed may fail again
                 await self._rearm(view)
             return None
-        if answered.wake_at is not None and answered.wake_at <= now:
+        for wake_at in sorted({w.wake_at for w in answered if w.wake_at is not None}):
+            if wake_at > now:
+                continue
             try:
-                await self.storage.timers.complete(execution_id, answered.wake_at)
+                await self.storage.timers.complete(execution_id, wake_at)
             except LoomError as exc:
-                # The answer is written; the row left behind is retired as obsolete.
+                # The answer is written; a row left behind is retired as obsolete.
                 self.hooks.storage_error(execution_id, exc)
+                break
         return token, resumed
 
     async def _sending(self, view: View, row: TimerRecord) -> bool:
@@ -2491,15 +2528,15 @@ class Loom:
         *,
         prefer: datetime | None = None,
         force: bool = False,
-    ) -> tuple[Wait, Run]:
-        """Answer the park through :func:`answer_park`; the wait answered, and the run that
+    ) -> tuple[tuple[Wait, ...], Run]:
+        """Answer the park through :func:`answer_park`; the waits answered, and the run that
         drives the body on from the answer (for the caller to drive or spawn). No one is
         asked: ``app.resume`` asked ``authorize`` about its caller first, and the runtime's
         own answers (a due timer, a message's delivery) are no caller's action."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
-        wait, token, resumed = await self._answer_view(view, park_seq, prefer, force)
-        return wait, Run(self, resumed, token, fn)
+        waits, token, resumed = await self._answer_view(view, park_seq, prefer, force)
+        return waits, Run(self, resumed, token, fn)
 
     async def _answer_view(
         self,
@@ -2507,17 +2544,17 @@ class Loom:
         park_seq: int,
         prefer: datetime | None,
         force: bool,
-    ) -> tuple[Wait, int, View]:
-        """Answer the park through :func:`answer_park`; the wait answered, the token now
-        held and the view past the answer. A caller cancelled meanwhile (a resume's, a
-        sender's, an ``execute`` whose run answers its own park) leaves the execution
-        to the app: the answer may land yet."""
+    ) -> tuple[tuple[Wait, ...], int, View]:
+        """Answer the park through :func:`answer_park`; the waits answered (the one chosen
+        first), the token now held and the view past the answer. A caller cancelled
+        meanwhile (a resume's, a sender's, an ``execute`` whose run answers its own park)
+        leaves the execution to the app: the answer may land yet."""
         events = self.storage.events
-        chosen: list[Wait] = []
+        chosen: list[tuple[Wait, ...]] = []
 
         async def answer(current: View) -> Sequence[NewEvent]:
-            batch, wait = await self._answer_events(current, park_seq, prefer, force)
-            chosen[:] = [wait]
+            batch, waits = await self._answer_events(current, park_seq, prefer, force)
+            chosen[:] = [waits]
             return batch
 
         async with self._answering(view.execution_id):
@@ -2548,7 +2585,9 @@ class Loom:
 
     async def _answer_events(
         self, view: View, park_seq: int, prefer: datetime | None, force: bool
-    ) -> tuple[list[NewEvent], Wait]:
+    ) -> tuple[list[NewEvent], tuple[Wait, ...]]:
+        """The answer to the park: its events, and the waits they answer (the one chosen
+        first)."""
         pending = view.pending_waits()
         for wait in pending:
             if wait.topics:
@@ -2568,7 +2607,7 @@ class Loom:
                     ]
                     for event in batch:
                         self.hooks.event(view.execution_id, event)
-                    return batch, wait
+                    return batch, (wait,)
         timed = [w for w in pending if w.wake_at is not None]
         if len(timed) > 1:
             timed.sort(key=_wake_order)
@@ -2586,11 +2625,28 @@ class Loom:
                 "nothing-to-answer",
                 "it waits for messages and none is there" if pending else "it waits for nothing",
             )
-        kind = "timer" if pick.call == "sleep" else "timeout"
-        event = records.resumed(park_seq, pick.position, {"kind": kind}, self.node)
+        # Every other timed wait that is due is answered in the same write: a gather of
+        # many sleeps would otherwise be resumed, replayed and parked again once per wait.
+        now = self.clock.now()
+        answered = [pick]
+        for wait in timed:
+            if len(answered) == _ANSWERED_AT_ONCE:
+                break
+            if wait is not pick and wait.wake_at is not None and wait.wake_at <= now:
+                answered.append(wait)
+        batch = [
+            records.resumed(
+                park_seq,
+                wait.position,
+                {"kind": "timer" if wait.call == "sleep" else "timeout"},
+                self.node,
+            )
+            for wait in answered
+        ]
         if self.hooks.on_event is not None:
-            self.hooks.event(view.execution_id, event)
-        return [event], pick
+            for event in batch:
+                self.hooks.event(view.execution_id, event)
+        return batch, tuple(answered)
 
     async def _allows(self, principal: object, action: str, execution_id: str) -> bool:
         """What the ``authorize`` hook says (True when there is none)."""
@@ -2774,6 +2830,12 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
 
 _MAX_WAIT: Final = MAX_DURATION.total_seconds()
 _LOCAL_LOOK: Final = 1.0
+_KEPT_FROM: Final = 64
+"""From how many events and waits a log's view is kept, for inspect to fold only the
+tail next time."""
+_KEPT_VIEWS: Final = 1024
+_ANSWERED_AT_ONCE: Final = 256
+"""How many due timed waits of one park one answer takes at most (one event each)."""
 """How long ``Handle.result`` waits for a run of its process before it reads the log."""
 
 
