@@ -388,8 +388,9 @@ class Loom:
         # and the task it drives in.
         self._inline: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         # The end a call of this process wrote for an execution whose run here winds down
-        # (a step in flight returns first): what a result() waiting for the run is told.
-        self._ended: dict[str, Event] = {}
+        # (a step in flight returns first), with the task of that run: what a result()
+        # waiting for that run is told (not one for a log made anew under the same id).
+        self._ended: dict[str, tuple[asyncio.Task[Any], Event]] = {}
         self._drivers: dict[str, Run] = {}
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
@@ -420,10 +421,8 @@ class Loom:
         # finished: that recovery is for what a previous process left, and leaves these
         # (a run the test kit's crash_at stopped, say) to app.recover().
         self._driven_here: set[str] | None = None
-        # Long logs' views, and the instant of the event each was folded to, for inspect
-        # to fold only what was appended since: a park lists every wait still pending,
-        # so a gather of many sleeps writes a log whose fold grows as its square.
-        self._views: OrderedDict[str, tuple[View, datetime]] = OrderedDict()
+        # Long logs' views, and the event each was folded to (see _look).
+        self._views: OrderedDict[str, tuple[View, Event]] = OrderedDict()
         self.timer_task: asyncio.Task[None] | None = None  # the timer service's, while entered
         self._owns_storage = False
         self._inbox: Inbox | None = None
@@ -1289,35 +1288,44 @@ class Loom:
 
     async def inspect(self, execution_id: str) -> View:
         """Fold the execution's log (``status`` is None when there is none)."""
-        events = self.storage.events
+        storage = self.storage
         execution_id = _check_id(execution_id)
+        return fold(await storage.events.read(execution_id), execution_id=execution_id)
+
+    async def _look(self, execution_id: str) -> View:
+        """:meth:`inspect`, for the timer service's fires: a long log's view is kept, and
+        only what was appended since is folded (a park lists every wait still pending,
+        so a gather of many sleeps writes a log whose fold grows as its square). The
+        view is the runtime's own: it shares what the kept one holds, and no one outside
+        gets it. Its last event, read again in full, tells whether the log is still the
+        one kept (not deleted, nor made anew: a log made anew is written under newer
+        tokens)."""
+        events = self.storage.events
         known = self._views.get(execution_id)
         if known is not None:
-            # A long log folded before: fold what was appended since. Its last event read
-            # again tells whether the log is still that one (not deleted, nor made anew).
-            view, last_at = known
+            view, last = known
             tail = await events.read(execution_id, from_sequence=view.head - 1)
-            if tail and tail[0].sequence == view.head - 1 and tail[0].recorded_at == last_at:
+            if tail and tail[0] == last:
                 if len(tail) > 1:
-                    view, last_at = fold(tail[1:], into=view), tail[-1].recorded_at
-                self._keep_view(view, last_at)
-                return fold((), into=view)  # a copy: the kept one is never handed out
+                    view, last = fold(tail[1:], into=view), tail[-1]
+                self._keep_view(view, last)
+                return fold((), into=view)  # its containers the caller's own
             self._views.pop(execution_id, None)
         log = await events.read(execution_id)
         view = fold(log, execution_id=execution_id)
         if len(log) + len(view.waits) >= _KEPT_FROM:
-            self._keep_view(view, log[-1].recorded_at, anew=True)
+            self._keep_view(view, log[-1], anew=True)
             return fold((), into=view)
         return view
 
-    def _keep_view(self, view: View, last_at: datetime, *, anew: bool = False) -> None:
-        """Keep ``view`` for the next inspect; one folded from the log read whole
-        (``anew``) replaces what was kept, one from a tail only a view it goes beyond (an
-        inspect that read later may have kept a later one meanwhile)."""
+    def _keep_view(self, view: View, last: Event, *, anew: bool = False) -> None:
+        """Keep ``view`` for the next look; one folded from the log read whole (``anew``)
+        replaces what was kept, one from a tail only a view it goes beyond (a look that
+        read later may have kept a later one meanwhile)."""
         kept = self._views.get(view.execution_id)
         if not anew and kept is not None and kept[0].head > view.head:
             return
-        self._views[view.execution_id] = (view, last_at)
+        self._views[view.execution_id] = (view, last)
         self._views.move_to_end(view.execution_id)
         while len(self._views) > _KEPT_VIEWS:
             self._views.popitem(last=False)
@@ -1749,8 +1757,9 @@ class Loom:
             # again does not (a run elsewhere finds the cancel between attempts).
             run.stop()
         # Whoever waits for its result hears now, not when a step in flight returns.
-        if execution_id in self._runs:
-            self._ended[execution_id] = written[-1]
+        winding_down = self._runs.get(execution_id)
+        if winding_down is not None:
+            self._ended[execution_id] = (winding_down, written[-1])
         for end in self._ends.pop(execution_id, ()):
             if not end.done():
                 end.set_result(written[-1])
@@ -1943,8 +1952,9 @@ class Loom:
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
         while execution_id in self._runs:
-            if (ended_here := self._ended.get(execution_id)) is not None:
-                return ended_here  # a cancel of this process ended it; its run winds down
+            ended_here = self._ended.get(execution_id)
+            if ended_here is not None and ended_here[0] is self._runs.get(execution_id):
+                return ended_here[1]  # a cancel of this process ended it; its run winds down
             left = _remaining(loop, deadline)
             if left is not None and left <= 0:
                 return None
@@ -2061,7 +2071,7 @@ class Loom:
         have stored a message after the look that found nothing to answer, and written
         its row again before the retirement removed it: a look after the retirement puts
         the row back (see docs/design.md, "Resuming a park")."""
-        view = await self.inspect(row.execution_id)
+        view = await self._look(row.execution_id)
         if view.park is not None and not view.terminal and await self._message_waiting(view):
             await self.schedule_wake(row)
 
@@ -2076,7 +2086,7 @@ class Loom:
         itself) leaves a sender's row whose message is not stored yet (see _sending).
         ``onward`` (a sender's): what an execution that continued as new left for its
         successor is put there for the sender to store, rather than handed on here."""
-        view = await self.inspect(row.execution_id)
+        view = await self._look(row.execution_id)
         if (
             view.deadline is not None
             and self.clock.now() >= view.deadline
@@ -2084,7 +2094,7 @@ class Loom:
         ):
             if await self._cancel(view, _TIMED_OUT, timed_out=True):
                 return "timed-out"
-            view = await self.inspect(row.execution_id)  # it ended meanwhile
+            view = await self._look(row.execution_id)  # it ended meanwhile
         if view.status is None or view.terminal:
             if view.status == "continued":
                 # A sender that died between storing its message here and handing it on
@@ -2382,8 +2392,9 @@ class Loom:
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)
-            if execution_id not in self._runs:
-                self._ended.pop(execution_id, None)
+            ended_here = self._ended.get(execution_id)
+            if ended_here is not None and ended_here[0] is task:
+                del self._ended[execution_id]
             # Wake whoever waits for this run's end (a handle's result), directly rather
             # than through a done callback of the task: one hop of the loop less.
             for end in self._ends.pop(execution_id, ()):
@@ -2831,8 +2842,8 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
 _MAX_WAIT: Final = MAX_DURATION.total_seconds()
 _LOCAL_LOOK: Final = 1.0
 _KEPT_FROM: Final = 64
-"""From how many events and waits a log's view is kept, for inspect to fold only the
-tail next time."""
+"""From how many events and waits a log's view is kept, for the next look to fold only
+the tail."""
 _KEPT_VIEWS: Final = 1024
 _ANSWERED_AT_ONCE: Final = 256
 """How many due timed waits of one park one answer takes at most (one event each)."""

@@ -231,3 +231,42 @@ async def test_result_of_a_cancelled_execution_does_not_wait_for_its_step_in_fli
             await app.drain()
     finally:
         await storage.close()
+
+
+async def test_a_cancel_of_a_deleted_log_is_not_the_result_of_one_made_anew() -> None:
+    """result() hears of a cancel its process wrote while the cancelled run winds down;
+    a log deleted and started anew under the same id meanwhile is another execution, and
+    its result() waits for its own end."""
+    storage = await open_storage("memory://")
+    app = Loom(storage, node="n1")
+    in_step, finish, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def hangs(tag: str) -> str:
+        if tag == "old":
+            in_step.set()
+            await finish.wait()
+        else:
+            await go_on.wait()
+        return tag
+
+    @app.workflow()
+    async def flow(ctx: Context, tag: str) -> str:
+        return await ctx.step(hangs, tag)
+
+    try:
+        async with app:
+            await app.start(flow, "old", id="f")
+            await in_step.wait()
+            assert await app.cancel("f", reason="the old one")
+            assert await storage.events.delete_execution("f")
+            handle = await app.start(flow, "new", id="f")
+            waiting = asyncio.create_task(handle.result())
+            for _ in range(5):  # the old cancel would be raised in the first of them
+                await asyncio.sleep(0)
+            assert not waiting.done()
+            go_on.set()
+            assert await waiting == "new"
+            finish.set()
+            await app.drain()
+    finally:
+        await storage.close()

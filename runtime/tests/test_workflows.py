@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import contextvars
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from loom_runtime import Context, Loom, Retry, StepFailedError, WorkflowFailedError
 from loom_runtime.app import MAX_NEW_ID_BYTES
-from loom_runtime.fold import fold
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 from store_probes import wired
 
-from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError
+from loom_core import (
+    EventKind,
+    ExecutionAlreadyExistsError,
+    InvalidInputError,
+    Storage,
+    open_storage,
+)
+from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
 from loom_core.spi import MAX_EVENTS_PER_APPEND
 
 
@@ -400,32 +407,68 @@ async def test_the_due_waits_of_a_park_are_answered_in_one_write() -> None:
         assert await w.base.timers.pending("fan") == ()
 
 
-async def test_inspect_follows_a_long_log_deleted_and_made_anew(app: Loom) -> None:
-    """inspect keeps the view of a long log and folds only what was appended since; a
-    log deleted, or deleted and written again under the same id, is read anew."""
+async def test_a_long_log_deleted_and_made_anew_is_read_anew_by_the_timer_service() -> None:
+    """The timer service keeps the view of a long log and folds only what was appended
+    since. A log deleted and written again under the same id, up to the same length,
+    with a store clock too coarse to tell the two logs' events apart, is still read anew
+    (its events carry newer tokens): the new execution is not resumed from the old one's
+    view, input and all."""
+
+    def coarse() -> datetime:  # a store clock that never moves
+        return datetime(2030, 1, 1, tzinfo=UTC)
+
+    storage = Storage(MemoryEventStore(clock=coarse), MemoryTimerStore(), MemoryLeaseStore())
+    clock = VirtualClock()
+    app = Loom(storage, node="n1", clock=clock)
 
     @app.workflow()
-    async def fan(ctx: Context, n: int) -> int:
+    async def fan(ctx: Context, n: int, tag: str) -> str:
         async def nap(i: int) -> int:
-            await ctx.sleep(3600)
+            await ctx.sleep(1 if i == 0 else 2)
             return i
 
-        return sum(await ctx.gather(*(nap(i) for i in range(n))))
+        await ctx.gather(*(nap(i) for i in range(n)))
+        return tag
 
-    await app.start(fan, 80, id="long")
-    await app.drain()
-    events = app.storage.events
-    first = await app.inspect("long")
-    assert first.status == "suspended"
-    assert len(first.waits) == 80
-    assert (await app.inspect("long")).waits == first.waits
-    await app.cancel("long")
-    assert (await app.inspect("long")).status == "cancelled"
-    await events.delete_execution("long")
-    assert (await app.inspect("long")).status is None
-    await app.start(fan, 2, id="long")
-    await app.drain()
-    again = await app.inspect("long")
-    assert again.status == "suspended"
-    assert len(again.waits) == 2
-    assert again.head == fold(await events.read("long")).head
+    async with app:
+        await app.start(fan, 70, "old", id="job")
+        await app.drain()
+        assert (await app._look("job")).input == [70, "old"]  # kept: 70 waits
+        await app.cancel("job")
+        assert await storage.events.delete_execution("job")
+        handle = await app.start(fan, 70, "new", id="job")
+        await app.drain()
+        # The same sequence, kind, payload and instant as the event the kept view was
+        # folded to; only its token tells the new log from the old.
+        assert (await app._look("job")).input == [70, "new"]
+        await clock.advance(2)
+        assert await handle.result(timeout=5) == "new"
+
+
+async def test_what_a_caller_does_to_a_view_it_read_never_reaches_a_run() -> None:
+    """A step result read from ``app.inspect`` and changed by its caller is not what a
+    later resume replays, nor what a later ``result()`` returns."""
+    async with open_storage("memory://") as storage:
+        clock = VirtualClock()
+        app = Loom(storage, node="n1", clock=clock)
+
+        async def price() -> dict[str, int]:
+            return {"amount": 10}
+
+        @app.workflow()
+        async def order(ctx: Context) -> dict[str, int]:
+            quote = await ctx.step(price)
+            await ctx.gather(*(ctx.sleep(1 if i == 0 else 2) for i in range(70)))
+            return quote
+
+        async with app:
+            handle = await app.start(order, id="o")
+            await app.drain()
+            await clock.advance(1)
+            view = await app.inspect("o")
+            view.records[(0,)].value["amount"] = 999_999  # type: ignore[index,call-overload]
+            await clock.advance(1)
+            result = await handle.result(timeout=5)
+            assert result == {"amount": 10}
+            result["amount"] = 0
+            assert await handle.result(timeout=5) == {"amount": 10}
