@@ -217,37 +217,16 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
     async def test_naive_datetimes_are_refused_and_change_nothing(
         self, loom_timers: TimerStore
     ) -> None:
-        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
-        naive = datetime(2031, 3, 4, 5, 6, 7)
-        with pytest.raises(InvalidOptionError):
-            await loom_timers.schedule(TimerRecord("exec-2", naive))
-        with pytest.raises(InvalidOptionError):
-            await loom_timers.due(naive)
-        with pytest.raises(InvalidOptionError):
-            await loom_timers.complete("exec-1", naive)
-        with pytest.raises(InvalidOptionError):
-            await loom_timers.cancel("exec-1", naive)
-        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
-        assert await loom_timers.pending("exec-2") == ()
+        await _every_call_refuses(loom_timers, datetime(2031, 3, 4, 5, 6, 7))
 
     async def test_datetimes_beyond_the_years_utc_can_hold_are_refused_and_change_nothing(
         self, loom_timers: TimerStore
     ) -> None:
-        await loom_timers.schedule(TimerRecord("exec-1", at(0)))
-        for edge in (
+        await _every_call_refuses(
+            loom_timers,
             datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
             datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
-        ):
-            with pytest.raises(InvalidOptionError):
-                await loom_timers.schedule(TimerRecord("exec-2", edge))
-            with pytest.raises(InvalidOptionError):
-                await loom_timers.due(edge)
-            with pytest.raises(InvalidOptionError):
-                await loom_timers.complete("exec-1", edge)
-            with pytest.raises(InvalidOptionError):
-                await loom_timers.cancel("exec-1", edge)
-        assert await loom_timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
-        assert await loom_timers.pending("exec-2") == ()
+        )
 
     async def test_bad_timer_input_is_refused_and_changes_nothing(
         self, loom_timers: TimerStore
@@ -295,3 +274,20 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
         for call in calls:
             with pytest.raises(StoreClosedError):
                 await call()
+
+
+async def _every_call_refuses(timers: TimerStore, *instants: datetime) -> None:
+    """Each of ``instants`` is refused by every timer call with InvalidOptionError, and
+    the rows stay as they were."""
+    await timers.schedule(TimerRecord("exec-1", at(0)))
+    for instant in instants:
+        with pytest.raises(InvalidOptionError):
+            await timers.schedule(TimerRecord("exec-2", instant))
+        with pytest.raises(InvalidOptionError):
+            await timers.due(instant)
+        with pytest.raises(InvalidOptionError):
+            await timers.complete("exec-1", instant)
+        with pytest.raises(InvalidOptionError):
+            await timers.cancel("exec-1", instant)
+    assert await timers.pending("exec-1") == (TimerRecord("exec-1", at(0)),)
+    assert await timers.pending("exec-2") == ()
