@@ -214,9 +214,7 @@ class Handle(Generic[R]):
                 # reading, so a write between the read and the wait still wakes us. The log
                 # is read each second meanwhile: another process's cancel fences the run
                 # out, and it hears of that only at its next write.
-                left = _remaining(loop, deadline)
-                look = _LOCAL_LOOK if left is None else min(left, _LOCAL_LOOK)
-                last = await self._app._local_end(execution_id, look)
+                last = await self._app._local_end(execution_id, _remaining(loop, deadline))
                 if last is not None:
                     if last.kind == EventKind.EXECUTION_COMPLETED:
                         done: R = completion_result(last)  # type: ignore[assignment]
@@ -403,6 +401,10 @@ class Loom:
         self._relist = False
         self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
+        # The timer that wakes those waiting for a run here to read the log (see
+        # _look_again), and the waits it woke.
+        self._look_timer: asyncio.TimerHandle | None = None
+        self._looked: set[asyncio.Future[Event | None]] = set()
         # One event per reader watching an execution, each taken away when its reader is
         # done (see unwatch), so reads of executions never written again (a finished
         # one's result, its events) leave nothing behind.
@@ -692,6 +694,10 @@ class Loom:
                 if not end.done():
                     end.set_result(None)
         self._ends.clear()
+        self._looked.clear()
+        if self._look_timer is not None:
+            self._look_timer.cancel()
+            self._look_timer = None
         self._ended.clear()
         self._claims.clear()
         for waiter in self._unclaimed_waiters.values():
@@ -1960,12 +1966,17 @@ class Loom:
                 return None
             end: asyncio.Future[Event | None] = loop.create_future()
             self._ends.setdefault(execution_id, []).append(end)
+            if self._look_timer is None:
+                self._look_timer = loop.call_later(_LOCAL_LOOK, self._look_again)
             try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an end
-                # that came in the turn the caller was cancelled, and the cancellation is
-                # lost.
-                async with asyncio.timeout(left):
+                if left is None:
                     ended = await end
+                else:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an
+                    # end that came in the turn the caller was cancelled, and the
+                    # cancellation is lost.
+                    async with asyncio.timeout(left):
+                        ended = await end
             except TimeoutError:
                 return None
             finally:
@@ -1974,9 +1985,25 @@ class Loom:
                     waiting.remove(end)
                     if not waiting:
                         del self._ends[execution_id]
+                looked = end in self._looked
+                self._looked.discard(end)
+            if looked:
+                return None  # a second has passed: the log is to be read
             if ended is not None:
                 return ended
         return None
+
+    def _look_again(self) -> None:
+        """Once a second while someone waits for a run of this process: wake each waiter
+        to read the log (another process's cancel fences the run out, and the run hears
+        of that only at its next write, which a step in flight can hold back for ever).
+        One timer for the app, armed by the first waiter, rather than one per wait."""
+        self._look_timer = None
+        for ends in self._ends.values():
+            for end in ends:
+                if not end.done():
+                    self._looked.add(end)
+                    end.set_result(None)
 
     def changed(self, execution_id: str) -> None:
         waiting = self._signals.pop(execution_id, None)
@@ -2841,6 +2868,7 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
 
 _MAX_WAIT: Final = MAX_DURATION.total_seconds()
 _LOCAL_LOOK: Final = 1.0
+"""How often those waiting for a run of this process are woken to read the log."""
 _KEPT_FROM: Final = 64
 """From how many events and waits a log's view is kept, for the next look to fold only
 the tail."""
