@@ -429,7 +429,7 @@ class Loom:
         self._owns_storage = False
         self._inbox: Inbox | None = None
         # Runs of this process that stopped for a reason handle.result() raises here.
-        self.halted: dict[str, ReplayDivergedError | RunStoppedError] = {}
+        self.halted: dict[str, LoomError] = {}
         self.crash_points: list[CrashPoint] = []
 
     # -- registration ----------------------------------------------------------------------
@@ -1474,7 +1474,9 @@ class Loom:
         if key is not None:
             key = check_text(key, "key=")
         payload = json_value(value, f"the message on {topic!r}")
-        if await storage.events.head(execution_id) == 0:
+        # Its first event, not only its head: a log that cannot be read (its payloads
+        # shredded, say) refuses the send here, before the message is stored.
+        if not await storage.events.read(execution_id, limit=1):
             raise ExecutionNotFoundError(execution_id)
         # Delivered, or left to its wake row; or the receiver finished, and if it continued
         # as new, the delivery handed the message on to its successor (see _deliver).
@@ -2446,7 +2448,12 @@ class Loom:
                 # A store call failed: the run has told on_storage_error already.
                 self._strand(execution_id, run.final_view().carried_on)
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
-                self.hooks.error(reason)  # a log the run cannot read (shredded), say
+                # A log the run cannot read (shredded, say), or a write a layer of the
+                # store refused for good: nothing was written and the execution stays
+                # running, as after a crash, and result() raises what stopped it.
+                if isinstance(reason, LoomError):
+                    self.halted[execution_id] = reason
+                self.hooks.error(reason)
             return None, None
         if self.halted:
             self.halted.pop(execution_id, None)

@@ -84,3 +84,52 @@ async def test_an_id_whose_inbox_the_store_would_refuse_is_refused_at_start() ->
         await w.app.send(fits, "go", "ok")
         assert await w.app.get(fits).result(timeout=5) == "ok"
 
+
+
+async def one_step(ctx: Context) -> str:
+    return await ctx.step(lambda: "done", name="only")
+
+
+async def test_a_write_a_layer_refuses_for_good_ends_result_and_execute_with_its_error(
+) -> None:
+    async with wired() as w:
+        w.app.workflow(name="one_step")(one_step)
+        refusal = KeyDestroyedLike("the subject's key function failed; nothing was written")
+
+        async def refuse_steps(execution_id: str, kinds: tuple[str, ...]) -> None:
+            if "STEP_COMPLETED" in kinds:
+                raise refusal
+
+        w.probe.before_append = refuse_steps
+        handle = await w.app.start("one_step", id="started")
+        with pytest.raises(KeyDestroyedLike):
+            await handle.result(timeout=5)
+        with pytest.raises(KeyDestroyedLike):
+            await w.app.execute("one_step", id="executed")
+        for execution_id in ("started", "executed"):
+            assert (await w.app.inspect(execution_id)).status == "running"  # as after a crash
+        assert w.errors == [refusal, refusal]
+        # Once the store writes again, the node's recovery carries both on.
+        w.probe.before_append = None
+        await w.app.recover()
+        assert await handle.result(timeout=5) == "done"
+        assert await w.app.get("executed").result(timeout=5) == "done"
+
+
+async def test_a_send_to_an_execution_whose_log_cannot_be_read_stores_nothing() -> None:
+    async with wired() as w:
+        w.app.workflow(name="waits")(waits)
+        await w.app.start("waits", id="r")
+        await w.app.drain()
+        shredded = KeyDestroyedLike("'r''s payloads were shredded")
+
+        def unreadable(execution_id: str) -> None:
+            if execution_id == "r":
+                raise shredded
+
+        w.probe.after_read = unreadable
+        rows_before = await w.base.timers.due(FAR)
+        with pytest.raises(KeyDestroyedLike):
+            await w.app.send("r", "go", 1)
+        assert await w.base.events.head("$inbox:r") == 0
+        assert await w.base.timers.due(FAR) == rows_before

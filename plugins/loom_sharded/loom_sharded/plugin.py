@@ -18,9 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import Final, final
 
 from loom_core import Storage, open_storage
-from loom_core.decorating import DecoratorRegistry, InnerOpener, hookimpl
+from loom_core.decorating import (
+    DecoratorRegistry,
+    EventStoreDecorator,
+    InnerOpener,
+    hookimpl,
+)
 from loom_core.errors import InvalidOptionError
-from loom_core.spi import LeaseStore, TimerStore
+from loom_core.spi import EventStore, LeaseStore, TimerStore
 from loom_sharded.errors import Shard, redact_url
 from loom_sharded.events import ShardedEventStore
 from loom_sharded.leases import ShardedLeaseStore
@@ -69,8 +74,9 @@ def sharded_storage(
     (:mod:`loom_sharded.routing`).
 
     Refuses (:class:`~loom_core.errors.InvalidOptionError`) an empty list, a storage given
-    twice, names that are not one unique printable str per shard, a bad ``colocate``, and
-    shards whose event stores do not offer the same optional methods.
+    twice, names that are not one unique printable str per shard, a bad ``colocate``,
+    shards decorated differently, and shards whose event stores do not offer the same
+    optional methods.
     """
     if isinstance(shards, str) or not isinstance(shards, Sequence) or not shards:
         raise InvalidOptionError("sharded_storage needs a non-empty list of Storage")
@@ -81,6 +87,7 @@ def sharded_storage(
         raise InvalidOptionError("the same Storage is given as two shards")
     if colocate is not None and not isinstance(colocate, str):
         raise InvalidOptionError(f"colocate must be a str, not {type(colocate).__name__}")
+    _check_same_layers(shards)
     router = ShardRouter(_names(names, len(shards)), colocate=colocate)
     info = [Shard(i, name, redact_url(s.url)) for i, (name, s) in
             enumerate(zip(router.names, shards, strict=True))]
@@ -97,6 +104,36 @@ def sharded_storage(
 
     url = "sharded(" + ", ".join(shard.url or "?" for shard in info) + ")"
     return Storage(events, timers, leases, url=url, on_close=close_shards)
+
+
+def _layers(storage: Storage) -> tuple[str, ...]:
+    """The decorators of ``storage``'s event store, outermost first, down to its backend
+    or to a fan-out of its own (which ends the walk)."""
+    found: list[str] = []
+    store: EventStore = storage.events
+    while isinstance(store, EventStoreDecorator):
+        found.append(type(store).__name__)
+        if len(store.wrapped) != 1:
+            break
+        store = store.wrapped[0]
+    return tuple(found)
+
+
+def _check_same_layers(shards: Sequence[Storage]) -> None:
+    """Refuse shards decorated differently: a layer on one shard only (a tenant's
+    isolation, a cipher, an audit chain) would serve only the ids routed to it."""
+    first = _layers(shards[0])
+    for i, shard in enumerate(shards[1:], start=1):
+        layers = _layers(shard)
+        if layers != first:
+            raise InvalidOptionError(
+                f"shard 0 is decorated with {list(first) or 'nothing'} and shard {i} with "
+                f"{list(layers) or 'nothing'}: a layer below the sharded store must be on "
+                "every shard, or it serves only the ids routed to that one. Put 'sharded' "
+                "first in decorators=[...] (innermost) and the other decorators after it, "
+                "so they wrap every shard; or give each shard as a Storage opened with the "
+                "same decorators"
+            )
 
 
 @final

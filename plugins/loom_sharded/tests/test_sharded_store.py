@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from loom_sharded import CrossShardError, ShardedDecorator, ShardedEventStore, sharded_storage
+from loom_sharded import plugin as loom_sharded_plugin
 
 from loom_core import (
     AppendRequest,
@@ -23,6 +24,7 @@ from loom_core import (
     Unsupported,
     open_storage,
 )
+from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator
 from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, OptionalMethod, PluginHost
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -227,6 +229,55 @@ async def test_shards_that_offer_different_methods_are_refused() -> None:
     bare = await open_storage("memory://", options={"offer": ()})
     with pytest.raises(InvalidOptionError, match=r"shard 1 \(shard-1, memory://\) differs"):
         sharded_storage([full, bare])
+
+
+class _Layer(EventStoreDecorator):
+    """A decorator of this test's, standing for a tenant or a cipher below the fan-out."""
+
+    decisions = Decisions(
+        acquire_fence=FORWARD,
+        acquire_fence_if=FORWARD,
+        append_if_unchanged=FORWARD,
+        append_many=FORWARD,
+        delete_execution=FORWARD,
+        copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD,
+        subscribe=FORWARD,
+    )
+
+
+def _layered(storage: Storage) -> Storage:
+    return Storage(
+        _Layer(storage.events), storage.timers, storage.leases, url=storage.url,
+        on_close=storage.close,
+    )
+
+
+async def test_a_layer_on_some_shards_only_is_refused_and_nothing_stays_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layered = _layered(await open_storage("memory://"))
+    plain = await open_storage("memory://")
+    with pytest.raises(InvalidOptionError, match=r"shard 0 is decorated with \['_Layer'\]"):
+        sharded_storage([layered, plain])
+    # Below the decorator, shards given as URLs would be opened bare: refused, and what
+    # the decorator opened is closed again.
+    opened: list[Storage] = []
+
+    async def tracked(url: str) -> Storage:
+        opened.append(await open_storage(url))
+        return opened[-1]
+
+    monkeypatch.setattr(loom_sharded_plugin, "open_storage", tracked)
+    with pytest.raises(InvalidOptionError, match="Put 'sharded' first"):
+        await ShardedDecorator().decorate(layered, {"shards": ["memory://"]})
+    assert len(opened) == 1
+    assert opened[0].closed
+    assert not layered.closed
+    # Decorated alike, they are taken.
+    both = sharded_storage([layered, _layered(plain)])
+    assert len(events_of(both).placement.stores) == 2
+    await both.close()
 
 
 async def test_the_entry_point_registers_the_sharded_decorator() -> None:
