@@ -226,8 +226,9 @@ def _scheme(url: object) -> str:
         raise InvalidURLError(f"storage URL must be a str, not {type(url).__name__}")
     if "://" not in url:
         raise InvalidURLError(
-            f"storage URL {url!r} has no scheme; use e.g. memory://, sqlite:///path/loom.db "
-            "or postgresql://user@host/db"
+            f"storage URL {url!r} has no scheme followed by '://'; use e.g. memory://, "
+            "sqlite:///path/loom.db (three slashes before a relative path, four before an "
+            "absolute one) or postgresql://user@host/db"
         )
     try:
         scheme = urlsplit(url).scheme

@@ -18,11 +18,14 @@
 """
 
 from loom_core import (
+    ConflictError,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     InvalidExecutionIdError,
     InvalidInputError,
+    InvalidOptionError,
     LoomError,
+    StorageError,
 )
 from loom_runtime.app import MAX_NEW_ID_BYTES, MAX_RECOVERIES, Authorize, Handle, Loom
 from loom_runtime.clock import Clock, RandomSource, SystemClock
@@ -49,6 +52,7 @@ from loom_runtime.errors import (
     WorkflowNotFoundError,
 )
 from loom_runtime.fold import Status, View, fold
+from loom_runtime.records import execution_subject
 from loom_runtime.retry import Retry
 from loom_runtime.schedules import Schedule
 from loom_runtime.timers import TimerService
@@ -62,6 +66,7 @@ __all__ = [
     "AppNotRunningError",
     "Authorize",
     "Clock",
+    "ConflictError",
     "Context",
     "ContextOutsideBodyError",
     "Durable",
@@ -73,6 +78,7 @@ __all__ = [
     "InvalidDurationError",
     "InvalidExecutionIdError",
     "InvalidInputError",
+    "InvalidOptionError",
     "LogFormatError",
     "Loom",
     "LoomError",
@@ -90,6 +96,7 @@ __all__ = [
     "RunStoppedError",
     "Schedule",
     "Status",
+    "StorageError",
     "StepFailedError",
     "StepInfo",
     "SystemClock",
@@ -98,6 +105,7 @@ __all__ = [
     "WorkflowFailedError",
     "WorkflowNotFoundError",
     "__version__",
+    "execution_subject",
     "fold",
     "step_info",
 ]

@@ -12,7 +12,6 @@ import inspect
 import logging
 import math
 import random as random_module
-import re
 import socket
 import types
 import uuid
@@ -90,7 +89,15 @@ from loom_runtime.errors import (
 from loom_runtime.fold import Recorded, Status, View, completion_result, fold
 from loom_runtime.hooks import Hooks, OnDurableEvent, OnError, OnEvent, OnStorageError
 from loom_runtime.inbox import Inbox, Message
-from loom_runtime.records import INBOX_PREFIX, Position, Wait, check_text, fresh, json_value
+from loom_runtime.records import (
+    INBOX_PREFIX,
+    SUCCESSOR_SUFFIX,
+    Position,
+    Wait,
+    check_text,
+    fresh,
+    json_value,
+)
 from loom_runtime.resume import answer_park, read_tail, still_parked
 from loom_runtime.schedules import Schedule, Scheduler, check_schedule, tick_id
 from loom_runtime.timers import Fired, TimerService
@@ -288,7 +295,7 @@ class Loom:
         self,
         storage: str | Storage,
         *,
-        decorators: Sequence[DecoratorSpec] = (),
+        decorators: Sequence[DecoratorSpec] | None = (),
         options: Mapping[str, object] | None = None,
         node: str | None = None,
         on_error: OnError | None = None,
@@ -345,6 +352,8 @@ class Loom:
         for flag, value in (("timers", timers), ("recover", recover)):
             if not isinstance(value, bool):
                 raise InvalidOptionError(f"Loom({flag}=...) must be True or False, not {value!r}")
+        if decorators is None:
+            decorators = ()
         if isinstance(decorators, str | bytes) or not isinstance(decorators, Sequence):
             raise InvalidOptionError(
                 f"Loom(decorators=...) must be a list of decorator specs (e.g. ['tenant']), "
@@ -798,11 +807,11 @@ class Loom:
         if view.status is None:
             raise refused  # deleted since: a start again decides, not this one
         if view.workflow != name and self._workflows.get(view.workflow) is not fn:
-            refused.add_note(
+            raise _explained(
+                refused,
                 f"it runs workflow {view.workflow!r}, not {name!r}: if_exists='attach' "
-                "attaches only to an execution of the same workflow"
+                "attaches only to an execution of the same workflow",
             )
-            raise refused
         return Handle(self, refused.execution_id)
 
     @overload
@@ -862,10 +871,7 @@ class Loom:
             del self._inline[done]
             done.set_result(None)
         if not self._entered:
-            raise AppNotRunningError(
-                "app.execute (the app left while the body ran, and stopped it; the node's "
-                "next start recovers the execution)"
-            )
+            raise AppNotRunningError("app.execute", left=True)
         if last is not None and last.kind == EventKind.EXECUTION_COMPLETED:
             return completion_result(last)
         return await Handle(self, execution_id).result()
@@ -957,9 +963,10 @@ class Loom:
                 raise
             existing = await self.inspect(new_id)
             if (existing.forked_from, existing.forked_at) != (source, at):
-                refused.add_note(
+                _explained(
+                    refused,
                     f"it is not a fork of {source!r} at {at}: if_exists='attach' attaches "
-                    "a fork only to the fork the same call made before"
+                    "a fork only to the fork the same call made before",
                 )
                 raise
             return Handle(self, new_id)
@@ -2604,7 +2611,9 @@ class Loom:
 
         async with self._answering(view.execution_id):
             try:
-                token, resumed, written = await answer_park(events, view, park_seq, answer)
+                token, resumed, written = await answer_park(
+                    events, view, park_seq, answer, writing=self._writing
+                )
             except asyncio.CancelledError:
                 self._take_back_later(
                     view.execution_id,
@@ -2620,6 +2629,12 @@ class Loom:
                 self.hooks.durable_event(event)
         self.changed(view.execution_id)
         return chosen[0], token, resumed
+
+    def _writing(self, view: View, batch: Sequence[NewEvent]) -> None:
+        """Tell ``on_event`` of an answer about to be appended."""
+        if self.hooks.on_event is not None:
+            for event in batch:
+                self.hooks.event(view.execution_id, event)
 
     def _answering(self, execution_id: str) -> _Answering:
         """One resumer at a time per execution in this process. Two at once (a send's
@@ -2650,8 +2665,6 @@ class Loom:
                             self.node,
                         ),
                     ]
-                    for event in batch:
-                        self.hooks.event(view.execution_id, event)
                     return batch, (wait,)
         timed = [w for w in pending if w.wake_at is not None]
         if len(timed) > 1:
@@ -2688,9 +2701,6 @@ class Loom:
             )
             for wait in answered
         ]
-        if self.hooks.on_event is not None:
-            for event in batch:
-                self.hooks.event(view.execution_id, event)
         return batch, tuple(answered)
 
     async def _allows(self, principal: object, action: str, execution_id: str) -> bool:
@@ -2918,7 +2928,6 @@ _PROBED_ID_LENGTH: Final = 256
 a decorator may lower, before a start writes anything; shorter ones leave room under any
 tenant name."""
 
-_SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
 
 _REUSE_ATTEMPTS: Final = 8
 
@@ -2974,7 +2983,7 @@ def _check_new_id(execution_id: object) -> str:
         and ("#" not in execution_id or not execution_id[-1].isdigit())
     ):
         return execution_id  # neither too long nor a successor's form
-    if _SUCCESSOR_SUFFIX.search(execution_id):
+    if SUCCESSOR_SUFFIX.search(execution_id):
         raise ReservedExecutionIdError(execution_id, successor=True)
     size = len(execution_id.encode("utf-8"))
     if size > MAX_NEW_ID_BYTES:
@@ -2984,6 +2993,13 @@ def _check_new_id(execution_id: object) -> str:
             f"{MAX_ID_BYTES} less room for its inbox's and successors' ids), not {size}",
         )
     return execution_id
+
+
+def _explained(refused: ExecutionAlreadyExistsError, why: str) -> ExecutionAlreadyExistsError:
+    """``refused``, its message saying ``why`` too (in the message, not a note, so a log
+    that prints the error alone keeps it)."""
+    refused.args = (f"{refused}; {why}",)
+    return refused
 
 
 def _constant(batch: list[NewEvent]) -> Callable[[View], Awaitable[Sequence[NewEvent]]]:

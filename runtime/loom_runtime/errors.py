@@ -329,8 +329,14 @@ class RunStoppedError(LoomError):
 class AppNotRunningError(LoomError):
     """The call needs the app's storage and worker: use it inside ``async with app``."""
 
-    def __init__(self, what: str) -> None:
-        super().__init__(f"{what} needs a running app: call it inside 'async with app:'")
+    def __init__(self, what: str, *, left: bool = False) -> None:
+        if left:
+            super().__init__(
+                f"{what} was cut short: the app was left while the body ran, and stopped "
+                "it; the execution stays running, and the node's next start recovers it"
+            )
+        else:
+            super().__init__(f"{what} needs a running app: call it inside 'async with app:'")
 
 
 class LogFormatError(LoomError):

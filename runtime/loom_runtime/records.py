@@ -9,6 +9,7 @@ positions never depend on the order in which concurrent calls finish.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,8 +74,25 @@ ATTEMPT_FAILED_KIND: Final = "STEP_ATTEMPT_FAILED"
 kernel's: only a running driver writes it, never while the execution is parked)."""
 
 
+SUCCESSOR_SUFFIX: Final = re.compile(r"#[0-9]+\Z")
+"""The end of the ids continue-as-new gives: ``<first id>#<generation>``."""
+
+
 def inbox_of(execution_id: str) -> str:
     return INBOX_PREFIX + execution_id
+
+
+def execution_subject(execution_id: str, event: NewEvent) -> str:
+    """A ``subject_of`` for the crypto decorator under the runtime: an execution, its
+    inbox (``$inbox:<id>``) and every generation continue-as-new made of it
+    (``<id>#<n>``) share one subject, the first execution's id, so
+    ``shred_subject(storage, "order-42")`` erases all of them. A fork is an execution of
+    its own, under its own subject. It reads the ids the runtime writes: with the tenant
+    decorator, put ``tenant`` before ``crypto`` in ``decorators=[...]``."""
+    if execution_id.startswith(INBOX_PREFIX):
+        execution_id = execution_id[len(INBOX_PREFIX) :]
+    found = SUCCESSOR_SUFFIX.search(execution_id)
+    return execution_id if found is None else execution_id[: found.start()]
 
 
 def position_text(position: Position) -> str:

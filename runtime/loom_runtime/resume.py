@@ -58,12 +58,15 @@ async def answer_park(
     answer: Answer,
     *,
     checked: Callable[[View], Awaitable[None]] | None = None,
+    writing: Callable[[View, Sequence[NewEvent]], None] | None = None,
 ) -> tuple[int, View, tuple[Event, ...]]:
     """Answer the park at ``park_seq`` of ``view``'s execution; return the token now held,
     the view advanced past the answer, and the events written.
 
     ``checked`` runs after every check that can refuse without writing (the authorisation
-    hook goes there), just before the first acquire. Raises ResumeRefusedError (nothing
+    hook goes there), just before the first acquire; ``writing`` is told of each batch
+    just before it is appended (``answer`` builds one more, to refuse early, that is
+    never written). Raises ResumeRefusedError (nothing
     appended, no token taken) or ResumeContendedError (after ACQUIRE_ATTEMPTS stale
     acquisitions with the park still unanswered).
     """
@@ -107,6 +110,8 @@ async def answer_park(
             if not still_parked(view, park_seq):
                 raise _refuse(view)
             batch = await answer(view)
+            if writing is not None:
+                writing(view, batch)
             try:
                 written = await events.append(
                     execution_id, batch, expected_sequence=view.head, fence=token

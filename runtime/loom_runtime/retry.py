@@ -35,8 +35,9 @@ class Retry:
     initial_interval: float = 1.0
     backoff: float = 2.0
     max_interval: float = 60.0
-    retry_on: tuple[type[BaseException], ...] = (Exception,)
-    non_retryable: tuple[type[BaseException], ...] = ()
+    # One class alone is taken, and kept as a tuple of one.
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,)
+    non_retryable: type[BaseException] | tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):

@@ -465,20 +465,21 @@ class ChildProcess:
     async def spawn(
         cls,
         *argv: str,
-        stderr: Path,
+        stderr: str | os.PathLike[str],
         env: Mapping[str, str] | None = None,
         line_timeout: float = 60.0,
     ) -> ChildProcess:
         """Start ``argv`` with stdin closed, stdout piped and stderr to the file
-        ``stderr``, in ``env`` (default: this process's environment). A line that takes
+        ``stderr`` (a path), in ``env`` (default: this process's environment). A line that takes
         longer than ``line_timeout`` seconds raises TimeoutError."""
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise InvalidInputError(
                 f"argv must be one or more non-empty strs (the program, then its "
                 f"arguments), not {argv!r}"
             )
-        if not isinstance(stderr, Path):
-            raise InvalidInputError(f"stderr= must be a pathlib.Path, not {stderr!r}")
+        if not isinstance(stderr, str | os.PathLike) or not os.fspath(stderr):
+            raise InvalidInputError(f"stderr= must be a path (a str or a Path), not {stderr!r}")
+        path = Path(stderr)
         if (
             isinstance(line_timeout, bool)
             or not isinstance(line_timeout, int | float)
@@ -489,7 +490,7 @@ class ChildProcess:
                 f"line_timeout= must be a finite number of seconds above 0, not "
                 f"{line_timeout!r}"
             )
-        with stderr.open("wb") as err:
+        with path.open("wb") as err:  # noqa: ASYNC230 (a local file, once per child)
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -497,7 +498,7 @@ class ChildProcess:
                 stderr=err,
                 env=None if env is None else dict(env),
             )
-        return cls(process, stderr, float(line_timeout))
+        return cls(process, path, float(line_timeout))
 
     @property
     def pid(self) -> int:

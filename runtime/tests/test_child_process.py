@@ -46,7 +46,7 @@ async def test_a_killed_child_is_reaped_with_sigkill_and_keeps_what_it_said(
     tmp_path: Path,
 ) -> None:
     child = await ChildProcess.spawn(
-        sys.executable, "-c", TALKER, "wait", stderr=tmp_path / "err"
+        sys.executable, "-c", TALKER, "wait", stderr=str(tmp_path / "err")  # a str too
     )
     assert await child.line() == "hello"
     # Its stderr note is written after "world" is flushed: once it is there, so is "world".
@@ -86,7 +86,8 @@ async def test_a_silent_child_times_out_and_can_still_be_killed(tmp_path: Path) 
         ((), {}, "argv"),
         (("",), {}, "argv"),
         ((sys.executable, 3), {}, "argv"),
-        ((sys.executable,), {"stderr": "err.txt"}, "stderr="),
+        ((sys.executable,), {"stderr": 3}, "stderr="),
+        ((sys.executable,), {"stderr": ""}, "stderr="),
         ((sys.executable,), {"line_timeout": 0}, "line_timeout="),
         ((sys.executable,), {"line_timeout": float("inf")}, "line_timeout="),
         ((sys.executable,), {"line_timeout": True}, "line_timeout="),

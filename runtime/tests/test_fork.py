@@ -329,7 +329,7 @@ async def test_if_exists_attach_gives_the_same_fork_made_before_and_nothing_else
         # Another fork's position, the original itself, an execution that is no fork.
         with pytest.raises(ExecutionAlreadyExistsError) as refused:
             await app.fork("src", at=at, id=taken_id, if_exists="attach")
-        assert "not a fork of 'src'" in str(refused.value.__notes__)
+        assert "not a fork of 'src'" in str(refused.value)
     assert steps.ran == ["a", "a", "b"]
 
 

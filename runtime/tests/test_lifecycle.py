@@ -282,6 +282,34 @@ async def test_hooks_fire_before_and_after_the_durable_write() -> None:
     ]
 
 
+async def test_each_answer_to_a_park_is_heard_of_once_before_its_write() -> None:
+    """A resume builds its answer once to refuse before any token is taken and again to
+    write it: ``on_event`` hears only of the one written."""
+    before: list[str] = []
+    after: list[str] = []
+    app = Loom(
+        "memory://", node="n", clock=VirtualClock(),
+        on_event=lambda execution_id, event: before.append(event.kind),
+        on_durable_event=lambda event: after.append(event.kind),
+    )
+
+    @app.workflow(name="naps-then-waits")
+    async def naps_then_waits(ctx: Context) -> object:
+        await ctx.sleep(60)
+        return await ctx.receive("go")
+
+    async with app:
+        handle = await app.start(naps_then_waits, id="w")
+        await app.drain()
+        await app.clock.advance(60)  # type: ignore[attr-defined]
+        await app.drain()
+        await app.send("w", "go", 1)
+        assert await handle.result(timeout=5) == 1
+        logged = [e.kind for e in await app.storage.events.read("w")]
+    assert before == after == logged
+    assert logged.count(EventKind.EXECUTION_RESUMED) == 2
+
+
 async def test_the_hooks_hear_of_what_the_app_writes_itself() -> None:
     """A cancel (of a parked and of a running execution), a denial and a takeover are
     written by the app, not a run: the hooks hear of them as of a run's writes, and every
@@ -412,6 +440,16 @@ def test_options_a_user_gets_wrong_are_refused_when_the_app_is_built(
 ) -> None:
     with pytest.raises(InvalidInputError, match=says):
         Loom("memory://", **options)  # type: ignore[arg-type]
+
+
+async def test_decorators_none_is_no_decorator() -> None:
+    async with Loom("memory://", decorators=None) as app:
+
+        @app.workflow()
+        async def plain(ctx: Context) -> int:
+            return 1
+
+        assert await app.execute(plain) == 1
 
 
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1, "5", 10**400])

@@ -72,7 +72,14 @@ from loom_audit.heads import ChainHead, sign_head
 from loom_audit.tips import DEFAULT_TIP_CACHE_SIZE, ChainTips, Tip
 from loom_audit.verification import ChainBroken, ChainWalk, Verification
 from loom_core import Event, NewEvent
-from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
+from loom_core.decorating import (
+    FORWARD,
+    Decisions,
+    EventStoreDecorator,
+    Implement,
+    Refuse,
+    find_layers,
+)
 from loom_core.errors import (
     ExecutionNotFoundError,
     InvalidOptionError,
@@ -125,6 +132,13 @@ class AuditEventStore(EventStoreDecorator):
             raise InvalidOptionError(
                 f"tip_cache_size must be an int >= 0 (executions remembered), "
                 f"not {tip_cache_size!r}"
+            )
+        if find_layers(inner, AuditEventStore):
+            # The outer chain's link would reach the inner one as caller metadata under
+            # its reserved key, and every append would be refused.
+            raise InvalidOptionError(
+                "the store is already audited (an audit layer is below this one): one "
+                "chain covers every layer above it; give 'audit' once in decorators=[...]"
             )
         super().__init__(inner)
         self._head_key = head_key

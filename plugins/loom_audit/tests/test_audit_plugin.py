@@ -42,3 +42,13 @@ async def test_verify_without_an_audit_layer_is_refused() -> None:
     async with open_storage("memory://") as storage:
         with pytest.raises(InvalidOptionError, match="no audit decorator"):
             await verify(storage, "e")
+
+
+async def test_a_second_audit_layer_is_refused_when_the_stack_is_opened() -> None:
+    # Each would refuse every append: the outer chain's link reaches the inner one as
+    # caller metadata under its reserved key.
+    with pytest.raises(InvalidOptionError, match="already audited"):
+        await open_storage("memory://", decorators=["audit", "audit"])
+    async with open_storage("memory://", decorators=["audit"]) as storage:
+        with pytest.raises(InvalidOptionError, match="already audited"):
+            AuditEventStore(storage.events)
