@@ -26,7 +26,7 @@ from collections.abc import (
     Sequence,
     Set,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, final, overload
 
@@ -117,6 +117,14 @@ background: first CARRY_ON_AFTER seconds later, then after twice as long each ti
 store fails again, at most CARRY_ON_CAP seconds (each wait drawn between half and all of
 it, so the executions an outage stopped do not all come back at once)."""
 
+QUIET_RIVAL_AFTER: Final = 30.0
+QUIET_RIVAL_CAP: Final = 3600.0
+"""A run of this process fenced out by a token after which nothing was written (its
+taker died between its token and its record: a cancel, say) is carried on by this
+process when the log has stayed so for QUIET_RIVAL_AFTER seconds; for the same execution
+again, after twice as long each time, at most QUIET_RIVAL_CAP seconds (see
+docs/design.md, "A token and nothing after it")."""
+
 SENDER_GRACE: Final = timedelta(seconds=60)
 """How long a timer service waits for the message of a sender's wake row to be stored
 before it retires the row as having nothing to answer (docs/design.md, "Resuming a park")."""
@@ -157,6 +165,9 @@ class _Strand:
 
     not_before: datetime
     limited: bool = False
+    quiet_at: int | None = None
+    """For a run fenced out by a token after which nothing was written: the log's head
+    then. The execution is carried on only if it is still there (nothing written since)."""
 
 
 @final
@@ -403,6 +414,8 @@ class Loom:
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
         self._stranded: dict[str, _Strand] = {}
+        # Quiet rivals' takeovers in a row per execution (see _watch_quiet_rival).
+        self._quiet_takeovers: dict[str, int] = {}
         # When the carry-on's sleep ends, while it sleeps (see _strand).
         self._carry_on_wakes: datetime | None = None
         # The recovery on entering could not list the executions (the store, or a shard
@@ -1196,8 +1209,9 @@ class Loom:
 
     @property
     def stranded(self) -> frozenset[str]:
-        """Executions whose run in this process stopped because a store call failed, not
-        carried on yet: the app retries in the background until the store answers."""
+        """Executions whose run in this process stopped because a store call failed, or
+        was fenced out by a token nothing was written after yet, not carried on yet: the
+        app carries them on in the background (see docs/design.md)."""
         return frozenset(self._stranded)
 
     def _strand(self, execution_id: str, fruitless: int = 0, *, limited: bool = False) -> None:
@@ -1219,6 +1233,30 @@ class Loom:
             self._carrying_on.cancel()
             self._carrying_on = self._carry_on_wakes = None
         self._carry_on_later()
+
+    def _watch_quiet_rival(self, run: Run) -> None:
+        """A run of this process was fenced out. Whoever took the token writes under it
+        at once (a cancel its record, a resume its answer, a takeover its
+        EXECUTION_RECOVERED); one that dies first leaves the execution running under this
+        node with nothing driving it. Carry it on if the log still ends where the run
+        left it after QUIET_RIVAL_AFTER seconds."""
+        if not self._entered:
+            return  # leaving: the node's next start recovers it
+        execution_id = run.execution_id
+        repeats = self._quiet_takeovers.get(execution_id, 0)
+        wait = min(QUIET_RIVAL_AFTER * 2 ** min(repeats, 16), QUIET_RIVAL_CAP)
+        not_before = self.clock.now() + timedelta(seconds=wait)
+        self._stranded[execution_id] = _Strand(not_before, quiet_at=run.final_view().head)
+        self._carry_on_later()
+
+    async def _take_back_quiet(self, execution_id: str, head: int) -> None:
+        """Carry on an execution a quiet rival fenced this process's run out of, if its
+        log is still running at ``head``: nothing was written since the run stopped."""
+        view = await self.inspect(execution_id)
+        if view.status != "running" or view.head != head or self._owned(execution_id):
+            return  # written since (cancelled, answered, taken over): theirs
+        self._quiet_takeovers[execution_id] = self._quiet_takeovers.get(execution_id, 0) + 1
+        await self._carry_on_fenced_out(execution_id)
 
     def _jittered(self, seconds: float) -> timedelta:
         """Between half and all of ``seconds``: executions one outage stopped do not all
@@ -1275,7 +1313,12 @@ class Loom:
                     continue  # not due yet, or stranded again meanwhile
                 del self._stranded[execution_id]
                 try:
-                    await self._take_back(execution_id, fence_first=True, limited=strand.limited)
+                    if strand.quiet_at is not None:
+                        await self._take_back_quiet(execution_id, strand.quiet_at)
+                    else:
+                        await self._take_back(
+                            execution_id, fence_first=True, limited=strand.limited
+                        )
                 except StoreClosedError as exc:
                     # The storage was closed under the app: nothing will answer again.
                     self.hooks.error(exc)
@@ -1285,10 +1328,10 @@ class Loom:
                     self.hooks.storage_error(execution_id, exc)
                     delay = min(delay * 2, CARRY_ON_CAP)
                     later = self.clock.now() + self._jittered(delay)
-                    self._stranded.setdefault(execution_id, _Strand(later, strand.limited))
+                    self._stranded.setdefault(execution_id, replace(strand, not_before=later))
                     for other, waiting in list(self._stranded.items()):
                         if waiting.not_before < later:  # the store fails still: all wait
-                            self._stranded[other] = _Strand(later, waiting.limited)
+                            self._stranded[other] = replace(waiting, not_before=later)
                     break
                 except Exception as exc:
                     self.hooks.error(exc)
@@ -2449,6 +2492,7 @@ class Loom:
                 self.hooks.error(reason)
             elif isinstance(reason, FencedOut):
                 _log.debug("%s", reason)
+                self._watch_quiet_rival(run)
             elif isinstance(reason, TimedOut):
                 await self._time_out(execution_id)
             elif isinstance(reason, StorageError):
@@ -2464,6 +2508,8 @@ class Loom:
             return None, None
         if self.halted:
             self.halted.pop(execution_id, None)
+        if self._quiet_takeovers:
+            self._quiet_takeovers.pop(execution_id, None)
         if outcome.kind == "suspended":
             if outcome.tried:
                 return None, None
