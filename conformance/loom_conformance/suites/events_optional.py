@@ -369,6 +369,10 @@ class EventStoreOptionalContract:
             ("exec-branch", e.sequence, e.kind, e.payload, e.metadata) for e in source
         ]
         assert copied[3].metadata["fence"] == 0
+        # Each copy keeps its source's time: when the event happened, not when it was copied.
+        assert [e.recorded_at for e in copied] == [
+            e.recorded_at for e in await loom_events.read("exec-src")
+        ], "copy_prefix must keep each source event's recorded_at"
 
         assert await loom_events.copy_prefix("exec-src", "exec-short", through_sequence=1) == 2
         assert [e.payload for e in await loom_events.read("exec-short")] == [0, 1]

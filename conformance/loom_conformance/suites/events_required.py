@@ -13,6 +13,7 @@ import pytest
 
 from loom_conformance.factory import StorageFactory
 from loom_conformance.requirements import COVERAGE_PROPERTY
+from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     app,
     close_iterator,
@@ -174,17 +175,19 @@ class EventStoreRequiredContract:
             {},
             {"nested": {"list": [1, "two", None, False, {"x": 1.5}]}, "": "empty key"},
         ]
+        def metadata(i: int) -> dict[str, Any]:
+            # A null value is a value: a store that drops the key loses what it said.
+            return {"trace": f"t{i}", "n": i, "tags": ["a"], "parent": None,
+                    "nested": {"none": None, "list": [None]}}
+
         events = [
-            NewEvent("kind.payload", payload, {"trace": f"t{i}", "n": i, "tags": ["a"]})
-            for i, payload in enumerate(payloads)
+            NewEvent("kind.payload", payload, metadata(i)) for i, payload in enumerate(payloads)
         ]
         await loom_events.append("exec-json", events, expected_sequence=0)
 
         read = await loom_events.read("exec-json")
         assert [e.payload for e in read] == payloads
-        assert [e.metadata for e in read] == [
-            {"trace": f"t{i}", "n": i, "tags": ["a"]} for i in range(len(payloads))
-        ]
+        assert [e.metadata for e in read] == [metadata(i) for i in range(len(payloads))]
 
     async def test_a_tuple_payload_reads_back_as_a_list(self, loom_events: EventStore) -> None:
         await loom_events.append(
@@ -339,6 +342,49 @@ class EventStoreRequiredContract:
         log = await loom_events.read("exec-race")
         assert [e.sequence for e in log] == [0, 1]
         assert log[1] == winners[0][0]
+
+    async def test_a_batch_is_seen_whole_or_not_at_all_by_a_racing_reader_and_writer(
+        self, loom_events: EventStore
+    ) -> None:
+        # A store suspended between the events of one batch (an await per row written)
+        # would show a reader half of it, and let a writer append at that half's head.
+        for turns in range(MAX_TURNS):
+            execution_id = f"exec-batch-{turns}"
+            batch = [app(payload=[turns, i]) for i in range(3)]
+
+            async def rival(execution_id: str = execution_id) -> tuple[int, object]:
+                head = await loom_events.head(execution_id)
+                try:
+                    written: object = await loom_events.append(
+                        execution_id, [app("rival")], expected_sequence=head
+                    )
+                except ConflictError as error:
+                    written = error
+                return head, written
+
+            race = await race_after_turns(
+                loom_events.append(execution_id, batch, expected_sequence=0), rival, turns
+            )
+            assert not isinstance(race.second, Exception), race.second
+            head, _ = race.second
+            assert head in (0, 3), (
+                f"a reader saw head {head} while a batch of 3 was appended at sequence 0 "
+                f"(after a head start of {turns} loop turn(s)): it saw part of the batch. "
+                "Write a batch in one atomic step (no await between its events; one "
+                "transaction)"
+            )
+            log = await loom_events.read(execution_id)
+            assert [e.sequence for e in log] == list(range(len(log))), (
+                f"the log of {execution_id!r} has sequences {[e.sequence for e in log]} "
+                "after a batch and a racing append: two events at one sequence"
+            )
+            batch_payloads = [e.payload for e in log if e.kind != "rival"]
+            if isinstance(race.first, Exception):
+                # The rival created the log first: a refusal that wrote nothing.
+                assert isinstance(race.first, ConflictError), race.first
+                assert batch_payloads == [], log
+            else:
+                assert batch_payloads == [[turns, i] for i in range(3)], log
 
     async def test_concurrent_creates_have_exactly_one_winner(
         self, loom_events: EventStore
