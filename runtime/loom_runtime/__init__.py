@@ -7,7 +7,7 @@
     app = Loom("sqlite:///orders.db")
 
     @app.workflow()
-    async def checkout(ctx: Context, order_id: str) -> dict:
+    async def checkout(ctx: Context, order_id: str) -> dict[str, object]:
         card = await ctx.step(charge_card, order_id, retry=Retry(attempts=5))
         await ctx.sleep(30)
         return {"card": card}
