@@ -9,12 +9,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from loom_runtime import Context
+from loom_runtime import Context, Handle
 from loom_runtime.app import QUIET_RIVAL_AFTER
 from loom_runtime.records import cancelled
-from store_probes import kinds, wired
+from store_probes import Wired, kinds, wired
 
-from loom_core import EventKind
+from loom_core import EventKind, JsonValue
 
 
 class Gate:
@@ -42,6 +42,23 @@ async def turns_until(event: asyncio.Event) -> None:
     raise AssertionError("not set within 1000 turns of the loop")
 
 
+async def fenced_out_quietly(w: Wired, gate: Gate) -> tuple[Handle[JsonValue], int]:
+    """Start ``charges`` (one step through ``gate``) as ``c``; while its step runs, a
+    rival takes a token, and the step returns: the run's write is refused and it stops.
+    The handle, and the rival's token (for a rival that lives to write)."""
+
+    async def charges(ctx: Context) -> str:
+        return await ctx.step(gate, name="charge")
+
+    w.app.workflow(name="charges")(charges)
+    handle = await w.app.start("charges", id="c")
+    await gate.entered.wait()
+    token = await w.base.events.acquire_fence("c")
+    gate.release.set()
+    await w.app.drain()
+    return handle, token
+
+
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 async def test_a_run_fenced_out_by_a_token_nothing_follows_is_carried_on_after_the_wait(
     backend: str, tmp_path: Path
@@ -49,17 +66,8 @@ async def test_a_run_fenced_out_by_a_token_nothing_follows_is_carried_on_after_t
     gate = Gate()
     url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path / 'loom.db'}"
     async with wired(url) as w:
-
-        @w.app.workflow(name="charges")
-        async def charges(ctx: Context) -> str:
-            return await ctx.step(gate, name="charge")
-
-        handle = await w.app.start(charges, id="c")
-        await gate.entered.wait()
         # A canceller in another process takes its token, then dies before its record.
-        await w.base.events.acquire_fence("c")
-        gate.release.set()
-        await w.app.drain()  # the run's write is refused: fenced out, it stops
+        handle, _ = await fenced_out_quietly(w, gate)
         assert await kinds(w.base.events, "c") == [EventKind.EXECUTION_STARTED]
         assert w.app.stranded == {"c"}
         await w.clock.advance(QUIET_RIVAL_AFTER - 1)
@@ -82,16 +90,7 @@ async def test_a_run_fenced_out_by_a_token_nothing_follows_is_carried_on_after_t
 async def test_a_rival_that_writes_under_its_token_keeps_the_execution() -> None:
     gate = Gate()
     async with wired() as w:
-
-        @w.app.workflow(name="charges")
-        async def charges(ctx: Context) -> str:
-            return await ctx.step(gate, name="charge")
-
-        await w.app.start(charges, id="c")
-        await gate.entered.wait()
-        token = await w.base.events.acquire_fence("c")
-        gate.release.set()
-        await w.app.drain()
+        _, token = await fenced_out_quietly(w, gate)
         assert w.app.stranded == {"c"}
         # The rival lives: its record lands within the wait.
         await w.base.events.append(
@@ -110,16 +109,7 @@ async def test_each_carry_on_after_a_quiet_rival_waits_twice_as_long_as_the_one_
 ) -> None:
     gate = Gate()
     async with wired() as w:
-
-        @w.app.workflow(name="charges")
-        async def charges(ctx: Context) -> str:
-            return await ctx.step(gate, name="charge")
-
-        await w.app.start(charges, id="c")
-        await gate.entered.wait()
-        await w.base.events.acquire_fence("c")
-        gate.release.set()
-        await w.app.drain()
+        await fenced_out_quietly(w, gate)
         gate.entered.clear()
         gate.release.clear()
         await w.clock.advance(QUIET_RIVAL_AFTER)
