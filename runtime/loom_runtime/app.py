@@ -2468,6 +2468,11 @@ class Loom:
             self.hooks.storage_error(execution_id, exc)
             self._strand(execution_id)
         except Exception as exc:
+            # A write the store refused as bad input (a cipher's subject_of that raised,
+            # an id too long for a tenant's prefix): nothing was written, the execution
+            # stays running, and result() raises what stopped it.
+            if isinstance(exc, LoomError):
+                self.halted[execution_id] = exc
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)

@@ -11,7 +11,7 @@ import pytest
 from loom_runtime import Context
 from store_probes import wired
 
-from loom_core import InvalidExecutionIdError, LoomError
+from loom_core import InvalidExecutionIdError, InvalidOptionError, LoomError
 
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 
@@ -90,11 +90,13 @@ async def one_step(ctx: Context) -> str:
     return await ctx.step(lambda: "done", name="only")
 
 
+@pytest.mark.parametrize("refused_as", [KeyDestroyedLike, InvalidOptionError])
 async def test_a_write_a_layer_refuses_for_good_ends_result_and_execute_with_its_error(
+    refused_as: type[LoomError],
 ) -> None:
     async with wired() as w:
         w.app.workflow(name="one_step")(one_step)
-        refusal = KeyDestroyedLike("the subject's key function failed; nothing was written")
+        refusal = refused_as("the subject's key function failed; nothing was written")
 
         async def refuse_steps(execution_id: str, kinds: tuple[str, ...]) -> None:
             if "STEP_COMPLETED" in kinds:
@@ -102,9 +104,9 @@ async def test_a_write_a_layer_refuses_for_good_ends_result_and_execute_with_its
 
         w.probe.before_append = refuse_steps
         handle = await w.app.start("one_step", id="started")
-        with pytest.raises(KeyDestroyedLike):
+        with pytest.raises(refused_as):
             await handle.result(timeout=5)
-        with pytest.raises(KeyDestroyedLike):
+        with pytest.raises(refused_as):
             await w.app.execute("one_step", id="executed")
         for execution_id in ("started", "executed"):
             assert (await w.app.inspect(execution_id)).status == "running"  # as after a crash
