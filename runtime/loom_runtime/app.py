@@ -165,6 +165,10 @@ class _Strand:
 
     not_before: datetime
     limited: bool = False
+    fence_first: bool = True
+    """Take a token before taking it back (see Loom._take_back)."""
+    settled: Callable[[View], bool] | None = None
+    """Whether a log shows the write in flight can no longer land (see Loom._take_back)."""
     quiet_at: int | None = None
     """For a run fenced out by a token after which nothing was written: the log's head
     then. The execution is carried on only if it is still there (nothing written since)."""
@@ -1130,7 +1134,7 @@ class Loom:
             return
         self._taking_back.add(execution_id)
         take_back = functools.partial(
-            self._take_back, execution_id, fence_first, settled=settled
+            self._take_back_or_strand, execution_id, fence_first, settled
         )
         task = asyncio.get_running_loop().create_task(
             self._quietly(take_back),
@@ -1138,6 +1142,22 @@ class Loom:
         )
         self._driving.add(task)
         task.add_done_callback(self._driving.discard)
+
+    async def _take_back_or_strand(
+        self,
+        execution_id: str,
+        fence_first: bool,
+        settled: Callable[[View], bool] | None,
+    ) -> None:
+        """:meth:`_take_back`; when the store fails it, the execution is stranded, to be
+        taken back in the same way once the store answers."""
+        try:
+            await self._take_back(execution_id, fence_first, settled=settled)
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            self.hooks.storage_error(execution_id, exc)
+            self._strand(execution_id, fence_first=fence_first, settled=settled)
 
     async def _take_back(
         self,
@@ -1214,17 +1234,29 @@ class Loom:
         app carries them on in the background (see docs/design.md)."""
         return frozenset(self._stranded)
 
-    def _strand(self, execution_id: str, fruitless: int = 0, *, limited: bool = False) -> None:
+    def _strand(
+        self,
+        execution_id: str,
+        fruitless: int = 0,
+        *,
+        limited: bool = False,
+        fence_first: bool = True,
+        settled: Callable[[View], bool] | None = None,
+    ) -> None:
         """A run of this process stopped because a store call failed (or a first write or
         an answer's outcome is unknown): the log may say it runs here with nothing driving
         it. Carry it on once the store answers again, as a restarted node would; see
         docs/design.md, "A failed store call". ``fruitless``: how many carry-ons in a row
         the run's log ends with (each waits twice as long as the one before);
-        ``limited``: a node's recovery, cut short by the store, to be made again."""
+        ``limited``: a node's recovery, cut short by the store, to be made again;
+        ``fence_first`` and ``settled``: how a call cut short takes it back (see
+        :meth:`_take_back`)."""
         if not self._entered:
             return  # leaving: the node's next start recovers it
         wait = min(CARRY_ON_AFTER * 2 ** min(fruitless, 16), CARRY_ON_CAP)
-        strand = _Strand(self.clock.now() + self._jittered(wait), limited)
+        strand = _Strand(
+            self.clock.now() + self._jittered(wait), limited, fence_first, settled
+        )
         self._stranded[execution_id] = strand
         waking = self._carry_on_wakes
         if waking is not None and strand.not_before < waking and self._carrying_on is not None:
@@ -1317,7 +1349,10 @@ class Loom:
                         await self._take_back_quiet(execution_id, strand.quiet_at)
                     else:
                         await self._take_back(
-                            execution_id, fence_first=True, limited=strand.limited
+                            execution_id,
+                            fence_first=strand.fence_first,
+                            limited=strand.limited,
+                            settled=strand.settled,
                         )
                 except StoreClosedError as exc:
                     # The storage was closed under the app: nothing will answer again.

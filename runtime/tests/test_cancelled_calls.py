@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, StepFailedError, WorkflowFailedError
-from store_probes import kinds, wired
+from loom_runtime.app import CARRY_ON_AFTER
+from store_probes import Wired, kinds, wired
 
 from loom_core import EventKind, StaleFenceError, StorageUnavailableError, open_storage
 
@@ -82,6 +83,58 @@ async def test_a_call_cancelled_after_its_first_write_landed_is_driven_by_the_ap
             EventKind.EXECUTION_COMPLETED,
         ]
         assert w.errors == []
+
+
+@pytest.mark.parametrize("call", [_start, _execute], ids=["start", "execute"])
+async def test_a_take_back_the_store_fails_is_stranded_and_carried_on_when_it_answers(
+    call: Start,
+) -> None:
+    async with wired() as w:
+        ran: list[str] = []
+
+        async def charge() -> str:
+            ran.append("charge")
+            return "charged"
+
+        @w.app.workflow()
+        async def order(ctx: Context) -> str:
+            return await ctx.step(charge)
+
+        down = StorageUnavailableError("the database is down")
+
+        def unreadable(execution_id: str) -> None:
+            raise down
+
+        gate = Gate(EventKind.EXECUTION_STARTED)
+        w.probe.after_append = gate
+        await gate_then_fail(w, gate, unreadable, asyncio.create_task(call(w.app, order, "o")))
+        assert w.app.stranded == {"o"}
+        assert w.errors == []  # a store failure: on_storage_error's, not on_error's
+        w.probe.after_read = None
+        await w.clock.advance(CARRY_ON_AFTER)
+        assert await w.app.get("o").result(timeout=5) == "charged"
+        assert ran == ["charge"]
+        assert await kinds(w.base.events, "o") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_RECOVERED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+        assert w.app.stranded == frozenset()
+
+
+async def gate_then_fail(
+    w: Wired, gate: Gate, failing: Callable[[str], None], call: asyncio.Task[Any]
+) -> None:
+    """Cancel ``call`` while ``gate`` holds its write's reply, with every read failing
+    (``failing``) from then on, and let the app's take-back meet the failure."""
+    await gate.held.wait()
+    w.probe.after_read = failing
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    gate.release.set()
+    await w.app.drain()
 
 
 async def test_a_start_cancelled_before_its_write_reached_the_store_leaves_nothing() -> None:

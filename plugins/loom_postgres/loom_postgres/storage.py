@@ -79,6 +79,21 @@ async def _ensure_schema(
         return str(row[0]) if row and row[0] else "public"
 
 
+async def _refusal(url: str, connect_timeout: float) -> str | None:
+    """Why the server refuses a connection (a database that does not exist, a role or
+    password it does not take, no connection slot left), learnt by one connection made
+    here: the pool only says it timed out, and logs the reason as a warning. None when
+    this connection succeeds."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+        )
+    except psycopg.Error as exc:
+        return describe(exc)
+    await conn.close()
+    return None
+
+
 async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     """The ``postgresql://`` / ``postgres://`` backend factory.
 
@@ -110,9 +125,10 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     except (PoolTimeout, psycopg.Error) as exc:
         with contextlib.suppress(Exception):
             await pool.close()
-        raise StorageUnavailableError(
-            f"cannot connect to {redact(url)}: {describe(exc)}"
-        ) from exc
+        reason = describe(exc)
+        if isinstance(exc, PoolTimeout):
+            reason = await _refusal(url, opts.connect_timeout) or reason
+        raise StorageUnavailableError(f"cannot connect to {redact(url)}: {reason}") from exc
     try:
         namespace = await _ensure_schema(pool, opts)
     except BaseException:

@@ -92,6 +92,13 @@ async def test_an_unreachable_server_is_storage_unavailable_and_names_no_passwor
     assert "secret" not in str(caught.value)
 
 
+async def test_a_server_that_refuses_the_connection_says_why(pg_url: str) -> None:
+    # The pool only times out; the message carries the server's own reason.
+    missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    with pytest.raises(StorageUnavailableError, match='"no_such_database_here" does not exist'):
+        await open_storage(missing, options={"connect_timeout": 1})
+
+
 # -- group commit --------------------------------------------------------------------------
 
 
