@@ -41,6 +41,7 @@ from loom_core import (
     JsonValue,
     LoomError,
     NewEvent,
+    PayloadShreddedError,
     SequenceConflictError,
     StaleFenceError,
     Storage,
@@ -688,8 +689,9 @@ class Loom:
         # nothing more, and its body unwinds at its next durable call) before the tasks
         # are cancelled: a step that swallows its cancellation must not let its run go on.
         # A run in an execute() caller's task is stopped, not its task.
-        if self._runs or self._stranded:
-            stopped = sorted({*self._runs, *self._stranded})
+        kept_aside = self.stranded
+        if self._runs or kept_aside:
+            stopped = sorted({*self._runs, *kept_aside})
             _log.warning(
                 "leaving the app leaves %d running execution(s) of node %r with nothing to "
                 "drive them (%s%s); the next start of a process with node=%r carries them "
@@ -712,6 +714,7 @@ class Loom:
         self._carrying_on = None
         self._relist = False
         self._stranded.clear()
+        self._quiet_takeovers.clear()
         self._runs.clear()
         self._driving.clear()
         self._drivers.clear()
@@ -1229,10 +1232,9 @@ class Loom:
 
     @property
     def stranded(self) -> frozenset[str]:
-        """Executions whose run in this process stopped because a store call failed, or
-        was fenced out by a token nothing was written after yet, not carried on yet: the
-        app carries them on in the background (see docs/design.md)."""
-        return frozenset(self._stranded)
+        """Executions whose run in this process stopped because a store call failed, not
+        carried on yet: the app retries in the background until the store answers."""
+        return frozenset(e for e, strand in self._stranded.items() if strand.quiet_at is None)
 
     def _strand(
         self,
@@ -1254,9 +1256,13 @@ class Loom:
         if not self._entered:
             return  # leaving: the node's next start recovers it
         wait = min(CARRY_ON_AFTER * 2 ** min(fruitless, 16), CARRY_ON_CAP)
-        strand = _Strand(
-            self.clock.now() + self._jittered(wait), limited, fence_first, settled
+        self._keep_aside(
+            execution_id,
+            _Strand(self.clock.now() + self._jittered(wait), limited, fence_first, settled),
         )
+
+    def _keep_aside(self, execution_id: str, strand: _Strand) -> None:
+        """Carry ``execution_id`` on at ``strand.not_before``, in the carry-on task."""
         self._stranded[execution_id] = strand
         waking = self._carry_on_wakes
         if waking is not None and strand.not_before < waking and self._carrying_on is not None:
@@ -1278,8 +1284,7 @@ class Loom:
         repeats = self._quiet_takeovers.get(execution_id, 0)
         wait = min(QUIET_RIVAL_AFTER * 2 ** min(repeats, 16), QUIET_RIVAL_CAP)
         not_before = self.clock.now() + timedelta(seconds=wait)
-        self._stranded[execution_id] = _Strand(not_before, quiet_at=run.final_view().head)
-        self._carry_on_later()
+        self._keep_aside(execution_id, _Strand(not_before, quiet_at=run.final_view().head))
 
     async def _take_back_quiet(self, execution_id: str, head: int) -> None:
         """Carry on an execution a quiet rival fenced this process's run out of, if its
@@ -2506,7 +2511,7 @@ class Loom:
             # A write the store refused as bad input (a cipher's subject_of that raised,
             # an id too long for a tenant's prefix): nothing was written, the execution
             # stays running, and result() raises what stopped it.
-            if isinstance(exc, LoomError):
+            if isinstance(exc, _FOR_GOOD):
                 self.halted[execution_id] = exc
             self.hooks.error(exc)
         finally:
@@ -2542,7 +2547,7 @@ class Loom:
                 # A log the run cannot read (shredded, say), or a write a layer of the
                 # store refused for good: nothing was written and the execution stays
                 # running, as after a crash, and result() raises what stopped it.
-                if isinstance(reason, LoomError):
+                if isinstance(reason, _FOR_GOOD):
                     self.halted[execution_id] = reason
                 self.hooks.error(reason)
             return None, None
@@ -3079,6 +3084,12 @@ def _check_new_id(execution_id: object) -> str:
             f"{MAX_ID_BYTES} less room for its inbox's and successors' ids), not {size}",
         )
     return execution_id
+
+
+_FOR_GOOD: Final = (InvalidInputError, PayloadShreddedError)
+"""The errors a run stops on that trying again would only meet again: result() raises
+them (a refusal of bad input, a payload whose key was destroyed). Any other stays
+running for a later takeover to carry on, as a store's failure does."""
 
 
 def _explained(refused: ExecutionAlreadyExistsError, why: str) -> ExecutionAlreadyExistsError:

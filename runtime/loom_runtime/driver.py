@@ -1070,7 +1070,7 @@ class Run:
                     )
                     break
                 except SequenceConflictError:
-                    await self._skip_unfenced_tail()
+                    await self._skip_unfenced_tail(conflicted=True)
                 except StaleFenceError as exc:
                     self._halt(FencedOut(self.execution_id, str(exc)))
                 except InvalidInputError:
@@ -1090,15 +1090,22 @@ class Run:
             if last:
                 return written
 
-    async def _skip_unfenced_tail(self) -> None:
+    async def _skip_unfenced_tail(self, *, conflicted: bool = False) -> None:
         """Someone appended past our head. Audit appends (an unfenced EXECUTION_DENIED, an
         application event) do not take the execution from us: step over them. Anything
-        that answers, or carries a newer token, does."""
+        that answers, or carries a newer token, does. ``conflicted``: an append of ours
+        was just refused because the head moved."""
         try:
             tail = await self.app.storage.events.read(self.execution_id, from_sequence=self._head)
         except LoomError as exc:
             self.app.hooks.storage_error(self.execution_id, exc)
             self._halt(exc)
+        if conflicted and not tail:
+            # An append found the head moved, yet nothing is past ours: the log was
+            # deleted (or started again shorter) under the run, and is not its to write.
+            self._halt(
+                FencedOut(self.execution_id, "its log was deleted or replaced under the run")
+            )
         for event in tail:
             if is_answering(event) or event.fence > self.token:
                 self._halt(

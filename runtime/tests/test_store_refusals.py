@@ -11,7 +11,7 @@ import pytest
 from loom_runtime import Context
 from store_probes import wired
 
-from loom_core import InvalidExecutionIdError, InvalidOptionError, LoomError
+from loom_core import InvalidExecutionIdError, InvalidOptionError, LoomError, PayloadShreddedError
 
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 
@@ -90,13 +90,20 @@ async def one_step(ctx: Context) -> str:
     return await ctx.step(lambda: "done", name="only")
 
 
-@pytest.mark.parametrize("refused_as", [KeyDestroyedLike, InvalidOptionError])
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        InvalidOptionError("the subject's key function failed; nothing was written"),
+        PayloadShreddedError("started", 1, "alice"),
+    ],
+    ids=["bad input", "shredded"],
+)
 async def test_a_write_a_layer_refuses_for_good_ends_result_and_execute_with_its_error(
-    refused_as: type[LoomError],
+    refusal: LoomError,
 ) -> None:
+    refused_as = type(refusal)
     async with wired() as w:
         w.app.workflow(name="one_step")(one_step)
-        refusal = refused_as("the subject's key function failed; nothing was written")
 
         async def refuse_steps(execution_id: str, kinds: tuple[str, ...]) -> None:
             if "STEP_COMPLETED" in kinds:
