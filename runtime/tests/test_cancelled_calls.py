@@ -56,32 +56,43 @@ async def _execute(app: Loom, workflow: Any, execution_id: str) -> object:
     return await app.execute(workflow, id=execution_id)
 
 
+def one_charge(app: Loom) -> tuple[list[str], Any]:
+    """Register ``order``, one step that charges; what the step ran, and the workflow."""
+    ran: list[str] = []
+
+    async def charge() -> str:
+        ran.append("charge")
+        return "charged"
+
+    @app.workflow()
+    async def order(ctx: Context) -> str:
+        return await ctx.step(charge)
+
+    return ran, order
+
+
+async def charged_once_after_a_takeover(w: Wired, ran: list[str]) -> None:
+    """``o`` finished, taken over by the app, its step run once."""
+    assert await w.app.get("o").result(timeout=5) == "charged"
+    assert ran == ["charge"]
+    assert await kinds(w.base.events, "o") == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.EXECUTION_RECOVERED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+
+
 @pytest.mark.parametrize("call", [_start, _execute], ids=["start", "execute"])
 async def test_a_call_cancelled_after_its_first_write_landed_is_driven_by_the_app(
     call: Start,
 ) -> None:
     async with wired() as w:
-        ran: list[str] = []
-
-        async def charge() -> str:
-            ran.append("charge")
-            return "charged"
-
-        @w.app.workflow()
-        async def order(ctx: Context) -> str:
-            return await ctx.step(charge)
-
+        ran, order = one_charge(w.app)
         gate = Gate(EventKind.EXECUTION_STARTED)
         w.probe.after_append = gate
         await _cancelled(asyncio.create_task(call(w.app, order, "o")), gate)
-        assert await w.app.get("o").result(timeout=5) == "charged"
-        assert ran == ["charge"]
-        assert await kinds(w.base.events, "o") == [
-            EventKind.EXECUTION_STARTED,
-            EventKind.EXECUTION_RECOVERED,
-            EventKind.STEP_COMPLETED,
-            EventKind.EXECUTION_COMPLETED,
-        ]
+        await charged_once_after_a_takeover(w, ran)
         assert w.errors == []
 
 
@@ -90,16 +101,7 @@ async def test_a_take_back_the_store_fails_is_stranded_and_carried_on_when_it_an
     call: Start,
 ) -> None:
     async with wired() as w:
-        ran: list[str] = []
-
-        async def charge() -> str:
-            ran.append("charge")
-            return "charged"
-
-        @w.app.workflow()
-        async def order(ctx: Context) -> str:
-            return await ctx.step(charge)
-
+        ran, order = one_charge(w.app)
         down = StorageUnavailableError("the database is down")
 
         def unreadable(execution_id: str) -> None:
@@ -112,14 +114,7 @@ async def test_a_take_back_the_store_fails_is_stranded_and_carried_on_when_it_an
         assert w.errors == []  # a store failure: on_storage_error's, not on_error's
         w.probe.after_read = None
         await w.clock.advance(CARRY_ON_AFTER)
-        assert await w.app.get("o").result(timeout=5) == "charged"
-        assert ran == ["charge"]
-        assert await kinds(w.base.events, "o") == [
-            EventKind.EXECUTION_STARTED,
-            EventKind.EXECUTION_RECOVERED,
-            EventKind.STEP_COMPLETED,
-            EventKind.EXECUTION_COMPLETED,
-        ]
+        await charged_once_after_a_takeover(w, ran)
         assert w.app.stranded == frozenset()
 
 
