@@ -135,6 +135,19 @@ class RuntimeNode:
         assert view.park is not None, f"{execution_id!r} is {view.status}, not parked"
         return view.park.sequence
 
+    async def start_nap(self, execution_id: str) -> tuple[Handle[str], int]:
+        """Start :func:`nap` as ``execution_id``, wait until it has parked on its sleep,
+        and give its handle and the sequence of its park."""
+        handle = await self.app.start(self.app.workflow(name="nap")(nap), id=execution_id)
+        await self.settled()
+        return handle, await self.park_of(execution_id)
+
+
+async def nap(ctx: Context) -> str:
+    """The suite's parked execution: sleeps 30 s, then answers "awake"."""
+    await ctx.sleep(30)
+    return "awake"
+
 
 @contextlib.asynccontextmanager
 async def running_app(
@@ -533,15 +546,8 @@ class TestRuntimeContract:
         self, loom_node: RuntimeNode
     ) -> None:
         app, timers = loom_node.app, loom_node.storage.timers
-
-        @app.workflow(name="nap")
-        async def nap(ctx: Context) -> str:
-            await ctx.sleep(30)
-            return "awake"
-
         wake_at = loom_node.clock.now() + timedelta(seconds=30)
-        handle = await app.start(nap, id="nap-1")
-        await loom_node.settled()
+        handle, _ = await loom_node.start_nap("nap-1")
         assert await handle.status() == "suspended"
         assert await timers.pending("nap-1") == (TimerRecord("nap-1", wake_at),)
         parked = await loom_node.log("nap-1")
@@ -773,16 +779,8 @@ class TestRuntimeContract:
         storage, clock = loom_node.storage, loom_node.clock
         rival_storage, _ = interposed(storage, withhold=rival_withholds)
         async with running_app(rival_storage, clock=clock, node=RIVAL_NODE) as rival:
-
-            @rival.app.workflow(name="nap")
-            @loom_node.app.workflow(name="nap")
-            async def nap(ctx: Context) -> str:
-                await ctx.sleep(30)
-                return "awake"
-
-            handle = await loom_node.app.start(nap, id="nap-race")
-            await loom_node.settled()
-            park = await loom_node.park_of("nap-race")
+            rival.app.workflow(name="nap")(nap)
+            handle, park = await loom_node.start_nap("nap-race")
             rival_tokens: list[int] = []
 
             async def rival_answers_first(execution_id: str) -> None:
@@ -890,15 +888,7 @@ class TestRuntimeContract:
         wrapped, seen = interposed(storage, withhold=withheld)
         async with running_app(wrapped, clock=loom_node.clock) as node:
             app = node.app
-
-            @app.workflow(name="nap")
-            async def nap(ctx: Context) -> str:
-                await ctx.sleep(30)
-                return "awake"
-
-            handle = await app.start(nap, id="nap-dead")
-            await node.settled()
-            park = await node.park_of("nap-dead")
+            handle, park = await node.start_nap("nap-dead")
             dead = await storage.events.acquire_fence("nap-dead")  # ... and never appends
             await app.resume("nap-dead", fence_if_parked_at=park)
             assert await result(handle) == "awake"
@@ -931,15 +921,7 @@ class TestRuntimeContract:
         )
         async with running_app(wrapped, clock=loom_node.clock) as node:
             app = node.app
-
-            @app.workflow(name="nap")
-            async def nap(ctx: Context) -> str:
-                await ctx.sleep(30)
-                return "awake"
-
-            handle = await app.start(nap, id="nap-contended")
-            await node.settled()
-            park = await node.park_of("nap-contended")
+            handle, park = await node.start_nap("nap-contended")
             parked_under = await token_of(storage.events, "nap-contended")
             before = await snapshot(storage.events)
 
@@ -976,15 +958,8 @@ class TestRuntimeContract:
         )
         async with running_app(wrapped, clock=loom_node.clock) as node:
             app = node.app
-
-            @app.workflow(name="nap")
-            async def nap(ctx: Context) -> str:
-                await ctx.sleep(30)
-                return "awake"
-
             wake_at = node.clock.now() + timedelta(seconds=30)
-            handle = await app.start(nap, id="nap-backoff")
-            await node.settled()
+            handle, _ = await node.start_nap("nap-backoff")
             before = await snapshot(storage.events)
             row = TimerRecord("nap-backoff", wake_at)
             assert await node.fire_timers(30) == {row: "backing-off"}
@@ -1078,14 +1053,7 @@ class TestRuntimeContract:
         self, loom_node: RuntimeNode
     ) -> None:
         app, timers = loom_node.app, loom_node.storage.timers
-
-        @app.workflow(name="nap")
-        async def nap(ctx: Context) -> str:
-            await ctx.sleep(30)
-            return "awake"
-
-        handle = await app.start(nap, id="nap-cancel")
-        await loom_node.settled()
+        handle, _ = await loom_node.start_nap("nap-cancel")
         assert await app.cancel("nap-cancel", reason="customer left") is True
         with pytest.raises(ExecutionCancelledError) as cancelled:
             await result(handle)
@@ -1273,11 +1241,6 @@ class TestRuntimeContract:
                 shipped = await ctx.step(counter.step("ship"), name="ship")
                 return [reserved, note, shipped]
 
-            @app.workflow(name="nap")
-            async def nap(ctx: Context) -> str:
-                await ctx.sleep(30)
-                return "awake"
-
             crash = crash_at(app, step="reserve", when="after", execution_id="life-1")
             handle = await app.start(lifecycle, id="life-1")
             await guard(crash.fired.wait())
@@ -1292,8 +1255,7 @@ class TestRuntimeContract:
             assert counter.ran == {"reserve": 1, "ship": 1}
             assert_gapless(await node.log("life-1"))
 
-            cancelled = await app.start(nap, id="nap-gone")
-            await node.settled()
+            cancelled, _ = await node.start_nap("nap-gone")
             assert await app.cancel("nap-gone") is True
             with pytest.raises(ExecutionCancelledError):
                 await result(cancelled)
