@@ -56,7 +56,10 @@ def main() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("loom-demo.db"),
     show_default=True,
-    help="The SQLite file to run on; deleted and recreated first.",
+    help=(
+        "The SQLite file to run on; an earlier demo's database there is deleted first, "
+        "anything else there is refused."
+    ),
 )
 @click.option(
     "--steps",

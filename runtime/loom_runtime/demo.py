@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ from loom_core import (
     Event,
     EventKind,
     ExecutionAlreadyExistsError,
+    InvalidOptionError,
     JsonValue,
     LoomError,
     open_storage,
@@ -578,17 +580,66 @@ def timeline(trial: Trial) -> list[TimelineRow]:
 # -- the demo --------------------------------------------------------------------------------
 
 
-def run_demo(db: Path, *, steps: int = 5, work_ms: float = 20.0) -> tuple[Trial, Path]:
-    """Delete ``db`` (and its traces), then run one trial on it whose first worker is
-    killed in the middle step, after its effect and before its record. Returns the trial
-    and the directory of its traces (``<db stem>.effects`` beside it)."""
-    db = db.resolve()
-    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
-        stale.unlink(missing_ok=True)
+SQLITE_HEADER: Final = b"SQLite format 3\x00"
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _start_afresh(db: Path) -> Path:
+    """Delete what an earlier demo left at ``db`` (the database, its ``-wal`` and ``-shm``,
+    the traces in ``<db stem>.effects``) and give that directory. Refused with
+    InvalidOptionError, deleting nothing, when ``db`` is anything but a SQLite file or
+    nothing (a text file, a link, a device, a directory) or its directory is missing:
+    the demo deletes only what it could have made."""
+    if not db.parent.is_dir():
+        raise InvalidOptionError(
+            f"the directory of {str(db)!r} does not exist; create it, or give the demo a "
+            "file in a directory that does"
+        )
+    if db.exists() or db.is_symlink():
+        if not _is_regular(db):
+            raise InvalidOptionError(
+                f"{str(db)!r} is not a regular file; the demo deletes and recreates its "
+                "database, so give it a new path or the database of an earlier demo"
+            )
+        with db.open("rb") as file:
+            head = file.read(len(SQLITE_HEADER))
+        if head and head != SQLITE_HEADER:
+            raise InvalidOptionError(
+                f"{str(db)!r} is not a SQLite database; the demo deletes and recreates "
+                "its database, so give it a new path or the database of an earlier demo"
+            )
     directory = db.with_suffix(".effects")
-    if directory.exists():
+    if directory.exists() and (directory.is_symlink() or not directory.is_dir()):
+        raise InvalidOptionError(
+            f"{str(directory)!r}, where the demo keeps its traces, is not a directory; "
+            "move it away or give the demo another path"
+        )
+    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        if _is_regular(stale):
+            stale.unlink()
+    if directory.is_dir():
         for child in directory.iterdir():
-            child.unlink()
+            if _is_regular(child) and (
+                child.name in (TRACE_FILE, COUNTERS_FILE, COUNTERS_FILE + ".tmp")
+                or (child.name.startswith("worker-") and child.name.endswith(".stderr"))
+            ):
+                child.unlink()
+    return directory
+
+
+def run_demo(db: Path, *, steps: int = 5, work_ms: float = 20.0) -> tuple[Trial, Path]:
+    """Delete what an earlier demo left at ``db``, then run one trial on it whose first
+    worker is killed in the middle step, after its effect and before its record. Returns
+    the trial and the directory of its traces (``<db stem>.effects`` beside it). Refused
+    with InvalidOptionError when ``db`` holds anything but a SQLite database."""
+    db = Path(os.path.abspath(db))
+    directory = _start_afresh(db)
     trial = asyncio.run(
         run_trial(
             "sqlite:///" + str(db),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,38 @@ def test_the_demo_refuses_a_step_count_below_one(tmp_path: Path) -> None:
     done = run_demo(tmp_path, "--steps", "0")
     assert done.returncode == 2
     assert "--steps" in done.stderr
+
+
+def test_the_demo_deletes_only_what_an_earlier_demo_left(tmp_path: Path) -> None:
+    """The demo deletes and recreates its database, so it refuses a path that holds
+    anything else, and deletes nothing."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    effects = tmp_path / "notes.effects"
+    effects.mkdir()
+    (effects / "mine.txt").write_text("kept")
+    for path, said in ((notes, "is not a SQLite database"), (fifo, "is not a regular file")):
+        done = run_demo(tmp_path, "--db", str(path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert said in done.stderr
+    assert notes.read_text() == "not a database\n"
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert (effects / "mine.txt").read_text() == "kept"
+
+    done = run_demo(tmp_path, "--db", str(tmp_path / "missing" / "x.db"))
+    assert done.returncode == 1
+    assert "does not exist" in done.stderr
+    assert not (tmp_path / "missing").exists()
+
+    # A file of the demo's own is started afresh; what else its directory holds is kept.
+    done = run_demo(tmp_path, "--db", str(tmp_path / "notes.db"), "--steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "notes.effects").rename(tmp_path / "kept")
+    effects = tmp_path / "notes.effects"
+    effects.mkdir()
+    (effects / "mine.txt").write_text("kept")
+    done = run_demo(tmp_path, "--db", str(tmp_path / "notes.db"), "--steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (effects / "mine.txt").read_text() == "kept"
