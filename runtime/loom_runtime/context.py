@@ -46,6 +46,8 @@ class Branch:
     prefix: Position = ()
     counter: int = 0
     owner: asyncio.Task[Any] | None = None
+    run: Run | None = None
+    """The run whose body this line is (None outside every body, and in a step)."""
 
     def peek(self) -> Position:
         try:
@@ -85,6 +87,7 @@ class InStep(Branch):
         self.prefix = ()
         self.counter = 0
         self.owner = None  # no task's: awaiting a durable call here is refused too
+        self.run = None
         self.execution_id = execution_id
         self.step_position = position
         self.name = name
@@ -212,6 +215,14 @@ class Context:
 
     def __init__(self, run: Run) -> None:
         self._run = run
+
+    def _branch(self) -> Branch:
+        """The line of durable calls this call is made on, if it is this body's."""
+        branch = BRANCH.get()
+        if branch.run is not self._run:
+            branch.peek()  # outside every body, in a step: raises, naming where
+            raise ContextOutsideBodyError("other")
+        return branch
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
@@ -291,7 +302,7 @@ class Context:
             step_name = check_text(step_name, "a step name")
         elif not step_name:
             raise InvalidInputError("a step name must be a non-empty str, not ''")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(
             position, self._run.step(position, step_name, fn, args, retry, site, limit)
@@ -305,7 +316,7 @@ class Context:
         """
         seconds = seconds_of(duration, "ctx.sleep")
         self._check_end(seconds, duration, "ctx.sleep")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(position, self._run.sleep(position, seconds, None, site))
 
@@ -334,7 +345,7 @@ class Context:
                 "latest deadline the runtime keeps; to wait without end, use "
                 "ctx.receive(topic) with no timeout"
             )
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(position, self._run.sleep(position, None, deadline, site))
 
@@ -345,7 +356,7 @@ class Context:
         (seconds or a timedelta) passes first."""
         topic = check_text(topic, "a topic")
         seconds = self._timeout(timeout, "ctx.receive(timeout=...)")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(position, self._run.receive(position, "receive", (topic,), seconds, site))
 
@@ -374,7 +385,7 @@ class Context:
                 "topic once"
             )
         seconds = self._timeout(timeout, "ctx.receive_any(timeout=...)")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(
             position, self._run.receive(position, "receive_any", checked, seconds, site)
@@ -418,7 +429,7 @@ class Context:
         for aw in aws:
             if not inspect.isawaitable(aw):
                 raise InvalidInputError(f"ctx.gather takes awaitables, not {aw!r}")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         return await self._run.gather(position, aws)
 
     def set_event(self, key: str, value: JsonValue) -> Durable[None]:
@@ -428,27 +439,27 @@ class Context:
         written: a key that is not a non-empty str, a value that is not JSON."""
         key = check_text(key, "an event key")
         checked = json_value(value, f"the value of event {key!r}")
-        position = BRANCH.get().take()
+        position = self._branch().take()
         site = call_site()
         return Durable(position, self._run.set_event(position, key, checked, site))
 
     def now(self) -> datetime:
         """The current time (UTC), recorded so replay sees the same value."""
-        position = BRANCH.get().take()
+        position = self._branch().take()
         raw = self._run.value(position, "now", call_site(), lambda: self._run.clock_now())
         assert isinstance(raw, str)
         return datetime.fromisoformat(raw)
 
     def random(self) -> float:
         """A float in [0, 1), recorded so replay sees the same value."""
-        position = BRANCH.get().take()
+        position = self._branch().take()
         raw = self._run.value(position, "random", call_site(), self._run.draw_random)
         assert isinstance(raw, float | int)
         return float(raw)
 
     def uuid(self) -> uuid_module.UUID:
         """A random UUID (version 4), recorded so replay sees the same value."""
-        position = BRANCH.get().take()
+        position = self._branch().take()
         raw = self._run.value(position, "uuid", call_site(), self._run.draw_uuid)
         assert isinstance(raw, str)
         return uuid_module.UUID(raw)
@@ -458,7 +469,7 @@ class Context:
         recorded this stretch with the old: the way to change code under running
         executions (``if ctx.patched("x"): new path else: old path``)."""
         name = check_text(name, "a patch name")
-        return self._run.patched(BRANCH.get(), name, call_site())
+        return self._run.patched(self._branch(), name, call_site())
 
     def deprecate_patch(self, name: str) -> None:
         """Retire ``ctx.patched(name)`` once no execution runs the old path: put this where
@@ -467,7 +478,7 @@ class Context:
         once no execution that recorded the marker is left (see docs/runtime.md,
         "Changing code under running executions")."""
         name = check_text(name, "a patch name")
-        self._run.deprecate_patch(BRANCH.get(), name)
+        self._run.deprecate_patch(self._branch(), name)
 
     def continue_as_new(self, *args: object) -> NoReturn:
         """End this execution and start a fresh one of the same workflow with ``args``
@@ -476,7 +487,7 @@ class Context:
         (NotJsonError, InvalidInputError), as ``app.start`` refuses them. Like every
         durable call, it is refused where replay would not make it (ContextOutsideBodyError:
         in a step's function, a task the body started, or after the body ended)."""
-        BRANCH.get().peek()
+        self._branch().peek()
         json_value(list(args), "the input of the successor")
         self._run.app.check_arguments(self._run.workflow, len(args), "ctx.continue_as_new")
         raise ContinueAsNew(args)

@@ -221,7 +221,7 @@ class Run:
         BaseException that ``except Exception`` in the body cannot swallow.
         """
         ctx = Context(self)
-        reset = BRANCH.set(Branch((), 0, asyncio.current_task()))
+        reset = BRANCH.set(Branch((), 0, asyncio.current_task(), self))
         try:
             result = await self._fn(ctx, *fresh(self._view.input))  # type: ignore[misc]
         except asyncio.CancelledError as exc:
@@ -719,7 +719,7 @@ class Run:
         tasks: list[asyncio.Task[Any]] = []
         for index, aw in enumerate(aws):
             child = contextvars.copy_context()
-            branch = Branch((*position, index))
+            branch = Branch((*position, index), run=self)
             child.run(BRANCH.set, branch)
             task = asyncio.create_task(_await(aw), context=child)
             branch.owner = task  # before it runs: a task starts at the loop's next turn

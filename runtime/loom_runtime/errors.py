@@ -278,10 +278,13 @@ class RecoveryLimitError(LoomError):
 class ContextOutsideBodyError(LoomError, RuntimeError):
     """A durable call through a ``ctx`` outside the workflow body it was handed to:
     ``where`` is ``"outside"`` (a ``ctx`` kept after its body ended, or used by code no
-    body runs), ``"step"`` (inside a step's function) or ``"task"`` (made or awaited in a task or
-    thread the body started itself, rather than through ``ctx.gather``)."""
+    body runs), ``"step"`` (inside a step's function), ``"task"`` (made or awaited in a task
+    or thread the body started itself, rather than through ``ctx.gather``) or ``"other"``
+    (in the body of another execution)."""
 
-    def __init__(self, where: Literal["outside", "step", "task"] = "outside") -> None:
+    def __init__(
+        self, where: Literal["outside", "step", "task", "other"] = "outside"
+    ) -> None:
         self.where = where
         super().__init__(_OUTSIDE[where])
 
@@ -304,6 +307,12 @@ _OUTSIDE: Final = {
         "runs its awaitable in a task of its own): the run cannot tell when such a task "
         "waits, its calls' positions would depend on the order the tasks happen to run "
         "in, and it can outlive the body; run concurrent durable calls through ctx.gather"
+    ),
+    "other": (
+        "a ctx call was made in the body of another execution, through a ctx kept from "
+        "the execution it was handed to: it would be recorded in that execution's log, at "
+        "a position its own replay does not make; each body makes its durable calls "
+        "through the ctx it is given"
     ),
 }
 

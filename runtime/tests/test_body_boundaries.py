@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -211,6 +213,86 @@ async def test_a_task_the_body_left_behind_writes_nothing_after_the_end(app: Loo
     assert ran == []
     assert (await kinds(app, "r"))[-1] == EventKind.EXECUTION_COMPLETED
     assert await check_replay(app) == ["r"]
+
+
+# -- a ctx kept from another execution ---------------------------------------------------------
+
+
+async def test_a_ctx_used_in_another_executions_body_is_refused_and_records_nothing(
+    app: Loom,
+) -> None:
+    """A ``ctx`` is its own execution's: used in another body, while its execution is
+    running or after it finished, every durable call through it is refused with
+    ``where="other"``, and neither log records it."""
+    kept: dict[str, Context] = {}
+    holding, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    async def hold() -> str:
+        holding.set()
+        await release.wait()
+        return "held"
+
+    async def effect() -> str:
+        ran.append("effect")
+        return "done"
+
+    @app.workflow()
+    async def keeps(ctx: Context, hold_it: bool) -> str:
+        kept[ctx.execution_id] = ctx
+        return str(await ctx.step(hold)) if hold_it else "kept"
+
+    @app.workflow()
+    async def borrows(ctx: Context, owner: str) -> list[str]:
+        other = kept[owner]
+        refused: list[str] = []
+        calls: list[Callable[[], object]] = [
+            lambda: other.step(effect),
+            lambda: other.sleep(1),
+            lambda: other.now(),
+            lambda: other.patched("p"),
+            lambda: other.receive("topic"),
+            lambda: other.continue_as_new(False),
+        ]
+        for call in calls:
+            try:
+                made = call()
+                if inspect.isawaitable(made):
+                    await made
+            except ContextOutsideBodyError as exc:
+                refused.append(exc.where)
+
+        async def branch() -> object:
+            return await other.step(effect)
+
+        try:
+            await ctx.gather(branch())
+        except ContextOutsideBodyError as exc:
+            refused.append(exc.where)
+        return refused
+
+    running = await app.start(keeps, True, id="running")
+    await holding.wait()
+    before = await app.storage.events.read("running")
+    finished = await app.start(keeps, False, id="finished")
+    assert await finished.result(timeout=5) == "kept"
+    ended = await app.storage.events.read("finished")
+
+    for owner in ("running", "finished"):
+        borrower = await app.start(borrows, owner, id=f"borrows-{owner}")
+        assert await borrower.result(timeout=5) == ["other"] * 7
+    assert ran == []
+    assert await app.storage.events.read("running") == before
+    assert await app.storage.events.read("finished") == ended
+    assert await kinds(app, "borrows-running") == [
+        EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED
+    ]
+    release.set()
+    assert await running.result(timeout=5) == "held"
+    assert await check_replay(app) == sorted(
+        ["borrows-finished", "borrows-running", "finished", "running"]
+    )
+    assert reported(app) == []
 
 
 # -- an error's words ------------------------------------------------------------------------
