@@ -430,7 +430,7 @@ class Context:
             if not inspect.isawaitable(aw):
                 raise InvalidInputError(f"ctx.gather takes awaitables, not {aw!r}")
         position = self._branch().take()
-        return await self._run.gather(position, aws)
+        return await self._run.gather(position, aws, call_site())
 
     def set_event(self, key: str, value: JsonValue) -> Durable[None]:
         """Publish ``value`` under ``key`` for code outside the workflow to read with

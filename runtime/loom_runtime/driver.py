@@ -16,10 +16,10 @@ import inspect
 import logging
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, cast
 
 from loom_core import (
     Event,
@@ -35,7 +35,7 @@ from loom_core import (
 from loom_core.spi import MAX_EVENTS_PER_APPEND
 from loom_runtime import records
 from loom_runtime.clock import LATEST_DEADLINE
-from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew, InStep
+from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew, Durable, InStep
 from loom_runtime.errors import (
     NotJsonError,
     ReplayDivergedError,
@@ -129,6 +129,7 @@ class Run:
         "_deadline",
         "_fn",
         "_frontier",
+        "_gathered",
         "_head",
         "_held",
         "_lock",
@@ -204,6 +205,7 @@ class Run:
         self._head = view.head
         self._consumed = set(view.consumed)
         self._visited = visited
+        self._gathered: frozenset[Position] | None = None
         self._waits: dict[Position, Wait] = {}
         # Branches making progress: the body, or the branches of the gathers it is in.
         # When none is left and some wait, the run is quiet: it parks.
@@ -696,8 +698,26 @@ class Run:
             return Received(message.topic, value) if any_of else value
         return await self._wait(wait)
 
-    async def gather(self, position: Position, aws: Sequence[Awaitable[Any]]) -> tuple[Any, ...]:
+    async def gather(
+        self, position: Position, aws: Sequence[Awaitable[Any]], site: str
+    ) -> tuple[Any, ...]:
         self._check_alive()
+        # A gather records nothing at its own position: what the log holds there is
+        # another call, made where the code now gathers (a gather that lost or gained a
+        # branch, or a call where one was). Refused before any branch runs.
+        view = self._view
+        recorded = view.records.get(position)
+        if recorded is None and view.retries:
+            recorded = view.retries.get(position)
+        wait = view.waits.get(position)
+        if recorded is not None or wait is not None:
+            for aw in aws:  # none will be awaited
+                if isinstance(aw, (Durable, Coroutine)):
+                    aw.close()
+            described = (
+                recorded.describe() if recorded is not None else _describe_wait(cast(Wait, wait))
+            )
+            self._diverge(position, described, f"ctx.gather() at {site}")
         if not aws:
             return ()
         remaining = len(aws)
@@ -849,9 +869,15 @@ class Run:
         self, position: Position, call: str, name: str, site: str, *, waits: bool = False
     ) -> None:
         """Refuse a live call where the log holds an unanswered wait of an earlier park
-        (unless this call is that wait), or any live call when only replaying."""
+        (unless this call is that wait), where it holds the branches of a gather, or any
+        live call when only replaying."""
         if not waits and (earlier := self._view.waits.get(position)) is not None:
             self._diverge(position, _describe_wait(earlier), _describe_call(call, name, site))
+        gathered = self._gathered
+        if gathered is None:
+            gathered = self._gathered = _gathered(self._view)
+        if gathered and position in gathered:
+            self._diverge(position, "ctx.gather()", _describe_call(call, name, site))
         if (
             self._view.retries
             and (retrying := self._view.retries.get(position)) is not None
@@ -1211,6 +1237,17 @@ async def _in_own_thread(fn: Callable[..., Any], args: tuple[object, ...]) -> An
 
     threading.Thread(target=run, name="loom-step", daemon=True).start()
     return await done
+
+
+def _gathered(view: View) -> frozenset[Position]:
+    """The positions of the gathers whose branches the log holds calls of: a branch's
+    position is its gather's, its index, and its own count (``(4, 1, 0)``: the first
+    call of the second branch of the gather at 4), nested as gathers nest."""
+    return frozenset(
+        position[:depth]
+        for position in (*view.records, *view.waits, *view.retries)
+        for depth in range(1, len(position), 2)
+    )
 
 
 def _describe_call(call: str, name: str, site: str) -> str:

@@ -348,3 +348,124 @@ async def test_a_branch_that_raises_a_cancellation_of_its_own_fails_in_argument_
         await app.execute(uncaught, id="u")
     assert (await app.inspect("u")).error == ("asyncio.exceptions.CancelledError", "mine")
     assert sorted(await check_replay(app)) == ["c", "u"]  # each replays as it ran
+
+
+# -- a gather that changed shape -------------------------------------------------------------
+
+RAN: list[str] = []
+
+
+async def effect(name: str) -> str:
+    RAN.append(name)
+    return name
+
+
+async def gathered_steps(ctx: Context) -> str:
+    """The old code: a gather of two steps (0, 1; the gather at 2), a charge at 3."""
+    await ctx.gather(ctx.step(effect, "a"), ctx.step(effect, "b"))
+    await ctx.step(effect, "charge")
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def gathered_branches(ctx: Context) -> str:
+    """The old code: a gather at 0 of two branches, each a step ((0, 0, 0), (0, 1, 0))."""
+
+    async def branch(name: str) -> str:
+        return str(await ctx.step(effect, name))
+
+    await ctx.gather(branch("a"), branch("b"))
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def lost_a_branch(ctx: Context) -> str:
+    await ctx.gather(ctx.step(effect, "a"))  # the gather now at 1, where b was
+    await ctx.step(effect, "charge")
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def gained_a_branch(ctx: Context) -> str:
+    # x at 2, where the old gather was; the gather at 3, where the charge was.
+    await ctx.gather(ctx.step(effect, "a"), ctx.step(effect, "b"), ctx.step(effect, "x"))
+    await ctx.step(effect, "charge")
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def a_step_where_branches_were(ctx: Context) -> str:
+    await ctx.step(effect, "x")  # at 0, where the gather's branches were
+    await ctx.sleep(3600)
+    return "done"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "position", "recorded", "attempted"),
+    [
+        (gathered_steps, lost_a_branch, "1", "step 'effect'", "ctx.gather() at test_replay.py"),
+        (gathered_steps, gained_a_branch, "3", "step 'effect'", "ctx.gather() at test_replay.py"),
+        (gathered_branches, a_step_where_branches_were, "0", "ctx.gather()", "step 'effect'"),
+    ],
+    ids=["lost-a-branch", "gained-a-branch", "a-step-where-branches-were"],
+)
+async def test_a_gather_that_changed_shape_diverges_before_anything_runs(
+    old: object, new: object, position: str, recorded: str, attempted: str
+) -> None:
+    """A gather records nothing at its own position, so its shape shows only in where
+    the calls around it land: a gather where the log holds another call, and a call
+    where the log holds a gather's branches, diverge before a branch or the call runs
+    (they ran live, their effects made again or made by code that then diverged)."""
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+        first.workflow(name="order")(old)  # type: ignore[type-var]
+        async with first:
+            await first.start("order", id="o")
+            await first.drain()
+            view = await first.inspect("o")
+            assert view.park is not None
+        before = list(await storage.events.read("o"))
+        RAN.clear()
+        resumed = await resume_with_new_code(storage, new, view.park.sequence)
+        try:
+            error = resumed.halted["o"]
+            assert isinstance(error, ReplayDivergedError)
+            assert error.position == position
+            assert error.recorded is not None
+            assert error.recorded.startswith(recorded)
+            assert error.attempted is not None
+            assert error.attempted.startswith(attempted)
+            assert RAN == []
+            log = list(await storage.events.read("o"))
+            assert log[: len(before)] == before
+            assert [e.kind for e in log[len(before):]] == ["EXECUTION_RESUMED"]
+        finally:
+            await resumed.__aexit__(None, None, None)
+
+
+async def a_step_where_the_gather_was(ctx: Context) -> str:
+    await ctx.step(effect, "a")
+    await ctx.step(effect, "b")
+    await ctx.step(effect, "x")  # at 2, where the gather of a and b was
+    await ctx.step(effect, "charge")
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def test_check_replay_refuses_a_call_put_where_a_gather_of_made_calls_was() -> None:
+    """The one gather change a live replay cannot see (docs/runtime.md, "Replay and
+    positions"): check_replay, which may make no call the log lacks, refuses it."""
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+        first.workflow(name="order")(gathered_steps)
+        async with first:
+            await first.start("order", id="o")
+            await first.drain()
+        second = Loom(storage, node="n", clock=VirtualClock(), recover=False, timers=False)
+        second.workflow(name="order")(a_step_where_the_gather_was)
+        RAN.clear()
+        async with second:
+            with pytest.raises(ReplayDivergedError) as diverged:
+                await check_replay(second)
+        assert diverged.value.position == "3"  # the charge, which the code no longer reaches
+        assert RAN == []
