@@ -1226,6 +1226,16 @@ class Loom:
             note(row.wake_at)
 
     @property
+    def timers_on(self) -> bool:
+        """Whether the app runs its timer service while entered (``timers=``)."""
+        return self._serve_timers
+
+    @property
+    def recovers_on_entry(self) -> bool:
+        """Whether entering the app recovers its node's executions (``recover=``)."""
+        return self._recover_on_enter
+
+    @property
     def serves_timers(self) -> bool:
         """Whether this app is running its timer service (``timers=True``, entered)."""
         return self._serve_timers and self._entered
@@ -2465,6 +2475,10 @@ class Loom:
         )
 
     def _spawn(self, run: Run, context: contextvars.Context | None = None) -> None:
+        if not self._entered:
+            # The app was left while what spawns it (a resume, a poll, a send) was under
+            # way: the execution stays running, as a process that exits leaves it.
+            raise AppNotRunningError(f"driving {run.execution_id!r}", left=True)
         task = asyncio.get_running_loop().create_task(
             self._drive(run), name=f"loom:{run.execution_id}", context=context
         )
@@ -2507,6 +2521,8 @@ class Loom:
         except StorageError as exc:
             self.hooks.storage_error(execution_id, exc)
             self._strand(execution_id)
+        except AppNotRunningError as exc:
+            _log.debug("%s", exc)  # a successor left as the app was: the next start's
         except Exception as exc:
             # A write the store refused as bad input (a cipher's subject_of that raised,
             # an id too long for a tenant's prefix): nothing was written, the execution

@@ -157,12 +157,22 @@ def worker(spec: str, grace: float) -> None:
     """Serve an app until SIGINT or SIGTERM: fire its due timers and recover the
     executions its node was running."""
     app = _load_app(spec)
+    if not app.timers_on:
+        raise click.BadParameter(
+            f"{spec} is built with timers=False (an app that only starts and sends), so a "
+            "worker serving it would fire nothing: build the worker's app with timers on "
+            "(the default)",
+            param_hint="--app",
+        )
+    threads = _StepThreads()
     try:
-        asyncio.run(_serve(app, grace))
+        asyncio.run(_serve(app, threads))
     except (LoomError, OSError) as exc:
         # A storage that does not open (an unknown scheme, a directory that is not
         # there): what is wrong, not a traceback.
         raise click.ClickException(f"the worker could not serve {spec}: {exc}") from exc
+    _leave_steps(app, threads, grace)
+    click.echo("loom worker: stopped", err=True)
 
 
 def _load_app(spec: str) -> Loom:
@@ -173,6 +183,12 @@ def _load_app(spec: str) -> Loom:
         )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the app is usually local
+    if module_name.startswith("."):
+        raise click.BadParameter(
+            f"{module_name!r} is a relative module name: give the module's full name "
+            "(e.g. orders.workflows:app)",
+            param_hint="--app",
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -193,32 +209,52 @@ def _load_app(spec: str) -> Loom:
     return found
 
 
-async def _serve(app: Loom, grace: float) -> None:
+async def _serve(app: Loom, threads: _StepThreads) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    threads = _StepThreads()
     loop.set_default_executor(threads)
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with app:
+        recovery = "" if app.recovers_on_entry else " (recover=False: it recovers nothing)"
         click.echo(
-            f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s); "
+            f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s){recovery}; "
             "SIGINT or SIGTERM stops it",
             err=True,
         )
         await stop.wait()
-    # The app has left: a sync step still running in a thread has its result recorded no
-    # more, and the node's next start runs it again. Its thread is a daemon, so the
-    # process need not wait for it; it gets --grace seconds to return first.
-    running = threads.join(grace)
+
+
+def _leave_steps(app: Loom, threads: _StepThreads, grace: float) -> None:
+    """The app has left: a sync step still running in a thread has its result recorded
+    no more, and the node's next start runs it again. Its thread is a daemon, so the
+    process need not wait for it; it gets ``grace`` seconds to return first, which a
+    second SIGINT or SIGTERM cuts short."""
+
+    def cut_short(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if not threads.join(0):
+        return
+    click.echo(
+        f"loom worker: waiting up to {grace:g} s (--grace) for sync steps still running in "
+        "threads; a second SIGINT or SIGTERM stops at once",
+        err=True,
+    )
+    previous = signal.signal(signal.SIGTERM, cut_short)
+    try:
+        running = threads.join(grace)
+    except KeyboardInterrupt:
+        running = threads.join(0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if running:
         click.echo(
-            f"loom worker: leaving {running} sync step(s) still running in threads after "
-            f"{grace:g} s (--grace); their executions are carried on at the next start of "
-            f"node {app.node!r}",
+            f"loom worker: leaving {running} sync step(s) still running in threads "
+            f"(--grace {grace:g} s, or a second signal); their executions are carried on "
+            f"at the next start of node {app.node!r}",
             err=True,
         )
-    click.echo("loom worker: stopped", err=True)
 
 
 class _StepThreads(concurrent.futures.ThreadPoolExecutor):

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from loom_core import InvalidOptionError, LoomError, Redrive, StoreClosedError, TimerRecord
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.errors import (
+    AppNotRunningError,
     RedriveExhaustedError,
     ResumeContendedError,
     ResumeRefusedError,
@@ -194,6 +195,8 @@ class TimerService:
         was running), are passed over without counting against ``batch``: the store
         returns due rows oldest first, so a batch of them would otherwise hide every due
         row behind it, on every poll, for as long as they stay."""
+        if not self.app.running:
+            raise AppNotRunningError("app.timer_service.poll_once()")
         now = self.app.clock.now()
         timers = self.app.storage.timers
         fired: dict[TimerRecord, Fired] = {}
@@ -236,7 +239,7 @@ class TimerService:
             return self._retry_later(row, exc, "missing")
         except ResumeRefusedError:
             outcome = "obsolete"
-        except StoreClosedError:
+        except (StoreClosedError, AppNotRunningError):
             raise  # nothing will answer again: the poll ends
         except LoomError as exc:
             return self._retry_later(row, exc, "failing")

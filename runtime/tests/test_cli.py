@@ -86,8 +86,14 @@ async def test_the_worker_recovers_its_nodes_execution_and_stops_on_sigterm(
 
 def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> None:
     (tmp_path / "not_an_app.py").write_text("app = 3\n")
+    (tmp_path / "send_only.py").write_text(
+        "from loom_runtime import Loom\napp = Loom('memory://', timers=False)\n"
+    )
     for spec, says in (
         ("nocolon", "is not MODULE:ATTRIBUTE"),
+        (".not_an_app:app", "is a relative module name"),
+        ("..:app", "is a relative module name"),
+        ("send_only:app", "is built with timers=False"),
         ("no_such_module:app", "cannot import 'no_such_module'"),
         ("not_an_app:missing", "has no attribute 'missing'"),
         ("not_an_app:app", "is a int, not a loom_runtime.Loom"),
@@ -157,7 +163,33 @@ async def test_a_stopping_worker_does_not_wait_for_a_sync_step_that_never_return
         # waits for the thread, which never returns.
         _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == 0, stderr
-    assert "leaving 1 sync step(s) still running in threads after 0.1 s" in stderr
+    assert "leaving 1 sync step(s) still running in threads (--grace 0.1 s" in stderr
+
+
+async def test_a_second_signal_cuts_the_grace_short(tmp_path: Path) -> None:
+    url = "sqlite:///" + str(tmp_path / "stuck.db")
+    await left_running(url, "stuck", "s")
+    worker = serve(tmp_path, url, STUCK, "--grace", "3000")
+    try:
+        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
+            assert worker.poll() is None
+            await asyncio.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.stderr is not None
+        while "a second SIGINT or SIGTERM stops at once" not in (
+            line := worker.stderr.readline()
+        ):
+            assert line, "the worker ended before it said it waits for its step"
+        worker.send_signal(signal.SIGINT)
+        # A guard against hanging the run, not a measure: without the second signal the
+        # worker waits its whole grace of 3000 s.
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    assert "leaving 1 sync step(s) still running in threads" in stderr
 
 
 @pytest.mark.parametrize("grace", ["inf", "nan", "1e300", "-1"])

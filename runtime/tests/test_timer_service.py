@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from loom_runtime import Context, Loom, RedriveExhaustedError, TimerService
+from loom_runtime import AppNotRunningError, Context, Loom, RedriveExhaustedError, TimerService
 from loom_runtime.testing import VirtualClock
-from store_probes import Wired, kinds, token_of, wired
+from store_probes import Wired, kinds, nap, token_of, wired
 
 from loom_core import (
     EventKind,
@@ -576,3 +576,40 @@ async def test_a_count_no_store_takes_is_refused_when_the_service_is_built(optio
     async with wired() as w:
         with pytest.raises(InvalidOptionError, match=f"{option}=.*from 1 to 2\\*\\*63 - 1"):
             TimerService(w.app, **{option: 2**70})  # type: ignore[arg-type]
+
+
+async def test_a_poll_after_the_app_left_is_refused_and_one_under_way_drives_nothing(
+    url: str,
+) -> None:
+    """Leaving the app stops its timer service: a poll made after is refused, writing
+    nothing; one under way as the app was left answers the park it was answering, and
+    leaves the execution running for the node's next start, which finishes it."""
+    async with wired(url) as w:
+        await parked(w, execution_id="late")
+        await parked(w, execution_id="under-way")
+        await w.clock.advance(60)
+
+        async def leave_the_app(execution_id: str) -> None:
+            w.probe.before_acquire = None
+            await w.app.__aexit__(None, None, None)
+
+        w.probe.before_acquire = leave_the_app
+        with pytest.raises(AppNotRunningError, match="cut short"):
+            await w.app.timer_service.poll_once()
+        (woken,) = [c.execution_id for c in w.probe.of("acquire_fence_if")]
+        other = "late" if woken == "under-way" else "under-way"
+        before = await w.base.events.read(other)
+        with pytest.raises(AppNotRunningError, match="poll_once"):
+            await w.app.timer_service.poll_once()
+        assert await w.base.events.read(other) == before
+        assert (await kinds(w.base.events, woken))[-1] == EventKind.EXECUTION_RESUMED
+        assert w.errors == []
+
+        again = Loom(w.base, node="n1", clock=w.clock, timers=False, recover=False)
+        again.workflow(name="nap")(nap)
+        async with again:
+            assert [h.execution_id for h in await again.recover()] == [woken]
+            assert await again.get(woken).result(timeout=5) == "awake"
+            due = await w.base.timers.pending(other)
+            assert await again.timer_service.poll_once() == dict.fromkeys(due, "resumed")
+            assert await again.get(other).result(timeout=5) == "awake"
