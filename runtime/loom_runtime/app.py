@@ -350,8 +350,17 @@ class Loom:
             raise InvalidOptionError(str(exc)) from None
         if authorize is not None and not callable(authorize):
             raise InvalidOptionError(f"Loom(authorize=...) must be callable, not {authorize!r}")
-        if clock is not None and not isinstance(clock, Clock):
-            raise InvalidOptionError(f"Loom(clock=...) must have now() and sleep(), not {clock!r}")
+        if clock is not None:
+            if not isinstance(clock, Clock):
+                raise InvalidOptionError(
+                    f"Loom(clock=...) must have now() and sleep(), not {clock!r}"
+                )
+            now = clock.now()
+            if not isinstance(now, datetime) or now.utcoffset() is None:
+                raise InvalidOptionError(
+                    f"Loom(clock=...)'s now() must give a timezone-aware datetime (UTC), "
+                    f"not {now!r}: deadlines and recorded times are compared across nodes"
+                )
         if random is not None and not isinstance(random, RandomSource):
             raise InvalidOptionError(
                 f"Loom(random=...) must have random() and getrandbits(), not {random!r}"
@@ -507,7 +516,12 @@ class Loom:
                 raise InvalidOptionError(
                     f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r}"
                 )
-            workflow_name = name if name is not None else fn.__qualname__
+            workflow_name = name if name is not None else getattr(fn, "__qualname__", None)
+            if workflow_name is None:
+                raise InvalidOptionError(
+                    f"{fn!r} has no __qualname__ to name the workflow by: pass "
+                    "@app.workflow(name=...)"
+                )
             if not isinstance(workflow_name, str) or not workflow_name:
                 raise InvalidOptionError(f"a workflow name must be a non-empty str: {name!r}")
             check_text(workflow_name, "a workflow name")
@@ -3163,6 +3177,8 @@ def _fingerprint(fn: Callable[..., Any]) -> str:
                 digest.update(repr(const).encode())
         digest.update(repr(code.co_names).encode())
 
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     code = getattr(fn, "__code__", None)
     if isinstance(code, types.CodeType):
         feed(code)

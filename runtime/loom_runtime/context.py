@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final,
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
 from loom_runtime.errors import ContextOutsideBodyError, InvalidDurationError
-from loom_runtime.records import Position, Received, check_text, json_value
+from loom_runtime.records import Position, Received, check_text, json_value, position_text
 from loom_runtime.retry import Retry
 
 if TYPE_CHECKING:
@@ -167,13 +167,21 @@ _MAX_SITES: Final = 4096
 class Durable(Generic[T]):
     """A durable call with its position taken; await it once (directly or in gather)."""
 
-    __slots__ = ("_coro", "position")
+    __slots__ = ("_awaited", "_coro", "position")
 
     def __init__(self, position: Position, coro: Coroutine[Any, Any, T]) -> None:
         self.position = position
         self._coro = coro
+        self._awaited = False
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._awaited:
+            raise InvalidInputError(
+                f"the durable call at position {position_text(self.position)} was awaited "
+                "already: a durable call is awaited once (directly or in one ctx.gather); "
+                "keep its result, or make the call again for another"
+            )
+        self._awaited = True
         branch = BRANCH.get()
         if branch.owner is not asyncio.current_task():
             # Awaited by a task the body started (asyncio.ensure_future, asyncio.wait,
@@ -291,6 +299,12 @@ class Context:
         back as a list).
         """
         if not callable(fn):
+            if inspect.iscoroutine(fn):
+                fn.close()  # refused: it is never awaited
+                raise InvalidInputError(
+                    f"ctx.step needs a function, not a coroutine ({fn!r}): pass the "
+                    "function and its arguments, ctx.step(fn, *args), for the step to call"
+                )
             raise InvalidInputError(f"ctx.step needs a function, not {fn!r}")
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInputError(f"retry= must be a Retry, not {retry!r}")

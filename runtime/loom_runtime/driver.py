@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, cast
 from loom_core import (
     Event,
     InvalidInputError,
+    InvalidOptionError,
     JsonValue,
     LoomError,
     NewEvent,
@@ -408,10 +409,26 @@ class Run:
         return self.app.clock.now().isoformat()
 
     def draw_random(self) -> float:
-        return self.app.random.random()
+        value = self.app.random.random()
+        if type(value) is not float or not 0.0 <= value < 1.0:  # NaN compares false
+            self._halt(
+                InvalidOptionError(
+                    f"Loom(random=...)'s random() gave {value!r}, not a float in [0, 1): "
+                    "give the app a random.Random, or a source that draws as it does"
+                )
+            )
+        return value
 
     def draw_uuid(self) -> str:
-        return str(uuid.UUID(int=self.app.random.getrandbits(128), version=4))
+        bits = self.app.random.getrandbits(128)
+        if type(bits) is not int or not 0 <= bits < 1 << 128:
+            self._halt(
+                InvalidOptionError(
+                    f"Loom(random=...)'s getrandbits(128) gave {bits!r}, not an int of 128 "
+                    "bits: give the app a random.Random, or a source that draws as it does"
+                )
+            )
+        return str(uuid.UUID(int=bits, version=4))
 
     async def step(
         self,

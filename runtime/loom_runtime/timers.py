@@ -119,6 +119,10 @@ class TimerService:
         capacity: int = DEFAULT_CAPACITY,
         redrivers: Sequence[Redriver] = (),
     ) -> None:
+        from loom_runtime.app import Loom  # the app imports this module
+
+        if not isinstance(app, Loom):
+            raise InvalidOptionError(f"TimerService() serves a loom_runtime.Loom, not {app!r}")
         self.app = app
         self.poll_interval = _seconds("poll_interval", poll_interval, most=math.inf, positive=True)
         self.batch = _count("batch", batch)

@@ -4,8 +4,11 @@ with a typed error that says what to do, and nothing is written."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import math
 import random
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -375,3 +378,128 @@ def test_a_body_no_start_could_call_is_refused_when_registered(app: Loom) -> Non
     with pytest.raises(InvalidOptionError, match="taking ctx first"):
         app.workflow(name="n")(no_ctx)
     assert sorted(app.workflows) == []
+
+
+class _NaiveClock:
+    def now(self) -> datetime:
+        return datetime(2030, 1, 1)  # naive: the mistake under test
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def test_a_clock_that_gives_naive_datetimes_is_refused_when_the_app_is_built() -> None:
+    with pytest.raises(InvalidOptionError, match="timezone-aware"):
+        Loom("memory://", clock=_NaiveClock())
+
+
+class _BrokenRandom(random.Random):
+    def __init__(self, value: object, bits: object) -> None:
+        super().__init__(1)
+        self._value, self._bits = value, bits
+
+    def random(self) -> float:
+        return self._value  # type: ignore[return-value]
+
+    def getrandbits(self, k: int, /) -> int:
+        return self._bits  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("value", "bits", "call"),
+    [
+        (math.nan, 5, "random"),
+        ("r", 5, "random"),
+        (1.0, 5, "random"),
+        (0.5, -1, "getrandbits"),
+        (0.5, 1 << 128, "getrandbits"),
+        (0.5, "b", "getrandbits"),
+    ],
+)
+async def test_a_random_source_that_draws_what_random_does_not_stops_the_run_recording_nothing(
+    value: object, bits: object, call: str
+) -> None:
+    """A misbuilt ``random=`` is the app's fault, not the execution's: the run stops
+    with InvalidOptionError (to on_error and result()), nothing is recorded, and the
+    execution stays running for an app with a sound source to carry on."""
+    errors: list[BaseException] = []
+    app = Loom(
+        "memory://", node="n", clock=VirtualClock(), random=_BrokenRandom(value, bits),
+        on_error=errors.append, timers=False, recover=False,
+    )
+
+    @app.workflow(name="draws")
+    async def draws(ctx: Context) -> str:
+        return str(ctx.random() if call == "random" else ctx.uuid())
+
+    async with app:
+        handle = await app.start(draws, id="d")
+        with pytest.raises(InvalidOptionError, match=rf"{call}"):
+            await handle.result(timeout=5)
+        assert [e.kind for e in await app.storage.events.read("d")] == [
+            EventKind.EXECUTION_STARTED
+        ]
+        assert await handle.status() == "running"
+        assert [type(e) for e in errors] == [InvalidOptionError]
+
+
+async def _takes(ctx: Context, order: str) -> str:
+    return order
+
+
+def test_a_partial_registered_without_a_name_is_refused_asking_for_one(app: Loom) -> None:
+    bound = functools.partial(_takes, order="o-1")
+    with pytest.raises(InvalidOptionError, match=r"name="):
+        app.workflow()(bound)
+    assert app.workflow(name="takes")(bound) is bound
+
+
+async def test_a_durable_call_awaited_twice_is_refused_with_what_to_do(app: Loom) -> None:
+    async def one() -> int:
+        return 1
+
+    @app.workflow(name="twice")
+    async def twice(ctx: Context) -> list[str]:
+        refused: list[str] = []
+        call = ctx.step(one)
+        assert await call == 1
+        try:
+            await call
+        except InvalidInputError as exc:
+            refused.append(str(exc))
+        again = ctx.step(one)
+        try:
+            await ctx.gather(again, again)
+        except InvalidInputError as exc:
+            refused.append(str(exc))
+        return refused
+
+    said = await (await app.start(twice, id="t")).result(timeout=5)
+    assert len(said) == 2
+    assert all("awaited once" in words for words in said)
+    assert await check_replay(app) == ["t"]
+
+
+async def test_a_coroutine_given_to_step_is_refused_and_closed(app: Loom) -> None:
+    async def one() -> int:
+        return 1
+
+    @app.workflow(name="coro")
+    async def coro(ctx: Context) -> str:
+        try:
+            await ctx.step(one())  # type: ignore[call-overload]
+        except InvalidInputError as exc:
+            return str(exc)
+        return "accepted"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" fails the test
+        said = await (await app.start(coro, id="c")).result(timeout=5)
+        gc.collect()
+    assert "not a coroutine" in said
+
+
+@pytest.mark.parametrize("app", [None, 1, "memory://"])
+def test_a_timer_service_of_no_app_is_refused(app: object) -> None:
+    with pytest.raises(InvalidOptionError, match=r"serves a loom_runtime\.Loom"):
+        TimerService(app)  # type: ignore[arg-type]
