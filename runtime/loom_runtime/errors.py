@@ -98,7 +98,12 @@ class WorkflowNotFoundError(LoomError, LookupError):
     """The log names a workflow this app has not registered."""
 
     def __init__(
-        self, name: str, execution_id: str | None = None, known: tuple[str, ...] = ()
+        self,
+        name: str,
+        execution_id: str | None = None,
+        known: tuple[str, ...] = (),
+        *,
+        todo: str = "register it with @app.workflow(name=...) before starting or resuming",
     ) -> None:
         self.name = name
         self.known = known
@@ -107,7 +112,7 @@ class WorkflowNotFoundError(LoomError, LookupError):
             f"no workflow named {name!r} is registered on this app"
             + (f" (execution {execution_id!r} needs it)" if execution_id else "")
             + (f"; registered: {', '.join(known)}" if known else "")
-            + "; register it with @app.workflow(name=...) before starting or resuming"
+            + f"; {todo}"
         )
 
 

@@ -38,8 +38,8 @@ from loom_core import InvalidInputError
 from loom_runtime.app import Loom
 from loom_runtime.clock import LATEST_DEADLINE, shown
 from loom_runtime.driver import Run
-from loom_runtime.errors import InvalidDurationError
-from loom_runtime.records import Position
+from loom_runtime.errors import InvalidDurationError, WorkflowNotFoundError
+from loom_runtime.records import Position, check_text
 from loom_runtime.timers import TimerService
 
 __all__ = ["ChildProcess", "CrashAt", "VirtualClock", "check_replay", "crash_at"]
@@ -287,8 +287,9 @@ class CrashAt:
     more and vanishes; the log keeps it running under this node until
     :meth:`Loom.recover` (what a restarted process does) drives it on.
 
-    Match by ``step`` name (the step's name, or its last dotted part), or ``position`` (the
-    body's k-th call), or ``step="park"`` for the moment before a park is written, or
+    Match by ``step`` name (the step's name, or its last dotted part), or ``position`` (a
+    step's position: the body's k-th call, which must be a step), or ``step="park"`` for
+    the moment before a park is written, or
     ``step="continue"`` for ``ctx.continue_as_new`` (``"before"``: its successor is
     created and EXECUTION_CONTINUED not yet written; ``"after"``: written, and the
     successor not yet driven); ``when`` is ``"before"`` the call runs or ``"after"`` its
@@ -299,7 +300,9 @@ class CrashAt:
     ``position``; a ``step`` or ``execution_id`` that is not a non-empty str; a
     ``position`` that is not an int >= 0 or a non-empty tuple of them (the body's first
     call is 0); ``when`` other than ``"before"`` or ``"after"``; ``step="park"`` with
-    ``"after"`` (the park is a moment before a write); ``times`` below 1.
+    ``"after"`` (the park is a moment before a write); ``step="park"`` or
+    ``"continue"`` with ``position``; a ``step`` or ``execution_id`` with U+0000 or a
+    lone surrogate; ``times`` below 1.
     """
 
     step: str | None = None
@@ -325,6 +328,15 @@ class CrashAt:
             )
         if self.when not in ("before", "after"):
             raise InvalidInputError(f"when= is 'before' or 'after', not {self.when!r}")
+        if self.step in ("park", "continue") and self.position is not None:
+            raise InvalidInputError(
+                f"step={self.step!r} with position= could never fire: a position names a "
+                "step; arm the park or the continuation by step= alone (with "
+                "execution_id= to pick the execution)"
+            )
+        for text, what in ((self.step, "step="), (self.execution_id, "execution_id=")):
+            if isinstance(text, str) and text:
+                check_text(text, what)  # a name or id no run could have
         if self.step == "park" and self.when == "after":
             raise InvalidInputError(
                 "step='park' stops the run before it writes a park and has no 'after'; use "
@@ -387,6 +399,10 @@ async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) ->
     the replay matches if every recorded call was made and every wait of its park is
     waited for again, which is what resuming it with this code requires.
 
+    An execution of a workflow the app does not register raises WorkflowNotFoundError
+    (a workflow renamed without keeping its old name, or another app's executions in the
+    same store: pass the ids of this app's).
+
     Refused (InvalidInputError) before anything is replayed: an ``app`` that is not a
     :class:`Loom`; ``execution_ids`` that is a str (it would be read as its characters:
     pass ``[execution_id]``) or is not an iterable of non-empty strs.
@@ -424,7 +440,15 @@ async def check_replay(app: Loom, execution_ids: Iterable[str] | None = None) ->
         view = await app.inspect(execution_id)
         if view.status is None:
             continue
-        fn = app._body_of(view)
+        try:
+            fn = app._body_of(view)
+        except WorkflowNotFoundError as exc:
+            raise WorkflowNotFoundError(
+                exc.name, exc.execution_id, exc.known,
+                todo="register it (under its old name too, if it was renamed), or pass "
+                "check_replay the ids of this app's executions when the store also holds "
+                "another app's",
+            ) from None
         outcome = await Run(app, view, view.fence, fn, replay_only=True).drive()
         if outcome.kind == "stopped" and outcome.reason is not None:
             raise outcome.reason

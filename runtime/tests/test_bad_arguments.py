@@ -264,6 +264,10 @@ async def test_crash_at_refuses_what_is_not_an_app(app: Loom) -> None:
         {"step": "charge", "execution_id": 7},
         {"step": "charge", "times": 0},
         {"step": "charge", "times": 1.5},
+        {"step": "park", "position": 1},
+        {"step": "continue", "position": (0, 1)},
+        {"step": "a\x00b"},
+        {"step": "charge", "execution_id": "\ud800"},
     ],
 )
 async def test_crash_at_refuses_a_point_that_could_never_fire_and_arms_nothing(

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from loom_runtime import Context, Loom, ReplayDivergedError
+from loom_runtime import Context, Loom, ReplayDivergedError, WorkflowNotFoundError
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
 from loom_core import Event, Storage, open_storage
@@ -233,3 +233,23 @@ async def test_finished_and_unfinished_executions_are_replayed_together() -> Non
             assert await check_replay(app, ["o", "missing"]) == ["o"]
             assert (await app.inspect("o")).status == "suspended"
         assert ran == []
+
+
+async def test_an_execution_of_a_workflow_the_app_lacks_says_what_check_replay_needs() -> None:
+    """Another app's execution in the same store, or a workflow renamed without its old
+    name: WorkflowNotFoundError, saying to register it or to pass this app's ids, which
+    then replay."""
+    async with open_storage("memory://") as storage:
+        await left_by(storage, order)
+        other = Loom(storage, node="m", clock=VirtualClock(), recover=False)
+
+        @other.workflow(name="other")
+        async def theirs(ctx: Context) -> str:
+            return "theirs"
+
+        async with other:
+            await other.execute(theirs, id="a-theirs")
+        async with app_on(storage, order, timers=False) as app:
+            with pytest.raises(WorkflowNotFoundError, match="pass check_replay the ids"):
+                await check_replay(app)
+            assert await check_replay(app, ["o"]) == ["o"]
