@@ -299,7 +299,7 @@ class Run:
         if isinstance(exc, _Stop | _Park):
             return self._outcome("stopped", reason=self._stop_reason)
         if isinstance(exc, ContinueAsNew):
-            self._check_all_visited("the body continued as new")
+            self._check_all_visited("no call: the body continues as new")
             if self._replay_only:
                 self._expect_terminal("continued")
                 return self._outcome("continued")
@@ -333,13 +333,13 @@ class Run:
                 stopped = RunStoppedError(self.execution_id, exc)
                 stopped.__cause__ = exc
                 self._halt(stopped)
-            self._check_all_visited(f"the body raised {type(exc).__name__}")
+            self._check_all_visited(f"no call: the body raises {type(exc).__name__}")
             if self._replay_only:
                 self._expect_terminal("failed")
                 return self._outcome("failed")
             await self._append([records.failed(type_name(exc), _message(exc))])
             return self._outcome("failed")
-        self._check_all_visited("the body returned")
+        self._check_all_visited("no call: the body returns")
         try:
             result = json_value(ending, f"the result of workflow {self.workflow!r}")
         except InvalidInputError as refused:
@@ -358,13 +358,13 @@ class Run:
         if self._frontier:
             # The log has not ended: a live run would end here, as the body did, unless
             # the park it answers waits for a call the body no longer makes.
-            self._check_waits_reached(f"a body that ends {kind}")
+            self._check_waits_reached(f"no call: the body ends {kind}")
             return
         if self._view.status != kind and not self._cut_by_cancel:
             self._diverge(
                 (len(self._view.records),),
                 f"an execution that ended {self._view.status}",
-                f"a body that ends {kind}",
+                f"no call: the body ends {kind}",
             )
 
     async def _park(self) -> Outcome:
@@ -372,7 +372,7 @@ class Run:
             first = min(self._waits)
             self._diverge(first, None, f"a wait at {self._waits[first].site}")
         try:
-            self._check_all_visited("the body parked")
+            self._check_all_visited("no call: the body parks")
         except _Stop:
             return self._outcome("stopped", reason=self._stop_reason)
         waits = sorted(self._waits.values(), key=lambda w: w.position)
@@ -1002,8 +1002,8 @@ class Run:
         matches if every recorded call was made and every wait the log leaves open is
         waited for again (answering it would otherwise record a call no body makes)."""
         try:
-            self._check_all_visited("a body that stops short of it")
-            self._check_waits_reached("a body that parks without it")
+            self._check_all_visited("no call: the body stops short of it")
+            self._check_waits_reached("no call: the body parks without waiting for it")
         except _Stop:
             return self._outcome("stopped", reason=self._stop_reason)
         return self._outcome("stopped")

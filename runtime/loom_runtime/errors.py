@@ -190,9 +190,9 @@ class ReplayDivergedError(LoomError):
         self.attempted = attempted
         super().__init__(
             f"replay of {execution_id!r} diverged at position {position}: the log recorded "
-            f"{recorded or 'no call'}, the code now makes {attempted or 'no call'}; the log "
-            "is untouched: fix the code (guard changes with ctx.patched) and resume, or "
-            "cancel the execution"
+            f"{recorded or 'no call'}, the code now makes {attempted or 'no call'}; the "
+            "replay appended nothing: fix the code (guard changes with ctx.patched) and "
+            "carry the execution on (docs/runtime.md, \"Replay and positions\"), or cancel it"
         )
 
 
@@ -273,10 +273,12 @@ class RecoveryLimitError(LoomError):
         self.execution_id = execution_id
         self.recoveries = recoveries
         super().__init__(
-            f"execution {execution_id!r} was recovered {recoveries} times in a row and its "
-            "run wrote nothing before its process died each time: its body likely kills its "
-            "process at the same point (a crash, an exit, memory), so it is failed rather "
-            "than run again; fix the code, then app.fork it to run it again from its log"
+            f"execution {execution_id!r} was recovered {recoveries} times in a row by the "
+            "same code and its run wrote nothing after each takeover: either its body kills "
+            "its process at the same point (a crash, an exit, memory), or its replay "
+            "diverged from the log each time (the starts before this one reported "
+            "ReplayDivergedError to on_error); it is failed rather than run again: fix the "
+            "code, then app.fork it to run it again from its log"
         )
 
 

@@ -46,8 +46,18 @@ def _refuse(view: View) -> ResumeRefusedError:
         return ResumeRefusedError(view.execution_id, "not-suspended", "there is no such log")
     if view.terminal:
         return ResumeRefusedError(view.execution_id, "not-suspended", f"it is {view.status}")
+    if view.park is not None:
+        return ResumeRefusedError(
+            view.execution_id, "not-suspended",
+            f"its open park is at sequence {view.park.sequence}, not the one given",
+        )
+    owner = f" under node {view.node!r}" if view.node else ""
     return ResumeRefusedError(
-        view.execution_id, "not-suspended", "the park is answered, or is not at that sequence"
+        view.execution_id,
+        "not-suspended",
+        f"it is running{owner}, its park answered: a run carries it on, or, if that run "
+        f"stopped (its process died, its replay diverged), the next start of that node or "
+        f"app.recover() there does",
     )
 
 

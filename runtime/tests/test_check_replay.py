@@ -114,7 +114,7 @@ async def test_code_that_no_longer_makes_the_parks_wait_diverges() -> None:
         error = await diverged(storage, ends_early)
         assert error.position == "2"
         assert (error.recorded or "").startswith("sleep()")
-        assert error.attempted == "a body that ends completed"
+        assert error.attempted == "no call: the body ends completed"
         error = await diverged(storage, receives)
         assert error.position == "2"
         assert (error.attempted or "").startswith("receive('go')")
@@ -214,7 +214,7 @@ async def test_a_branch_that_no_longer_waits_diverges_where_its_wait_was() -> No
         error = await diverged(storage, one)
         assert error.position == "0.1.0"
         assert (error.recorded or "").startswith("sleep()")
-        assert error.attempted == "a body that parks without it"
+        assert error.attempted == "no call: the body parks without waiting for it"
         assert list(await storage.events.read("o")) == log
 
 

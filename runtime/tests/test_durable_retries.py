@@ -250,7 +250,7 @@ async def test_a_step_removed_while_it_is_retried_diverges(storage: Storage) -> 
         assert (await again.inspect("o-7")).status == "running"
     (diverged,) = [e for e in errors if isinstance(e, ReplayDivergedError)]
     assert "attempt 1 failed, to be tried again" in str(diverged)
-    assert "body returned" in str(diverged)
+    assert "the body returns" in str(diverged)
 
 
 async def test_a_siblings_result_is_written_before_the_next_attempt(storage: Storage) -> None:

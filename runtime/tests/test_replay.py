@@ -86,7 +86,7 @@ async def fewer_calls(ctx: Context) -> str:
         (renamed, "1", "step 'charge'", "step 'ship'"),
         (reordered, "0", "step 'reserve'", "step 'charge'"),
         (removed, "1", "step 'charge'", "sleep() at test_replay.py"),
-        (fewer_calls, "1", "step 'charge'", "the body returned"),
+        (fewer_calls, "1", "step 'charge'", "no call: the body returns"),
     ],
     ids=["renamed", "reordered", "removed", "returns-early"],
 )

@@ -209,7 +209,7 @@ async def test_a_resume_of_an_answered_park_whose_body_runs_is_refused_and_takes
         assert "n" in w.app.driving
         before = await w.base.events.read("n")
         acquires = len(w.probe.of("acquire_fence", "acquire_fence_if"))
-        with pytest.raises(ResumeRefusedError) as caught:
+        with pytest.raises(ResumeRefusedError, match=r"it is running under node 'n1'") as caught:
             await w.app.resume("n", fence_if_parked_at=park)
         assert caught.value.reason == "not-suspended"
         assert await w.base.events.read("n") == before
@@ -251,7 +251,9 @@ async def test_a_resume_at_a_sequence_that_is_not_the_open_park_is_refused_and_t
         at = {"the start": 0, "the answered park": first, "past the head": view.head + 3}
         before = await w.base.events.read("n")
         acquires = len(w.probe.of("acquire_fence", "acquire_fence_if"))
-        with pytest.raises(ResumeRefusedError) as caught:
+        with pytest.raises(
+            ResumeRefusedError, match=rf"its open park is at sequence {view.park.sequence},"
+        ) as caught:
             await w.app.resume("n", fence_if_parked_at=at[sequence])
         assert caught.value.reason == "not-suspended"
         assert await w.base.events.read("n") == before
