@@ -13,7 +13,9 @@ do, whichever kind of plugin it is. This module's name is private.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+import threading
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
@@ -211,13 +213,16 @@ class PluginHost:
 
 
 _default: PluginHost | None = None
+_default_lock: Final = threading.Lock()
 
 
 def default_plugins() -> PluginHost:
     """The process-wide host, discovering entry points on first use."""
     global _default
     if _default is None:
-        _default = PluginHost()
+        with _default_lock:  # the first open_storage discovers them in a thread
+            if _default is None:
+                _default = PluginHost()
     return _default
 
 
@@ -270,7 +275,14 @@ async def _open(
 ) -> Storage:
     if options is not None and not isinstance(options, Mapping):
         raise InvalidOptionError(f"options must be a mapping, not {type(options).__name__}")
-    host = plugins if plugins is not None else default_plugins()
+    if plugins is not None:
+        host = plugins
+    elif _default is not None:
+        host = _default
+    else:
+        # Discovering the entry points imports every installed plugin (a driver, its
+        # C extension): seconds on a slow disk, not to be spent on the event loop.
+        host = await asyncio.to_thread(default_plugins)
     scheme = _scheme(url)
     specs = _decorator_specs(decorators)
     chosen = [(host.decorator(name), opts) for name, opts in specs]

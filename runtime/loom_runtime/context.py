@@ -223,6 +223,7 @@ class Context:
 
     def __init__(self, run: Run) -> None:
         self._run = run
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
 
     def _branch(self) -> Branch:
         """The line of durable calls this call is made on, if it is this body's."""
@@ -231,7 +232,6 @@ class Context:
             branch.peek()  # outside every body, in a step: raises, naming where
             raise ContextOutsideBodyError("other")
         return branch
-        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:

@@ -4,6 +4,7 @@ longer matches is refused with both sides named and nothing appended."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pytest
@@ -469,3 +470,23 @@ async def test_check_replay_refuses_a_call_put_where_a_gather_of_made_calls_was(
                 await check_replay(second)
         assert diverged.value.position == "3"  # the charge, which the code no longer reaches
         assert RAN == []
+
+
+async def test_ctx_logger_is_quiet_while_the_body_replays(
+    app: Loom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.workflow(name="logs")
+    async def logs(ctx: Context) -> str:
+        ctx.logger.info("before the sleep of %s", ctx.execution_id)
+        await ctx.sleep(60)
+        ctx.logger.info("after the sleep")
+        return "done"
+
+    with caplog.at_level(logging.INFO, logger="loom_runtime.workflow.logs"):
+        handle = await app.start(logs, id="l")
+        await app.drain()
+        await clock.advance(60)
+        assert await handle.result(timeout=5) == "done"
+        assert await check_replay(app) == ["l"]  # the whole body again, logging nothing
+    said = [r.getMessage() for r in caplog.records if r.name == "loom_runtime.workflow.logs"]
+    assert said == ["before the sleep of l", "after the sleep"]  # once each: not replayed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -236,3 +237,27 @@ async def test_entry_points_are_discovered_and_a_broken_one_is_reported(
     assert len(broken) == 1
     assert broken[0].distribution == "loom-broken"
     assert isinstance(broken[0].cause, ModuleNotFoundError)
+
+
+async def test_the_first_open_discovers_the_plugins_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Discovery imports every installed plugin (a driver and its C extension): the
+    first open_storage of a process does it in a thread, not on the event loop; later
+    opens reuse the host."""
+    from loom_core import plugins
+
+    discovered_in: list[threading.Thread] = []
+    make = plugins.PluginHost
+
+    def recording() -> PluginHost:
+        discovered_in.append(threading.current_thread())
+        return make()
+
+    monkeypatch.setattr(plugins, "_default", None)
+    monkeypatch.setattr(plugins, "PluginHost", recording)
+    for _ in range(2):
+        async with open_storage("memory://") as storage:
+            assert storage.url == "memory://"
+    (thread,) = discovered_in
+    assert thread is not threading.main_thread()
