@@ -503,6 +503,20 @@ class ChildProcess:
             )
         if not isinstance(stderr, str | os.PathLike) or not os.fspath(stderr):
             raise InvalidInputError(f"stderr= must be a path (a str or a Path), not {stderr!r}")
+        if any("\x00" in a for a in argv) or "\x00" in os.fsdecode(stderr):
+            raise InvalidInputError(f"argv and stderr= cannot hold U+0000: {argv!r}, {stderr!r}")
+        if env is not None and (
+            not isinstance(env, Mapping)
+            or not all(
+                isinstance(k, str) and k and "=" not in k and "\x00" not in k
+                and isinstance(v, str) and "\x00" not in v
+                for k, v in env.items()
+            )
+        ):
+            raise InvalidInputError(
+                "env= must map variable names (non-empty strs without '=' or U+0000) to "
+                f"strs without U+0000, not {env!r}"
+            )
         path = Path(stderr)
         if (
             isinstance(line_timeout, bool)

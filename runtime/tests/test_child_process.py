@@ -91,6 +91,11 @@ async def test_a_silent_child_times_out_and_can_still_be_killed(tmp_path: Path) 
         ((sys.executable,), {"line_timeout": 0}, "line_timeout="),
         ((sys.executable,), {"line_timeout": float("inf")}, "line_timeout="),
         ((sys.executable,), {"line_timeout": True}, "line_timeout="),
+        ((sys.executable, "-c", "pass\x00"), {}, "U+0000"),
+        ((sys.executable,), {"env": {"A": 1}}, "env="),
+        ((sys.executable,), {"env": {"A=B": "x"}}, "env="),
+        ((sys.executable,), {"env": {"A": "x\x00"}}, "env="),
+        ((sys.executable,), {"env": ["A"]}, "env="),
     ],
 )
 async def test_bad_arguments_are_refused_before_anything_starts(
