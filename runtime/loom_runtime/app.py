@@ -2514,6 +2514,11 @@ class Loom:
         try:
             next_run: Run | None = run
             while next_run is not None:
+                if next_run is not run and not self._entered:
+                    # The app was left while this run answered its own park: the next
+                    # run is the next start's, as after a process that exits (an
+                    # execute() caller's task, which leaving does not cancel, ends here).
+                    break
                 if next_run is not run and contextvars.copy_context() != base:
                     self._spawn(next_run, base)
                     break

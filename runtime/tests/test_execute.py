@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from typing import Any
 
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, WorkflowFailedError
@@ -192,3 +193,56 @@ async def test_drain_waits_for_an_execute_in_another_task_and_not_for_its_own(ap
     assert await asyncio.wait_for(app.execute(draining, id="d"), 5) == 2
     assert drained_inside == [True]
 
+
+
+async def test_leaving_the_app_as_the_run_answers_its_own_park_runs_nothing_after() -> None:
+    """The app is left between the run's answer to its own park (a message came while
+    it parked) and the run that goes on from it: that run is the next start's, so no
+    step runs after the app has left and nothing is reported; execute raises
+    AppNotRunningError, and the execution stays running."""
+    effects: list[str] = []
+    reported: list[BaseException] = []
+    parked, go_on = asyncio.Event(), asyncio.Event()
+    answered, finish = asyncio.Event(), asyncio.Event()
+
+    async def charge() -> str:
+        effects.append("charged")
+        return "ok"
+
+    app = Loom("memory://", node="n", on_error=reported.append, timers=False)
+
+    @app.workflow(name="pays")
+    async def pays(ctx: Context) -> str:
+        await ctx.receive("t")
+        return str(await ctx.step(charge))
+
+    async with app:
+        events = app.storage.events
+        append = events.append
+
+        async def held(execution_id: str, new: Any, **options: Any) -> Any:
+            written = await append(execution_id, new, **options)
+            kinds = {event.kind for event in new}
+            if EventKind.EXECUTION_SUSPENDED in kinds and not go_on.is_set():
+                parked.set()
+                await go_on.wait()
+            if EventKind.MESSAGE_CONSUMED in kinds and not finish.is_set():
+                answered.set()
+                await finish.wait()
+            return written
+
+        events.append = held  # type: ignore[method-assign,assignment]
+        caller = asyncio.create_task(app.execute(pays, id="x"))
+        await parked.wait()  # the park is written; the run has not settled
+        await app.send("x", "t", 1)
+        go_on.set()  # the run settles and answers its own park...
+        await answered.wait()  # ... and its answer is written: the app is left now
+        log = await app.storage.events.read("x")
+    finish.set()
+    with pytest.raises(AppNotRunningError):
+        await caller
+    assert effects == []
+    assert reported == []
+    assert [event.kind for event in log][-2:] == [
+        EventKind.MESSAGE_CONSUMED, EventKind.EXECUTION_RESUMED
+    ]
