@@ -280,6 +280,9 @@ class Handle(Generic[R]):
         successor it continued as ended so."""
         if view.status is None:
             raise ExecutionNotFoundError(execution_id)
+        halted = self._app.halted
+        if halted and view.terminal:
+            halted.pop(execution_id, None)  # it ended since, elsewhere
         if view.status == "failed":
             assert view.error is not None
             raise WorkflowFailedError(self.execution_id, *view.error)
@@ -287,10 +290,8 @@ class Handle(Generic[R]):
             if view.timed_out:
                 raise ExecutionTimedOutError(self.execution_id, view.cancel_reason)
             raise ExecutionCancelledError(self.execution_id, view.cancel_reason)
-        if view.status != "completed":
-            halted = self._app.halted.get(execution_id)
-            if halted is not None:
-                raise halted
+        if not view.terminal and (stopped := halted.get(execution_id)) is not None:
+            raise stopped
 
 
 class Loom:
@@ -2547,7 +2548,7 @@ class Loom:
             # an id too long for a tenant's prefix): nothing was written, the execution
             # stays running, and result() raises what stopped it.
             if isinstance(exc, _FOR_GOOD):
-                self.halted[execution_id] = exc
+                self._halted(execution_id, exc)
             self.hooks.error(exc)
         finally:
             self.changed(execution_id)
@@ -2568,7 +2569,7 @@ class Loom:
         if outcome.kind == "stopped":
             reason = outcome.reason
             if isinstance(reason, ReplayDivergedError | RunStoppedError):
-                self.halted[execution_id] = reason
+                self._halted(execution_id, reason)
                 self.hooks.error(reason)
             elif isinstance(reason, FencedOut):
                 _log.debug("%s", reason)
@@ -2583,7 +2584,7 @@ class Loom:
                 # store refused for good: nothing was written and the execution stays
                 # running, as after a crash, and result() raises what stopped it.
                 if isinstance(reason, _FOR_GOOD):
-                    self.halted[execution_id] = reason
+                    self._halted(execution_id, reason)
                 self.hooks.error(reason)
             return None, None
         if self.halted:
@@ -2902,8 +2903,19 @@ class Loom:
                 self.hooks.durable_event(event)
 
     async def _cancelled(self, execution_id: str) -> None:
+        self.halted.pop(execution_id, None)  # what result() raises now is the cancel
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
+
+    def _halted(self, execution_id: str, reason: LoomError) -> None:
+        """Keep what stopped ``execution_id``'s run here for result() to raise: the
+        latest ``_HALTED_KEPT``, each until the execution ends (a halt holds its
+        traceback, and with it the body's frames)."""
+        halted = self.halted
+        halted.pop(execution_id, None)
+        halted[execution_id] = reason
+        while len(halted) > _HALTED_KEPT:
+            del halted[next(iter(halted))]
 
 
 @dataclass(slots=True)
@@ -3120,6 +3132,9 @@ def _check_new_id(execution_id: object) -> str:
         )
     return execution_id
 
+
+_HALTED_KEPT: Final = 1024
+"""How many halted executions an app keeps what stopped them for (oldest dropped)."""
 
 _FOR_GOOD: Final = (InvalidInputError, PayloadShreddedError)
 """The errors a run stops on that trying again would only meet again: result() raises

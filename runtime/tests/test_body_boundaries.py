@@ -16,6 +16,7 @@ import pytest
 from loom_runtime import (
     Context,
     ContextOutsideBodyError,
+    ExecutionCancelledError,
     Loom,
     RunStoppedError,
     StepFailedError,
@@ -383,6 +384,44 @@ async def test_a_base_exception_stops_the_run_loudly_and_a_recovery_carries_it_o
     await app.recover()
     assert await handle.result(timeout=5) == "charged"
     assert ran == ["charge", "charge"]  # at least once: the first attempt was not recorded
+
+
+async def test_what_stopped_a_run_is_kept_until_the_execution_ends_and_for_so_many(
+    app: Loom, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A halt is kept for result() while the execution stays running: a cancel here, or
+    an end seen by result(), drops it (result() then raises the cancel), and the app
+    keeps so many, the oldest dropped first (each holds the body's frames)."""
+    from loom_runtime import app as app_module
+
+    monkeypatch.setattr(app_module, "_HALTED_KEPT", 3)
+
+    async def charge() -> None:
+        raise Abort
+
+    @app.workflow()
+    async def aborts(ctx: Context) -> None:
+        await ctx.step(charge)
+
+    for k in range(5):
+        await app.start(aborts, id=f"h{k}")
+        await app.drain()
+    assert list(app.halted) == ["h2", "h3", "h4"]
+    assert await app.cancel("h3") is True
+    assert list(app.halted) == ["h2", "h4"]
+    with pytest.raises(ExecutionCancelledError):
+        await app.get("h3").result(timeout=5)
+    with pytest.raises(RunStoppedError):
+        await app.get("h4").result(timeout=5)
+    # Ended by another app on the same store: result() sees the end and drops the halt.
+    other = Loom(app.storage, node="other", timers=False, recover=False)
+    other.workflow(name=aborts.__qualname__)(aborts)
+    async with other:
+        assert await other.cancel("h4") is True
+    with pytest.raises(ExecutionCancelledError):
+        await app.get("h4").result(timeout=5)
+    assert list(app.halted) == ["h2"]
+    reported(app).clear()
 
 
 # -- default step names --------------------------------------------------------------------------
