@@ -2568,6 +2568,14 @@ class Loom:
         execution_id = run.execution_id
         if outcome.kind == "stopped":
             reason = outcome.reason
+            if (
+                run.scheduled
+                and self._entered
+                and (reason is None or isinstance(reason, FencedOut))
+            ):
+                # Stopped by a cancel, or fenced out, as it parked: its rows may have
+                # landed after the cancel removed the execution's.
+                await self._retire_rows_if_ended(execution_id)
             if isinstance(reason, ReplayDivergedError | RunStoppedError):
                 self._halted(execution_id, reason)
                 self.hooks.error(reason)
@@ -2906,6 +2914,18 @@ class Loom:
         self.halted.pop(execution_id, None)  # what result() raises now is the cancel
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
+
+    async def _retire_rows_if_ended(self, execution_id: str) -> None:
+        """A run fenced out as it parked may have written its timer rows after whoever
+        ended the execution (a cancel) removed them: remove them if it has ended."""
+        try:
+            if (await self._look(execution_id)).terminal:
+                await self.storage.timers.cancel(execution_id)
+        except StoreClosedError:
+            raise
+        except StorageError as exc:
+            # Left, they are found obsolete when they fall due.
+            self.hooks.storage_error(execution_id, exc)
 
     def _halted(self, execution_id: str, reason: LoomError) -> None:
         """Keep what stopped ``execution_id``'s run here for result() to raise: the

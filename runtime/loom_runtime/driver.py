@@ -149,6 +149,7 @@ class Run:
         "_waits",
         "app",
         "execution_id",
+        "scheduled",
         "token",
         "workflow",
     )
@@ -166,6 +167,8 @@ class Run:
         self.execution_id = view.execution_id
         self.workflow = view.workflow
         self.token = token
+        self.scheduled = False
+        """Whether this run wrote timer rows (for a park its write of may then fail)."""
         self._fn = fn
         self._replay_only = replay_only
         # A cancellation cuts the body wherever it is: the replay of a cancelled log ends,
@@ -383,6 +386,7 @@ class Run:
             if self._view.deadline is not None:
                 wakes.add(self._view.deadline)  # written again: see Loom._schedule_deadline
             for wake_at in sorted(wakes):
+                self.scheduled = True
                 try:
                     await self.app.schedule_wake(TimerRecord(self.execution_id, wake_at))
                 except LoomError as exc:

@@ -57,6 +57,44 @@ async def test_cancel_a_parked_execution_through_the_fence(app: Loom) -> None:
     assert await app.cancel("c") is False
 
 
+@pytest.mark.parametrize("where", ["this app", "another app"])
+async def test_a_cancel_that_lands_as_the_body_writes_its_timer_row_leaves_no_row(
+    where: str,
+) -> None:
+    """The cancel removes the execution's rows while the parking run is writing one: the
+    run, stopped (a cancel here) or fenced out (a cancel elsewhere) at its park, removes
+    the row it wrote once it sees the execution has ended."""
+    async with open_storage("memory://") as storage:
+        writing, written = asyncio.Event(), asyncio.Event()
+        schedule = storage.timers.schedule
+
+        async def held(row: TimerRecord) -> None:
+            if not written.is_set():
+                writing.set()
+                await written.wait()
+            await schedule(row)
+
+        storage.timers.schedule = held  # type: ignore[method-assign,assignment]
+        app = Loom(storage, node="n", timers=False, recover=False)
+        other = Loom(storage, node="m", timers=False, recover=False)
+
+        @other.workflow(name="waits")
+        @app.workflow(name="waits")
+        async def waits(ctx: Context) -> object:
+            return await ctx.receive("never", timeout=3600)
+
+        async with app, other:
+            handle = await app.start(waits, id="x")
+            await writing.wait()  # the body writes its timeout's row
+            canceller = app if where == "this app" else other
+            assert await canceller.cancel("x", reason="test") is True
+            written.set()  # the row lands after the cancel removed the rows
+            await app.drain()
+            with pytest.raises(ExecutionCancelledError):
+                await handle.result(timeout=5)
+            assert await storage.timers.pending("x") == ()
+
+
 async def test_cancel_a_running_execution_stops_it_at_its_next_durable_call(app: Loom) -> None:
     entered, release = asyncio.Event(), asyncio.Event()
     after: list[str] = []
