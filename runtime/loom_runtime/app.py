@@ -226,7 +226,23 @@ class Handle(Generic[R]):
         timeout = _check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        execution_id = self.execution_id
+        try:
+            return await self._wait_result(self.execution_id, loop, deadline, timeout or 0)
+        except (StoreClosedError, AppNotRunningError) as exc:
+            if self._app.running:
+                raise
+            # The app was left while this waited (its storage closed under a read).
+            raise AppNotRunningError("handle.result()", left=True) from exc
+
+    async def _wait_result(
+        self,
+        execution_id: str,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float | None,
+        bound: float,
+    ) -> R:
+        """result()'s wait for ``execution_id``'s end, by ``deadline`` (``bound`` seconds
+        from when it began, for the error that says it passed)."""
         interval = 0.01
         changed: asyncio.Event | None = None
         try:
@@ -262,9 +278,7 @@ class Handle(Generic[R]):
                 remaining = _remaining(loop, deadline)
                 if remaining is not None:
                     if remaining <= 0:
-                        raise ResultTimeoutError(
-                            self.execution_id, float(timeout or 0), view.status
-                        )
+                        raise ResultTimeoutError(self.execution_id, float(bound), view.status)
                     wait = min(wait, remaining)
                 await self._app.wait_changed(execution_id, wait, changed)  # unwatches it
                 changed = None

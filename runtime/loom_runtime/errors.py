@@ -348,8 +348,9 @@ class AppNotRunningError(LoomError):
     def __init__(self, what: str, *, left: bool = False) -> None:
         if left:
             super().__init__(
-                f"{what} was cut short: the app was left while the body ran, and stopped "
-                "it; the execution stays running, and the node's next start recovers it"
+                f"{what} was cut short: the app was left, which stops every run of this "
+                "process where it is; an execution left running is carried on by the "
+                "node's next start"
             )
         else:
             super().__init__(f"{what} needs a running app: call it inside 'async with app:'")

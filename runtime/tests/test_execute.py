@@ -246,3 +246,40 @@ async def test_leaving_the_app_as_the_run_answers_its_own_park_runs_nothing_afte
     assert [event.kind for event in log][-2:] == [
         EventKind.MESSAGE_CONSUMED, EventKind.EXECUTION_RESUMED
     ]
+
+
+async def test_an_execute_waiting_as_the_app_closes_its_storage_raises_app_not_running() -> None:
+    """The app is left while execute() waits for its parked execution and is reading its
+    log: the storage closes under the read, and execute raises AppNotRunningError, as
+    documented, not the store's StoreClosedError ("open the storage again")."""
+    app = Loom("memory://", node="n", timers=False)
+    reading, closed = asyncio.Event(), asyncio.Event()
+
+    @app.workflow(name="waits")
+    async def waits(ctx: Context) -> object:
+        return await ctx.receive("t")
+
+    parked = asyncio.Event()
+    async with app:
+        events = app.storage.events
+        read, append = events.read, events.append
+
+        async def noted(execution_id: str, new: Any, **options: Any) -> Any:
+            written = await append(execution_id, new, **options)
+            if any(event.kind == EventKind.EXECUTION_SUSPENDED for event in new):
+                parked.set()
+            return written
+
+        async def held(execution_id: str, **options: Any) -> Any:
+            if execution_id == "x" and parked.is_set() and not closed.is_set():
+                reading.set()  # the read of result()'s wait, the run having parked
+                await closed.wait()
+            return await read(execution_id, **options)
+
+        events.read = held  # type: ignore[method-assign]
+        events.append = noted  # type: ignore[method-assign,assignment]
+        caller = asyncio.create_task(app.execute(waits, id="x"))
+        await reading.wait()
+    closed.set()
+    with pytest.raises(AppNotRunningError, match=r"handle\.result\(\) was cut short"):
+        await caller
