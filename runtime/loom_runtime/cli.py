@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -223,31 +223,44 @@ async def _serve(app: Loom, threads: _StepThreads) -> None:
             err=True,
         )
         await stop.wait()
+        # A second signal is for the wait on sync steps: held from now until its handler
+        # is in place (between the loop's handlers and that one, SIGTERM would kill).
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+
+
+_STOPPING: Final = {signal.SIGINT, signal.SIGTERM}
+
+
+class _CutShort(Exception):
+    """A second SIGINT or SIGTERM while the worker waits for its sync steps."""
+
+
+def _cut_short(signum: int, frame: object) -> None:
+    raise _CutShort
 
 
 def _leave_steps(app: Loom, threads: _StepThreads, grace: float) -> None:
     """The app has left: a sync step still running in a thread has its result recorded
     no more, and the node's next start runs it again. Its thread is a daemon, so the
     process need not wait for it; it gets ``grace`` seconds to return first, which a
-    second SIGINT or SIGTERM cuts short."""
-
-    def cut_short(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    if not threads.join(0):
-        return
-    click.echo(
-        f"loom worker: waiting up to {grace:g} s (--grace) for sync steps still running in "
-        "threads; a second SIGINT or SIGTERM stops at once",
-        err=True,
-    )
-    previous = signal.signal(signal.SIGTERM, cut_short)
+    second SIGINT or SIGTERM (held since the first, see _serve) cuts short."""
+    for signum in _STOPPING:
+        signal.signal(signum, _cut_short)
     try:
-        running = threads.join(grace)
-    except KeyboardInterrupt:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)  # one held raises here
+        running = threads.join(0)
+        if running:
+            click.echo(
+                f"loom worker: waiting up to {grace:g} s (--grace) for sync steps still "
+                "running in threads; a second SIGINT or SIGTERM stops at once",
+                err=True,
+            )
+            running = threads.join(grace)
+    except _CutShort:
         running = threads.join(0)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum in _STOPPING:
+            signal.signal(signum, signal.SIG_IGN)  # a third: the worker is leaving anyway
     if running:
         click.echo(
             f"loom worker: leaving {running} sync step(s) still running in threads "
