@@ -213,7 +213,7 @@ class PluginHost:
 
 
 _default: PluginHost | None = None
-_default_lock: Final = threading.Lock()
+_default_lock: Final = threading.RLock()  # a plugin may ask for the host as it loads
 
 
 def default_plugins() -> PluginHost:

@@ -261,3 +261,28 @@ async def test_the_first_open_discovers_the_plugins_off_the_event_loop(
             assert storage.url == "memory://"
     (thread,) = discovered_in
     assert thread is not threading.main_thread()
+
+
+def test_a_plugin_that_asks_for_the_host_as_it_loads_does_not_hang_discovery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from loom_core import plugins
+
+    make = plugins.PluginHost
+    asked: list[bool] = []
+
+    def asking() -> PluginHost:
+        if not asked:  # a plugin module calling default_plugins() at import
+            asked.append(True)
+            plugins.default_plugins()
+        return make()
+
+    monkeypatch.setattr(plugins, "_default", None)
+    monkeypatch.setattr(plugins, "PluginHost", asking)
+    found: list[PluginHost] = []
+    discovery = threading.Thread(target=lambda: found.append(plugins.default_plugins()))
+    discovery.daemon = True  # a deadlocked one must not keep the test run alive
+    discovery.start()
+    discovery.join(60)  # a guard against hanging the run, not a measure
+    assert not discovery.is_alive(), "discovery deadlocked on its own lock"
+    assert len(found) == 1
