@@ -167,11 +167,12 @@ _MAX_SITES: Final = 4096
 class Durable(Generic[T]):
     """A durable call with its position taken; await it once (directly or in gather)."""
 
-    __slots__ = ("_awaited", "_coro", "position")
+    __slots__ = ("_awaited", "_coro", "_run", "position")
 
-    def __init__(self, position: Position, coro: Coroutine[Any, Any, T]) -> None:
+    def __init__(self, position: Position, coro: Coroutine[Any, Any, T], run: Run) -> None:
         self.position = position
         self._coro = coro
+        self._run = run
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -183,12 +184,14 @@ class Durable(Generic[T]):
             )
         self._awaited = True
         branch = BRANCH.get()
-        if branch.owner is not asyncio.current_task():
+        if branch.owner is not asyncio.current_task() or branch.run is not self._run:
             # Awaited by a task the body started (asyncio.ensure_future, asyncio.wait,
             # asyncio.gather): the run could not tell when every branch waits, and would
-            # park before the task's wait is listed. ctx.gather is the way.
+            # park before the task's wait is listed. ctx.gather is the way. Or awaited in
+            # another execution's body, whose log this call's is not.
             self._coro.close()
             branch.peek()  # raises ContextOutsideBodyError, naming where
+            raise ContextOutsideBodyError("other")
         return self._coro.__await__()
 
     def close(self) -> None:
@@ -318,9 +321,8 @@ class Context:
             raise InvalidInputError("a step name must be a non-empty str, not ''")
         position = self._branch().take()
         site = call_site()
-        return Durable(
-            position, self._run.step(position, step_name, fn, args, retry, site, limit)
-        )
+        run = self._run
+        return Durable(position, run.step(position, step_name, fn, args, retry, site, limit), run)
 
     def sleep(self, duration: float | timedelta) -> Durable[None]:
         """Park for ``duration`` (seconds or a timedelta); the deadline is computed once.
@@ -332,7 +334,7 @@ class Context:
         self._check_end(seconds, duration, "ctx.sleep")
         position = self._branch().take()
         site = call_site()
-        return Durable(position, self._run.sleep(position, seconds, None, site))
+        return Durable(position, self._run.sleep(position, seconds, None, site), self._run)
 
     def sleep_until(self, when: datetime) -> Durable[None]:
         """Park until ``when`` (a timezone-aware datetime); one in the past is due at once.
@@ -361,7 +363,7 @@ class Context:
             )
         position = self._branch().take()
         site = call_site()
-        return Durable(position, self._run.sleep(position, None, deadline, site))
+        return Durable(position, self._run.sleep(position, None, deadline, site), self._run)
 
     def receive(
         self, topic: str, *, timeout: float | timedelta | None = None
@@ -372,7 +374,8 @@ class Context:
         seconds = self._timeout(timeout, "ctx.receive(timeout=...)")
         position = self._branch().take()
         site = call_site()
-        return Durable(position, self._run.receive(position, "receive", (topic,), seconds, site))
+        run = self._run
+        return Durable(position, run.receive(position, "receive", (topic,), seconds, site), run)
 
     def receive_any(
         self, *topics: str, timeout: float | timedelta | None = None
@@ -401,9 +404,8 @@ class Context:
         seconds = self._timeout(timeout, "ctx.receive_any(timeout=...)")
         position = self._branch().take()
         site = call_site()
-        return Durable(
-            position, self._run.receive(position, "receive_any", checked, seconds, site)
-        )
+        run = self._run
+        return Durable(position, run.receive(position, "receive_any", checked, seconds, site), run)
 
     def _timeout(self, timeout: object, what: str) -> float | None:
         """A receive's ``timeout=`` in seconds, checked; None for none."""
@@ -455,7 +457,7 @@ class Context:
         checked = json_value(value, f"the value of event {key!r}")
         position = self._branch().take()
         site = call_site()
-        return Durable(position, self._run.set_event(position, key, checked, site))
+        return Durable(position, self._run.set_event(position, key, checked, site), self._run)
 
     def now(self) -> datetime:
         """The current time (UTC), recorded so replay sees the same value."""

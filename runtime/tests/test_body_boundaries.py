@@ -16,6 +16,7 @@ import pytest
 from loom_runtime import (
     Context,
     ContextOutsideBodyError,
+    Durable,
     ExecutionCancelledError,
     Loom,
     RunStoppedError,
@@ -294,6 +295,45 @@ async def test_a_ctx_used_in_another_executions_body_is_refused_and_records_noth
         ["borrows-finished", "borrows-running", "finished", "running"]
     )
     assert reported(app) == []
+
+
+async def test_a_durable_call_made_by_one_execution_and_awaited_in_another_is_refused(
+    app: Loom,
+) -> None:
+    made: dict[str, Durable[str]] = {}
+    holding, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    async def effect() -> str:
+        ran.append("effect")
+        return "done"
+
+    async def hold() -> str:
+        holding.set()
+        await release.wait()
+        return "held"
+
+    @app.workflow()
+    async def makes(ctx: Context) -> str:
+        made["call"] = ctx.step(effect)  # made here, never awaited here
+        return str(await ctx.step(hold))
+
+    @app.workflow()
+    async def awaits(ctx: Context) -> str:
+        try:
+            await made["call"]
+        except ContextOutsideBodyError as exc:
+            return exc.where
+        return "awaited"
+
+    maker = await app.start(makes, id="maker")
+    await holding.wait()
+    assert await (await app.start(awaits, id="awaiter")).result(timeout=5) == "other"
+    release.set()
+    assert await maker.result(timeout=5) == "held"
+    assert ran == []
+    assert EventKind.STEP_COMPLETED in await kinds(app, "maker")
+    assert len(await app.storage.events.read("maker")) == 3  # started, hold, completed
 
 
 # -- an error's words ------------------------------------------------------------------------
