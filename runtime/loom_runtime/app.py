@@ -908,6 +908,8 @@ class Loom:
         )
         if isinstance(run, Handle):
             return await run.result()
+        if not self._entered:  # left while the start was written: the next start's
+            raise AppNotRunningError("app.execute", left=True)
         execution_id = run.execution_id
         done = asyncio.get_running_loop().create_future()
         self._inline[done] = asyncio.current_task()

@@ -55,7 +55,7 @@ def _refuse(view: View) -> ResumeRefusedError:
     return ResumeRefusedError(
         view.execution_id,
         "not-suspended",
-        f"it is running{owner}, its park answered: a run carries it on, or, if that run "
+        f"it is running{owner}, with no park open: a run carries it on, or, if that run "
         f"stopped (its process died, its replay diverged), the next start of that node or "
         f"app.recover() there does",
     )

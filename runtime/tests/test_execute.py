@@ -11,7 +11,7 @@ import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, WorkflowFailedError
 from loom_runtime.testing import VirtualClock
 
-from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError
+from loom_core import EventKind, ExecutionAlreadyExistsError, InvalidInputError, open_storage
 
 
 async def kinds(app: Loom, execution_id: str) -> list[str]:
@@ -283,3 +283,42 @@ async def test_an_execute_waiting_as_the_app_closes_its_storage_raises_app_not_r
     closed.set()
     with pytest.raises(AppNotRunningError, match=r"handle\.result\(\) was cut short"):
         await caller
+
+
+async def test_an_execute_whose_start_lands_as_the_app_is_left_runs_no_body() -> None:
+    """The app is left while execute() writes the start: the body does not run after
+    (its step ran, and the run wrote to the log, after the app had left); the execution
+    stays running for the node's next start."""
+    effects: list[str] = []
+    writing, written = asyncio.Event(), asyncio.Event()
+
+    async def charge() -> str:
+        effects.append("charged")
+        return "ok"
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", timers=False)
+
+        @app.workflow(name="pays")
+        async def pays(ctx: Context) -> str:
+            return str(await ctx.step(charge))
+
+        append = storage.events.append
+
+        async def held(execution_id: str, new: Any, **options: Any) -> Any:
+            if any(event.kind == EventKind.EXECUTION_STARTED for event in new):
+                writing.set()
+                await written.wait()
+            return await append(execution_id, new, **options)
+
+        storage.events.append = held  # type: ignore[method-assign,assignment]
+        async with app:
+            caller = asyncio.create_task(app.execute(pays, id="x"))
+            await writing.wait()
+        written.set()
+        with pytest.raises(AppNotRunningError, match="was cut short"):
+            await caller
+        assert effects == []
+        assert [e.kind for e in await storage.events.read("x")] == [
+            EventKind.EXECUTION_STARTED
+        ]
