@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import signal
+import sqlite3
 import stat
 import sys
 import time
@@ -581,6 +582,7 @@ def timeline(trial: Trial) -> list[TimelineRow]:
 
 
 SQLITE_HEADER: Final = b"SQLite format 3\x00"
+_DEMO_IDS: Final = ("demo", "$inbox:demo")
 
 
 def _is_regular(path: Path) -> bool:
@@ -588,6 +590,36 @@ def _is_regular(path: Path) -> bool:
         return stat.S_ISREG(path.lstat().st_mode)
     except FileNotFoundError:
         return False
+
+
+def _not_the_demos(db: Path) -> str | None:
+    """What the SQLite database ``db`` holds that an earlier demo did not leave (tables
+    not Loom's, executions other than the demo's, or that it cannot be read), or None."""
+    try:
+        connection = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+        try:
+            tables = sorted(
+                str(name) for (name,) in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'"
+                )
+            )
+            others = [t for t in tables if not t.startswith(("loom_", "sqlite_"))]
+            if others:
+                return f"tables that are not Loom's ({', '.join(others)})"
+            if "loom_events" in tables:
+                ids = sorted(
+                    str(execution_id) for (execution_id,) in connection.execute(
+                        "SELECT DISTINCT execution_id FROM loom_events"
+                    )
+                )
+                theirs = [i for i in ids if i not in _DEMO_IDS]
+                if theirs:
+                    return f"executions other than the demo's ({', '.join(theirs[:5])})"
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        return f"what cannot be read ({exc})"
+    return None
 
 
 def _start_afresh(db: Path) -> Path:
@@ -613,6 +645,11 @@ def _start_afresh(db: Path) -> Path:
             raise InvalidOptionError(
                 f"{str(db)!r} is not a SQLite database; the demo deletes and recreates "
                 "its database, so give it a new path or the database of an earlier demo"
+            )
+        if head and (found := _not_the_demos(db)) is not None:
+            raise InvalidOptionError(
+                f"{str(db)!r} holds {found}: the demo deletes and recreates its "
+                "database, so give it a new path or the database of an earlier demo"
             )
     directory = db.with_suffix(".effects")
     if directory.exists() and (directory.is_symlink() or not directory.is_dir()):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from loom_core import Event, EventKind, open_storage
+from loom_core import Event, EventKind, NewEvent, open_storage
 
 
 def run_demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -105,6 +106,31 @@ def test_the_demo_deletes_only_what_an_earlier_demo_left(tmp_path: Path) -> None
     assert notes.read_text() == "not a database\n"
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert (effects / "mine.txt").read_text() == "kept"
+
+    theirs = tmp_path / "customers.sqlite"
+    with sqlite3.connect(theirs) as connection:
+        connection.execute("CREATE TABLE customers (name TEXT)")
+    connection.close()
+    done = run_demo(tmp_path, "--db", str(theirs))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "holds tables that are not Loom's (customers)" in done.stderr
+    with sqlite3.connect(theirs) as connection:
+        assert connection.execute("SELECT count(*) FROM customers").fetchone() == (0,)
+    connection.close()
+
+    orders = tmp_path / "orders.db"  # an app's own Loom database
+
+    async def write_one() -> None:
+        async with open_storage(f"sqlite:///{orders}") as storage:
+            await storage.events.append(
+                "order-1", [NewEvent("X", {})], expected_sequence=0
+            )
+
+    asyncio.run(write_one())
+    done = run_demo(tmp_path, "--db", str(orders))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "holds executions other than the demo's (order-1)" in done.stderr
+    assert orders.exists()
 
     done = run_demo(tmp_path, "--db", str(tmp_path / "missing" / "x.db"))
     assert done.returncode == 1
