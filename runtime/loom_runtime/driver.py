@@ -731,14 +731,27 @@ class Run:
         if recorded is None and view.retries:
             recorded = view.retries.get(position)
         wait = view.waits.get(position)
+        described: str | None = None
         if recorded is not None or wait is not None:
-            for aw in aws:  # none will be awaited
-                if isinstance(aw, (Durable, Coroutine)):
-                    aw.close()
             described = (
                 recorded.describe() if recorded is not None else _describe_wait(cast(Wait, wait))
             )
-            self._diverge(position, described, f"ctx.gather() at {site}")
+        else:
+            # A branch the log holds calls of that the code no longer gathers.
+            gathered = self._gathered
+            if gathered is None:
+                gathered = self._gathered = _gathered(view)
+            if position in gathered:
+                lost = _branch_calls(view, position, from_branch=len(aws))
+                if lost:
+                    described = f"a call of branch {lost[0][len(position)]} of this gather"
+        if described is not None:
+            for aw in aws:  # none will be awaited
+                if isinstance(aw, (Durable, Coroutine)):
+                    aw.close()
+            self._diverge(
+                position, described, f"ctx.gather() of {len(aws)} at {site}"
+            )
         if not aws:
             return ()
         remaining = len(aws)
@@ -782,6 +795,15 @@ class Run:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise _Stop if self._stopped else _Park
+        if self._gathered and position in self._gathered:
+            # Every branch has ended: a call the log holds in one of them that was not
+            # made is a branch that now ends sooner. Refused before the body goes on.
+            for call in _branch_calls(self._view, position, from_branch=0):
+                if call not in self._visited and call in self._view.records:
+                    self._diverge(
+                        call, self._view.records[call].describe(),
+                        f"no call: its branch of the gather at {site} ends before it",
+                    )
         for task in tasks:
             if task.cancelled():
                 raise asyncio.CancelledError
@@ -1268,6 +1290,19 @@ def _gathered(view: View) -> frozenset[Position]:
         position[:depth]
         for position in (*view.records, *view.waits, *view.retries)
         for depth in range(1, len(position), 2)
+    )
+
+
+def _branch_calls(view: View, gather: Position, *, from_branch: int) -> list[Position]:
+    """The positions the log holds inside the branches of the gather at ``gather`` whose
+    index is ``from_branch`` or more, in order."""
+    depth = len(gather)
+    return sorted(
+        position
+        for position in (*view.records, *view.waits, *view.retries)
+        if len(position) > depth + 1
+        and position[:depth] == gather
+        and position[depth] >= from_branch
     )
 
 

@@ -356,7 +356,7 @@ async def test_leaving_the_app_stops_an_execute_running_in_another_task() -> Non
             call = asyncio.create_task(app.execute(flow, id="f"))
             await in_step.wait()
         finish.set()
-        with pytest.raises(AppNotRunningError, match="the app was left while the body ran"):
+        with pytest.raises(AppNotRunningError, match="execute was cut short: the app was left"):
             await call
         assert ran == []
         assert await kinds(storage.events, "f") == [EventKind.EXECUTION_STARTED]

@@ -401,14 +401,51 @@ async def a_step_where_branches_were(ctx: Context) -> str:
     return "done"
 
 
+async def lost_a_coroutine_branch(ctx: Context) -> str:
+    async def branch(name: str) -> str:
+        return str(await ctx.step(effect, name))
+
+    await ctx.gather(branch("a"))  # the log holds the calls of a second branch
+    await ctx.sleep(3600)
+    return "done"
+
+
+async def parked_in_a_branch(ctx: Context) -> str:
+    """The old code: the sleep takes 0 as it is made, the gather 1; its branch 0 makes
+    two steps ((1, 0, 0), (1, 0, 1)); the run parks in the sleep with both made; a
+    charge follows at 2."""
+
+    async def steps() -> None:
+        await ctx.step(effect, "a")
+        await ctx.step(effect, "a2")
+
+    await ctx.gather(steps(), ctx.sleep(60))
+    await ctx.step(effect, "charge")
+    return "done"
+
+
+async def a_branch_that_ends_sooner(ctx: Context) -> str:
+    async def steps() -> None:
+        await ctx.step(effect, "a")  # a2 is gone
+
+    await ctx.gather(steps(), ctx.sleep(60))
+    await ctx.step(effect, "charge")  # would run live: past the log
+    return "done"
+
+
 @pytest.mark.parametrize(
     ("old", "new", "position", "recorded", "attempted"),
     [
-        (gathered_steps, lost_a_branch, "1", "step 'effect'", "ctx.gather() at test_replay.py"),
-        (gathered_steps, gained_a_branch, "3", "step 'effect'", "ctx.gather() at test_replay.py"),
+        (gathered_steps, lost_a_branch, "1", "step 'effect'", "ctx.gather() of 1 at "),
+        (gathered_steps, gained_a_branch, "3", "step 'effect'", "ctx.gather() of 3 at "),
         (gathered_branches, a_step_where_branches_were, "0", "ctx.gather()", "step 'effect'"),
+        (gathered_branches, lost_a_coroutine_branch, "0", "a call of branch 1",
+         "ctx.gather() of 1 at "),
+        (parked_in_a_branch, a_branch_that_ends_sooner, "1.0.1", "step 'effect'",
+         "no call: its branch of the gather at "),
     ],
-    ids=["lost-a-branch", "gained-a-branch", "a-step-where-branches-were"],
+    ids=["lost-a-branch", "gained-a-branch", "a-step-where-branches-were",
+         "lost-a-coroutine-branch", "a-branch-that-ends-sooner"],
 )
 async def test_a_gather_that_changed_shape_diverges_before_anything_runs(
     old: object, new: object, position: str, recorded: str, attempted: str
