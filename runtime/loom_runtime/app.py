@@ -399,6 +399,19 @@ class Loom:
                 f"Loom(decorators=...) must be a list of decorator specs (e.g. ['tenant']), "
                 f"not {decorators!r}"
             )
+        for spec in decorators:  # their names resolve when the storage opens
+            if not isinstance(spec, str) and not (
+                isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)
+                and isinstance(spec[1], Mapping)
+            ):
+                raise InvalidOptionError(
+                    f"Loom(decorators=...) takes decorator names or (name, options) pairs, "
+                    f"innermost first (e.g. ['tenant']), not {spec!r}"
+                )
+        if options is not None and not isinstance(options, Mapping):
+            raise InvalidOptionError(
+                f"Loom(options=...) must be a mapping of the backend's options, not {options!r}"
+            )
         self._decorators = tuple(decorators)
         self._options = options
         self.node = node

@@ -397,6 +397,24 @@ def test_a_clock_that_gives_naive_datetimes_is_refused_when_the_app_is_built() -
         Loom("memory://", clock=_NaiveClock())
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"decorators": [1]}, r"decorator names or \(name, options\) pairs.*not 1"),
+        ({"decorators": [("tenant",)]}, r"not \('tenant',\)"),
+        ({"decorators": [("tenant", 5)]}, r"not \('tenant', 5\)"),
+        ({"options": 5}, r"Loom\(options=\.\.\.\) must be a mapping"),
+        ({"options": ["pool_size", 4]}, r"Loom\(options=\.\.\.\) must be a mapping"),
+    ],
+)
+def test_decorators_and_options_of_a_wrong_shape_are_refused_when_the_app_is_built(
+    options: dict[str, object], match: str
+) -> None:
+    """Refused by Loom(), not first by ``async with app`` where a deploy finds it."""
+    with pytest.raises(InvalidOptionError, match=match):
+        Loom("memory://", **options)  # type: ignore[arg-type]
+
+
 class _BrokenRandom(random.Random):
     def __init__(self, value: object, bits: object) -> None:
         super().__init__(1)
