@@ -99,7 +99,7 @@ from loom_runtime.records import (
     fresh,
     json_value,
 )
-from loom_runtime.resume import answer_park, read_tail, still_parked
+from loom_runtime.resume import answer_park, read_tail, still_parked, tail_past_conflict
 from loom_runtime.schedules import Schedule, Scheduler, check_schedule, tick_id
 from loom_runtime.timers import Fired, TimerService
 
@@ -1836,6 +1836,8 @@ class Loom:
             if await self._cancel(view, reason):
                 return True
             view = await self.inspect(view.execution_id)  # finished meanwhile: continued?
+            if view.status is None:
+                raise ExecutionNotFoundError(view.execution_id)  # deleted meanwhile
 
     async def _cancel(self, view: View, reason: str | None, *, timed_out: bool = False) -> bool:
         """Append EXECUTION_CANCELLED to the execution ``view`` shows unfinished (see
@@ -1866,12 +1868,14 @@ class Loom:
         token, which fences out whatever drives it; False if it ended meanwhile."""
         events = self.storage.events
         execution_id = view.execution_id
+        if view.status is None:
+            return False  # deleted: there is nothing to end, and no token to take
         fencing = "acquire_fence" in events.capabilities
         token: int | None = None
         try:
             token = await events.acquire_fence(execution_id) if fencing else view.fence
+            view = await read_tail(events, view)
             while True:
-                view = await read_tail(events, view)
                 if view.terminal:
                     return False
                 try:
@@ -1879,11 +1883,16 @@ class Loom:
                         execution_id, [event], expected_sequence=view.head, fence=token
                     )
                 except SequenceConflictError:
+                    moved = await tail_past_conflict(events, view)
+                    if moved is None:
+                        return False  # deleted under us: nothing left to end
+                    view = moved
                     continue
                 except StaleFenceError:
                     if not fencing:
                         raise
                     token = await events.acquire_fence(execution_id)
+                    view = await read_tail(events, view)
                     continue
                 break
         except asyncio.CancelledError:
@@ -2893,6 +2902,8 @@ class Loom:
                 )
                 break
             except SequenceConflictError as exc:
+                if exc.actual_head < head:
+                    return  # deleted meanwhile: a denial must not make the log anew
                 head = exc.actual_head
 
     async def _take_over(
@@ -2911,8 +2922,8 @@ class Loom:
             self.node, token, self._fingerprints.get(view.workflow, ""), carried_on=carried_on
         )
         self.hooks.event(execution_id, recovered)
+        view = await read_tail(events, view)
         while True:
-            view = await read_tail(events, view)
             if view.status != "running":
                 return None
             try:
@@ -2920,6 +2931,10 @@ class Loom:
                     execution_id, [recovered], expected_sequence=view.head, fence=token
                 )
             except SequenceConflictError:
+                moved = await tail_past_conflict(events, view)
+                if moved is None:
+                    return None  # deleted under the takeover: nothing runs there
+                view = moved
                 continue
             self._reported(written)
             if view.deadline is not None:

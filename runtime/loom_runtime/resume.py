@@ -24,7 +24,7 @@ from loom_core import (
 from loom_runtime.errors import ResumeContendedError, ResumeRefusedError
 from loom_runtime.fold import View, advance, fold
 
-__all__ = ["ACQUIRE_ATTEMPTS", "Answer", "answer_park", "still_parked"]
+__all__ = ["ACQUIRE_ATTEMPTS", "Answer", "answer_park", "still_parked", "tail_past_conflict"]
 
 ACQUIRE_ATTEMPTS: Final = 3
 
@@ -39,6 +39,15 @@ def still_parked(view: View, park_seq: int) -> bool:
 
 async def read_tail(events: EventStore, view: View) -> View:
     return fold(await events.read(view.execution_id, from_sequence=view.head), into=view)
+
+
+async def tail_past_conflict(events: EventStore, view: View) -> View | None:
+    """``view`` advanced past what others appended, after an append of ours at its head
+    was refused because the head moved; None when nothing lies past it: the log was
+    deleted (or made anew, shorter) under the writer, and a write at the head it knew
+    would be refused for ever."""
+    tail = await events.read(view.execution_id, from_sequence=view.head)
+    return fold(tail, into=view) if tail else None
 
 
 def _refuse(view: View) -> ResumeRefusedError:
@@ -127,7 +136,12 @@ async def answer_park(
                     execution_id, batch, expected_sequence=view.head, fence=token
                 )
             except SequenceConflictError:
-                view = await read_tail(events, view)  # an unfenced audit append: step over it
+                moved = await tail_past_conflict(events, view)
+                if moved is None:
+                    raise ResumeRefusedError(
+                        execution_id, "not-suspended", "its log was deleted while it was resumed"
+                    ) from None
+                view = moved  # an unfenced audit append: step over it
                 continue
             except StaleFenceError as exc:
                 # A rival acquired between our acquire and our append: a clean refusal;
