@@ -17,6 +17,7 @@ from typing import Final
 from loom_core import (
     Event,
     EventStore,
+    ExecutionNotFoundError,
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
@@ -100,9 +101,14 @@ async def answer_park(
     execution_id = view.execution_id
     for _attempt in range(ACQUIRE_ATTEMPTS):
         if "acquire_fence_if" in capabilities:
-            outcome = await events.acquire_fence_if(
-                execution_id, fence=expected, park_seq=park_seq
-            )
+            try:
+                outcome = await events.acquire_fence_if(
+                    execution_id, fence=expected, park_seq=park_seq
+                )
+            except ExecutionNotFoundError:
+                raise ResumeRefusedError(
+                    execution_id, "not-suspended", "its log was deleted while it was resumed"
+                ) from None
             if not outcome.acquired:
                 view = await read_tail(events, view)
                 if not still_parked(view, park_seq):

@@ -137,3 +137,23 @@ async def test_a_denial_of_a_log_another_node_deletes_makes_no_log(
             await b.app.cancel("x", principal="mallory")
         assert pruner.tries == 1  # the denial at the head it read, refused: no other
         assert await kinds(a.base.events, "x") == []
+
+
+async def test_a_resume_of_a_log_another_node_deletes_before_its_token_is_refused(
+    loom_postgres_server: PostgresServer,
+) -> None:
+    url = loom_postgres_server.fresh_database("loom_deleted")
+    async with wired(url, node="a") as a, open_storage(url) as b:
+        await a.app.start("nap", id="x")
+        await a.app.drain()
+        park = (await a.app.inspect("x")).park
+        assert park is not None
+
+        async def prune(execution_id: str) -> None:
+            await b.events.delete_execution(execution_id)
+
+        a.probe.before_acquire = prune
+        with pytest.raises(ResumeRefusedError) as refused:
+            await a.app.resume("x", fence_if_parked_at=park.sequence)
+        assert refused.value.reason == "not-suspended"
+        assert await kinds(b.events, "x") == []
