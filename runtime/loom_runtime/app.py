@@ -1134,7 +1134,9 @@ class Loom:
             self._take_back_later(execution_id, fence_first=True, settled=_exists)
             raise
         except WriteOutcomeUnknownError:
-            self._strand(execution_id)  # it may have landed, with no one to drive it
+            # It may have landed, with no one to drive it; not once another start's first
+            # write is in its place (a token would fence out that start's run).
+            self._strand(execution_id, settled=_exists)
             raise
         finally:
             self._unclaim(execution_id)
@@ -2795,7 +2797,11 @@ class Loom:
                 )
                 raise
             except WriteOutcomeUnknownError:
-                self._strand(view.execution_id)  # the answer may have landed
+                # The answer may have landed; not once another answer is in its place (a
+                # token would fence out the run of whoever answered).
+                self._strand(
+                    view.execution_id, settled=functools.partial(_answered, park_seq=park_seq)
+                )
                 raise
         if self.hooks.on_durable_event is not None:
             for event in written:
