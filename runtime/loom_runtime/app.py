@@ -2625,8 +2625,16 @@ class Loom:
             elif isinstance(reason, TimedOut):
                 await self._time_out(execution_id)
             elif isinstance(reason, StorageError):
-                # A store call failed: the run has told on_storage_error already.
-                self._strand(execution_id, run.final_view().carried_on)
+                # A store call failed: the run has told on_storage_error already. A write
+                # of the run still in flight goes at the head it knew: once the log holds
+                # anything there, it has landed or never will, and no token is taken (one
+                # would fence out the run of a node that answered a park that landed).
+                final = run.final_view()
+                self._strand(
+                    execution_id,
+                    final.carried_on,
+                    settled=functools.partial(_written_past, head=final.head),
+                )
             elif not isinstance(reason, SimulatedCrash) and reason is not None:
                 # A log the run cannot read (shredded, say), or a write a layer of the
                 # store refused for good: nothing was written and the execution stays
@@ -3041,6 +3049,12 @@ def _answered(view: View, *, park_seq: int) -> bool:
     """Whether the park at ``park_seq`` is no longer open: an answer in flight cannot
     land."""
     return not still_parked(view, park_seq)
+
+
+def _written_past(view: View, *, head: int) -> bool:
+    """Whether ``view``'s log holds a write at ``head``: a write in flight there has landed
+    or never will."""
+    return view.head > head
 
 
 def _wake_order(wait: Wait) -> tuple[datetime, Position]:

@@ -55,6 +55,11 @@ class Switch:
     small write but not the next one."""
     refused_in: set[str] = field(default_factory=set)
     """The executions ``refused`` applies to (every one when empty)."""
+    before_acquire: Callable[[str], Awaitable[None]] | None = None
+    """Awaited, once, before the next ``acquire_fence`` reaches the store."""
+    lose_acquire_if: bool = False
+    """The next ``acquire_fence_if`` never reaches the store, and its caller is told its
+    outcome is unknown."""
     tripped: bool = False
 
     def trip(self) -> None:
@@ -111,12 +116,18 @@ class FailingEventStore(EventStoreDecorator):
 
     async def acquire_fence(self, execution_id: str) -> int:
         self.switch.check(f"acquire_fence on {execution_id!r}")
+        before, self.switch.before_acquire = self.switch.before_acquire, None
+        if before is not None:
+            await before(execution_id)
         return await self.inner.acquire_fence(execution_id)
 
     async def acquire_fence_if(
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
         self.switch.check(f"acquire_fence_if on {execution_id!r}")
+        if self.switch.lose_acquire_if:
+            self.switch.lose_acquire_if = False
+            raise WriteOutcomeUnknownError("acquire_fence_if", execution_id, "the test lost it")
         return await self.inner.acquire_fence_if(execution_id, fence=fence, park_seq=park_seq)
 
     decisions = Decisions(
@@ -437,12 +448,11 @@ async def test_a_run_carried_on_that_stops_again_before_writing_waits_longer_eac
             assert await handle.result(timeout=5) == "charged"
 
 
-async def test_a_carry_on_that_fenced_out_another_nodes_run_drives_the_execution_itself() -> None:
+async def test_a_carry_on_leaves_the_run_of_a_node_that_answered_the_park_that_landed() -> None:
     """Node n1's park write lands unheard; before n1 carries the execution on, node n2
-    answers the park and drives the body into a step. n1's carry-on takes a token first
-    (its park write must land or never), which fences n2's run out: n1 then drives the
-    execution itself, though the log names n2, rather than leaving it running with no
-    driver."""
+    answers the park and drives the body into a step. n1's carry-on looks first: the log
+    holds a write where n1's was to go, so that write has landed or never will, and n1
+    takes no token: n2's run goes on, and its step runs once."""
     async with failing() as f:
         entered = asyncio.Event()
         gate = asyncio.Event()
@@ -474,6 +484,63 @@ async def test_a_carry_on_that_fenced_out_another_nodes_run_drives_the_execution
             assert view.park is not None
             await other.resume("z", fence_if_parked_at=view.park.sequence)
             await entered.wait()
+            await f.wait_out(CARRY_ON_AFTER)
+            assert f.app.stranded == frozenset()
+            gate.set()
+            assert await other.get("z").result(timeout=5) == "n2"
+        assert runs == ["n2"]
+        assert [e.kind for e in await f.base.events.read("z")] == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_SUSPENDED,
+            EventKind.EXECUTION_RESUMED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
+
+
+async def test_a_carry_on_that_fenced_out_another_nodes_run_drives_the_execution_itself() -> None:
+    """Node n1's resume loses the reply of its conditional acquire; n1's carry-on looks
+    and finds the park still open, and node n2 answers it and drives the body into a step
+    just before n1's token. That token fences n2's run out: n1 then drives the execution
+    itself, though the log names n2, rather than leaving it running with no driver."""
+    async with failing() as f:
+        entered = asyncio.Event()
+        gate = asyncio.Event()
+        runs: list[str] = []
+
+        async def work(node: str) -> str:
+            runs.append(node)
+            if node == "n2":
+                entered.set()
+                await gate.wait()
+            return node
+
+        def body(node: str) -> Callable[[Context], Awaitable[str]]:
+            async def nap(ctx: Context) -> str:
+                await ctx.sleep(3600)
+                return await ctx.step(work, node, name="work")
+
+            return nap
+
+        f.app.workflow(name="nap")(body("n1"))
+        await f.app.start("nap", id="z")
+        await f.app.drain()
+        view = await f.app.inspect("z")
+        assert view.park is not None
+        park = view.park.sequence
+        f.switch.lose_acquire_if = True
+        with pytest.raises(WriteOutcomeUnknownError):
+            await f.app.resume("z", fence_if_parked_at=park)
+        assert f.app.stranded == {"z"}
+        other = Loom(f.base, node="n2", timers=False, recover=False)
+        other.workflow(name="nap")(body("n2"))
+        async with other:
+
+            async def answered_meanwhile(execution_id: str) -> None:
+                await other.resume(execution_id, fence_if_parked_at=park)
+                await entered.wait()
+
+            f.switch.before_acquire = answered_meanwhile
             await f.wait_out(CARRY_ON_AFTER)
             gate.set()
             await other.drain()

@@ -127,3 +127,46 @@ async def test_a_start_whose_reply_was_lost_leaves_the_run_of_the_node_that_star
             EventKind.STEP_COMPLETED,
             EventKind.EXECUTION_COMPLETED,
         ]
+
+
+async def test_a_park_whose_reply_was_lost_leaves_the_run_of_the_node_that_answered_it(
+    loom_postgres_server: PostgresServer,
+) -> None:
+    url = loom_postgres_server.fresh_database("loom_lost")
+    gate = Gate()
+
+    async def ships(ctx: Context) -> str:
+        await ctx.sleep(3600)
+        return await ctx.step(gate.step, name="ship")
+
+    async with wired(url, node="a") as a, wired(url, node="b") as b:
+        for node in (a, b):
+            node.app.workflow(name="ships")(ships)
+
+        async def lost(execution_id: str, written: tuple[str, ...]) -> None:
+            if EventKind.EXECUTION_SUSPENDED in written:
+                a.probe.after_append = None
+                raise WriteOutcomeUnknownError("append", execution_id, "the test lost it")
+
+        a.probe.after_append = lost  # the park lands; node a's run is not told so
+        await a.app.start("ships", id="x")
+        await a.app.drain()
+        assert a.app.stranded == {"x"}
+        park = (await b.app.inspect("x")).park
+        assert park is not None
+        # Node b answers the park that landed, and its run is in the step.
+        await b.app.resume("x", fence_if_parked_at=park.sequence)
+        await gate.entered.wait()
+        await carry_on_due(a)
+        assert a.app.stranded == frozenset()
+        assert EventKind.EXECUTION_RECOVERED not in await kinds(b.base.events, "x")
+        gate.release.set()
+        assert await b.app.get("x").result(timeout=10) == "shipped"
+        assert gate.calls == 1
+        assert await kinds(b.base.events, "x") == [
+            EventKind.EXECUTION_STARTED,
+            EventKind.EXECUTION_SUSPENDED,
+            EventKind.EXECUTION_RESUMED,
+            EventKind.STEP_COMPLETED,
+            EventKind.EXECUTION_COMPLETED,
+        ]
