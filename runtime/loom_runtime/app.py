@@ -221,18 +221,22 @@ class Handle(Generic[R]):
 
         Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError or
         RunStoppedError (when the run in this process diverged, or its body raised a
-        BaseException) or ResultTimeoutError after ``timeout`` (seconds or a timedelta).
+        BaseException) or ResultTimeoutError after ``timeout`` (seconds or a timedelta);
+        AppNotRunningError when the app is left while it waits (a storage the caller
+        opened stays open, but nothing of this process drives the execution any more).
         """
         timeout = _check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        began = self._app.running
         try:
             return await self._wait_result(self.execution_id, loop, deadline, timeout or 0)
         except (StoreClosedError, AppNotRunningError) as exc:
             if self._app.running:
                 raise
-            # The app was left while this waited (its storage closed under a read).
-            raise AppNotRunningError("handle.result()", left=True) from exc
+            # The app was left while this waited (its storage closed under a read, or a
+            # storage of the caller's own still open), or was not running at all.
+            raise AppNotRunningError("handle.result()", left=began) from exc
 
     async def _wait_result(
         self,
@@ -280,6 +284,10 @@ class Handle(Generic[R]):
                     if remaining <= 0:
                         raise ResultTimeoutError(self.execution_id, float(bound), view.status)
                     wait = min(wait, remaining)
+                if not self._app.running:
+                    # Nothing of this process drives it any more: a wait on a storage the
+                    # caller opened would read it for ever.
+                    raise AppNotRunningError("handle.result()")
                 await self._app.wait_changed(execution_id, wait, changed)  # unwatches it
                 changed = None
                 interval = min(interval * 2, 1.0)
@@ -765,6 +773,8 @@ class Loom:
                 if not end.done():
                     end.set_result(None)
         self._ends.clear()
+        for execution_id in list(self._signals):  # the waits of result(), get_event()
+            self.changed(execution_id)
         self._looked.clear()
         if self._look_timer is not None:
             self._look_timer.cancel()
@@ -1492,7 +1502,7 @@ class Loom:
         (following continue-as-new: a successor's replaces its predecessor's), waiting
         for one while the execution runs. None when it ended without one, or when
         ``timeout`` seconds passed first; ExecutionNotFoundError when there is no such
-        execution."""
+        execution; AppNotRunningError when the app is left while it waits."""
         self._running("app.get_event")
         execution_id = _check_id(execution_id)
         key = check_text(key, "an event key")
@@ -1528,6 +1538,11 @@ class Loom:
                     current = view.successor
                     continue
                 return None if found is None else fresh(found.value)
+            if not self._entered:
+                # Left while it waited: on a storage the caller opened, it would read on
+                # for ever, with nothing of this process driving the execution.
+                self.unwatch(current, changed)
+                raise AppNotRunningError("app.get_event", left=True)
             wait = interval if remaining is None else min(interval, remaining)
             await self.wait_changed(current, wait, changed)  # unwatches it
             interval = min(interval * 2, 1.0)

@@ -7,10 +7,10 @@ import asyncio
 import math
 
 import pytest
-from loom_runtime import Context, Loom, NotJsonError, ReplayDivergedError
+from loom_runtime import AppNotRunningError, Context, Loom, NotJsonError, ReplayDivergedError
 from loom_runtime.testing import check_replay, crash_at
 
-from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError
+from loom_core import EventKind, ExecutionNotFoundError, InvalidInputError, open_storage
 
 
 async def events_of(app: Loom, execution_id: str) -> list[object]:
@@ -167,3 +167,23 @@ async def test_get_event_refuses_what_it_cannot_read(app: Loom) -> None:
             await app.get_event("nobody", "k", timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="event key"):
         await app.get_event("nobody", "")
+
+
+async def test_a_get_event_waiting_as_the_app_is_left_raises_app_not_running() -> None:
+    """On a storage the caller opened, which stays open when the app is left, a get_event
+    waiting for a value raises AppNotRunningError once the app is left (it read the
+    open store for ever, with nothing of this process left to publish the value)."""
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", timers=False)
+
+        @app.workflow(name="quiet")
+        async def quiet(ctx: Context) -> object:
+            return await ctx.receive("t")
+
+        async with app:
+            await app.start(quiet, id="q")
+            await app.drain()
+            reader = asyncio.create_task(app.get_event("q", "stage"))
+            await asyncio.sleep(0)  # it waits now
+        with pytest.raises(AppNotRunningError, match=r"app\.get_event was cut short"):
+            await asyncio.wait_for(reader, 10)  # a bound, never reached: it ends at once

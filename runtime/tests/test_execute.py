@@ -322,3 +322,28 @@ async def test_an_execute_whose_start_lands_as_the_app_is_left_runs_no_body() ->
         assert [e.kind for e in await storage.events.read("x")] == [
             EventKind.EXECUTION_STARTED
         ]
+
+
+async def test_leaving_an_app_on_a_storage_of_ones_own_ends_the_waits_for_a_parked_result() -> None:
+    """On a storage the caller opened, which stays open when the app is left, an
+    execute() and a result() waiting for a parked execution raise AppNotRunningError
+    once the app is left (they read the open store for ever, with nothing of this
+    process left to drive the execution), and the execution stays parked."""
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", timers=False)
+
+        @app.workflow(name="waits")
+        async def waits(ctx: Context) -> object:
+            return await ctx.receive("t")
+
+        async with app:
+            caller = asyncio.create_task(app.execute(waits, id="x"))
+            await app.drain()
+            waiter = asyncio.create_task(app.get("x").result())
+            await asyncio.sleep(0)  # both wait now
+        for task in (caller, waiter):
+            with pytest.raises(AppNotRunningError, match=r"handle\.result\(\) was cut short"):
+                await asyncio.wait_for(task, 10)  # a bound, never reached: it ends at once
+        assert (await app.get("x").view()).status == "suspended"
+        with pytest.raises(AppNotRunningError, match="needs a running app"):
+            await app.get("x").result()
