@@ -18,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, cast
 
 from loom_core import (
@@ -410,7 +410,7 @@ class Run:
         return 0 < self._active <= self._held
 
     def clock_now(self) -> str:
-        return self.app.clock.now().isoformat()
+        return self.app.clock.now().astimezone(UTC).isoformat()
 
     def draw_random(self) -> float:
         value = self.app.random.random()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextvars
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -472,3 +472,36 @@ async def test_what_a_caller_does_to_a_view_it_read_never_reaches_a_run() -> Non
             assert result == {"amount": 10}
             result["amount"] = 0
             assert await handle.result(timeout=5) == {"amount": 10}
+
+
+class _OffsetClock:
+    """A clock that gives aware datetimes at +02:00, and never moves."""
+
+    def now(self) -> datetime:
+        return datetime(2030, 6, 1, 11, 30, tzinfo=timezone(timedelta(hours=2)))
+
+    async def sleep(self, seconds: float) -> None:
+        return None
+
+
+async def test_ctx_now_is_utc_whatever_offset_the_apps_clock_gives() -> None:
+    """``ctx.now()`` gives the current time in UTC, as it says and as every instant the
+    runtime records is written (a deadline, a wake): a clock at +02:00 is read in UTC, and
+    the log records the UTC instant (it recorded, and gave the body, the clock's offset)."""
+    app = Loom("memory://", node="n", clock=_OffsetClock(), timers=False)
+
+    @app.workflow(name="stamp")
+    async def stamp(ctx: Context) -> str:
+        now = ctx.now()
+        assert now.utcoffset() == timedelta(0)
+        return now.isoformat()
+
+    async with app:
+        assert await app.execute(stamp, id="s") == "2030-06-01T09:30:00+00:00"
+        recorded = [
+            e.payload["result"]  # type: ignore[index,call-overload]
+            for e in await app.storage.events.read("s")
+            if e.kind == EventKind.STEP_COMPLETED
+        ]
+        assert recorded == ["2030-06-01T09:30:00+00:00"]
+        assert await check_replay(app, ["s"]) == ["s"]
