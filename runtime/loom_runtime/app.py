@@ -2074,6 +2074,11 @@ class Loom:
             await self._undrained.wait()
 
     @property
+    def draining(self) -> bool:
+        """Whether a :meth:`drain` is waiting."""
+        return bool(self._draining)
+
+    @property
     def running(self) -> bool:
         """Whether the app has been entered and not left."""
         return self._entered

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from loom_runtime import Context, Loom
+from loom_runtime import Context, Loom, Retry
 from loom_runtime.schedules import Schedule, tick_id
 from loom_runtime.testing import VirtualClock
 
@@ -295,6 +295,49 @@ async def test_a_drain_returns_while_a_schedule_keeps_coming_due(storage: Storag
         await asyncio.wait_for(app.drain(), 30)
         drained = len(starts)
         await asyncio.wait_for(after_drain.wait(), 30)  # the instants held meanwhile
+
+
+async def test_an_advance_that_a_drain_waits_for_starts_an_instant_due_meanwhile_after_it(
+    storage: Storage,
+) -> None:
+    """A drain waits for a run waiting out a retry's interval on a virtual clock, and the
+    test advances the clock from another task, as docs/runtime.md says to. An instant of
+    a schedule that comes due before the retry is held until the drain returns, then
+    started; the advance goes on meanwhile (it waited for the scheduler, which waited
+    for the drain, which waited for the clock: it hung at the instant)."""
+    clock = VirtualClock()
+    app = Loom(storage, node="n", clock=clock)
+    tries: list[datetime] = []
+
+    def flaky() -> str:
+        tries.append(clock.now())
+        if len(tries) == 1:
+            raise ConnectionError("the service is down")
+        return "ok"
+
+    @app.workflow(name="retrying")
+    async def retrying(ctx: Context) -> str:
+        return await ctx.step(
+            flaky, retry=Retry(attempts=2, initial_interval=100, max_interval=100)
+        )
+
+    @app.scheduled(every=60)
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> str:
+        return scheduled_at
+
+    async with app:
+        await app.start(retrying, id="r")
+        await clock.advance(0)  # the first attempt failed: the next is due at +100 s
+        drain = asyncio.create_task(app.drain())
+        await asyncio.wait_for(clock.advance(150), 10)  # a bound, never reached
+        await asyncio.wait_for(drain, 10)
+        assert tries == [START, START + timedelta(seconds=100)]
+        assert await started(app) == [
+            ("r", [], "completed"),
+            ("tick@2030-01-01T00:01:00Z", ["2030-01-01T00:01:00+00:00"], "completed"),
+            ("tick@2030-01-01T00:02:00Z", ["2030-01-01T00:02:00+00:00"], "completed"),
+        ]
 
 
 class JumpingClock:
