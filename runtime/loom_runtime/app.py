@@ -1516,8 +1516,11 @@ class Loom:
             changed = self.watch(current)
             try:
                 view = await self.inspect(current)
-            except BaseException:
+            except BaseException as exc:
                 self.unwatch(current, changed)
+                if not self._entered and isinstance(exc, StoreClosedError | AppNotRunningError):
+                    # Left while it waited: its storage closed, under the read or before.
+                    raise AppNotRunningError("app.get_event", left=True) from exc
                 raise
             latest: Recorded | None = None
             for recorded in view.records.values():

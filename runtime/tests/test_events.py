@@ -187,3 +187,23 @@ async def test_a_get_event_waiting_as_the_app_is_left_raises_app_not_running() -
             await asyncio.sleep(0)  # it waits now
         with pytest.raises(AppNotRunningError, match=r"app\.get_event was cut short"):
             await asyncio.wait_for(reader, 10)  # a bound, never reached: it ends at once
+
+
+async def test_a_get_event_waiting_as_an_app_on_a_url_is_left_says_it_was_cut_short() -> None:
+    """The app opened its storage from a URL and closes it as it is left: a get_event
+    waiting for a value raises AppNotRunningError saying it was cut short by leaving (it
+    said app.storage needs a running app, to be called inside 'async with app:', which
+    it was)."""
+    app = Loom("memory://", node="n", timers=False)
+
+    @app.workflow(name="quiet")
+    async def quiet(ctx: Context) -> object:
+        return await ctx.receive("t")
+
+    async with app:
+        await app.start(quiet, id="q")
+        await app.drain()
+        reader = asyncio.create_task(app.get_event("q", "stage"))
+        await asyncio.sleep(0)  # it waits now
+    with pytest.raises(AppNotRunningError, match=r"app\.get_event was cut short"):
+        await asyncio.wait_for(reader, 10)  # a bound, never reached: it ends at once
