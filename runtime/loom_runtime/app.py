@@ -972,8 +972,9 @@ class Loom:
         gather's position), and runs position 3 anew. The execution forked from may be in
         any state and is only read; messages sent to it stay in its inbox. The fork's id
         is ``id`` or a random one; with ``if_exists="attach"``, an id that holds a fork
-        of the same execution at the same ``at`` gives that fork's handle (a retried
-        call), and anything else there is refused. ``execution_timeout`` gives the fork a
+        of the same execution at the same ``at`` (at any, with ``at`` left out: a
+        running original records more calls meanwhile) gives that fork's handle (a
+        retried call), and anything else there is refused. ``execution_timeout`` gives the fork a
         deadline of its own (the original's is not carried over). An ``authorize`` hook
         is asked first, on action ``"fork"`` of ``execution_id``; its refusal raises
         ActionDeniedError and is not recorded (the original is not written to).
@@ -999,6 +1000,7 @@ class Loom:
         fn = self._body_of(view)
         self.check_arguments(view.workflow, len(view.input), "app.fork")
         reach = max((position[0] + 1 for position in view.records), default=0)
+        every_call = at is None
         at = reach if at is None else min(at, reach)  # what it takes is what it records
         taken = sorted(
             (r for r in view.records.values() if r.position[0] < at),
@@ -1036,11 +1038,16 @@ class Loom:
             if if_exists == "raise":
                 raise
             existing = await self.inspect(new_id)
-            if (existing.forked_from, existing.forked_at) != (source, at):
+            # Without at=, the call made before took every call recorded then, which may
+            # be fewer than now (a running original goes on): any fork of it is that one.
+            if existing.forked_from != source or (
+                not every_call and existing.forked_at != at
+            ):
                 _explained(
                     refused,
-                    f"it is not a fork of {source!r} at {at}: if_exists='attach' attaches "
-                    "a fork only to the fork the same call made before",
+                    f"it is not a fork of {source!r}"
+                    f"{'' if every_call else f' at {at}'}: if_exists='attach' attaches a "
+                    "fork only to the fork the same call made before",
                 )
                 raise
             return Handle(self, new_id)

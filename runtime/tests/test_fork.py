@@ -333,6 +333,34 @@ async def test_if_exists_attach_gives_the_same_fork_made_before_and_nothing_else
     assert steps.ran == ["a", "a", "b"]
 
 
+async def test_a_retried_fork_of_every_call_attaches_after_a_running_original_went_on(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """A fork without at= of an execution still running, retried with
+    if_exists='attach' after the original recorded more calls, gets the fork the first
+    call made (it was refused: the fork took fewer calls than the original now holds),
+    and another execution's fork at that id is still refused."""
+
+    @app.workflow()
+    async def flow(ctx: Context) -> object:
+        await ctx.step(lambda: 1, name="a")
+        await ctx.sleep(10)
+        await ctx.step(lambda: 2, name="b")
+        return await ctx.receive("go")
+
+    await app.start(flow, id="src")
+    await clock.advance(0)
+    first = await app.fork("src", id="copy", if_exists="attach")
+    await clock.advance(10)  # the original records its sleep and step b
+    again = await app.fork("src", id="copy", if_exists="attach")
+    assert again.execution_id == first.execution_id == "copy"
+    view = await app.inspect("copy")
+    assert (view.forked_from, view.forked_at) == ("src", 1)
+    await app.start(flow, id="other")
+    with pytest.raises(ExecutionAlreadyExistsError, match="not a fork of 'other'"):
+        await app.fork("other", id="copy", if_exists="attach")
+
+
 async def test_authorize_decides_on_the_execution_forked_from() -> None:
     asked: list[tuple[object, str, str]] = []
 
