@@ -204,9 +204,10 @@ class Scheduler:
                 return False
             except StoreClosedError:
                 return False
-            except LoomError as exc:
-                # The store's trouble, not the name's: asked again, after 1 s and then
-                # twice as long each time up to 30 s, the first failure reported.
+            except Exception as exc:
+                # The store's trouble (or a decorator's bug), not the name's: asked again,
+                # after 1 s and then twice as long each time up to 30 s, the first failure
+                # reported.
                 if delay == _RETRY_FIRST:
                     app.hooks.error(exc)
                 await self._until(app.clock.now() + timedelta(seconds=delay))

@@ -464,3 +464,39 @@ async def test_a_store_that_fails_the_name_check_is_asked_again() -> None:
         assert await started(app) == []
     await storage.close()
     assert [type(e) for e in errors] == [StorageUnavailableError, InvalidOptionError]
+
+
+async def test_a_name_check_that_meets_a_bug_is_reported_and_asked_again() -> None:
+    """The check of a long name meets an error that is no LoomError (a decorator's bug):
+    it is reported to on_error and the check made again, and the schedule is served once
+    it passes (the schedule stopped, with nothing reported)."""
+    from store_probes import ProbedEventStore
+
+    base = await open_storage("memory://")
+    probe = ProbedEventStore(base.events)
+    bugs = [RuntimeError("a decorator's bug")]
+
+    def buggy(execution_id: str) -> None:
+        if len(execution_id.encode()) > 256 and bugs:
+            raise bugs.pop()
+
+    probe.after_read = buggy
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+    name = "f" * 260  # its ids are probed: over 256 bytes
+
+    @app.scheduled(every=60, name=name)
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    async with app:
+        await clock.advance(120)
+        assert [e for e, _, _ in await started(app)] == [
+            f"{name}@2030-01-01T00:01:00Z",
+            f"{name}@2030-01-01T00:02:00Z",
+        ]
+    await storage.close()
+    assert [(type(e), str(e)) for e in errors] == [(RuntimeError, "a decorator's bug")]
