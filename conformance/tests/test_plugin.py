@@ -49,7 +49,21 @@ class InclusiveAfter(MemoryEventStore):
         return tuple(ids[:limit])
 
 
+class ReadsAList(MemoryEventStore):
+    async def read(self, execution_id, **kwargs):
+        return list(await super().read(execution_id, **kwargs))
+
+
+class StampsInPlace(MemoryEventStore):
+    async def append(self, execution_id, events, **kwargs):
+        for event in events:
+            event.metadata["stamp"] = "in place"
+        return await super().append(execution_id, events, **kwargs)
+
+
 STORES = {
+    "reads-a-list": ReadsAList,
+    "stamps-in-place": StampsInPlace,
     "token-only": TokenOnly,
     "boastful": lambda: Boastful(offer=()),
     "off-by-one": OffByOne,
@@ -134,6 +148,30 @@ def test_capabilities_that_claim_an_unoffered_method_fail_the_kit(
     outcomes = result.parseoutcomes()
     assert (outcomes.get("failed"), outcomes.get("passed")) == (2, 6), outcomes
     result.stdout.fnmatch_lines(["*offered_or_refused_with_unsupported?subscribe?*"])
+
+
+def test_a_read_returning_a_list_is_named_as_a_wrong_return_type(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "reads-a-list", "-k", "documented_types",
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*read returned a list; the EventStore protocol returns a tuple*"])
+
+
+def test_an_append_that_writes_into_the_callers_events_is_named(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "stamps-in-place", "-k", "it_was_given",
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*append changed the events it was given*"])
 
 
 def test_the_decorator_contract_can_be_restricted_by_name(pytester: pytest.Pytester) -> None:

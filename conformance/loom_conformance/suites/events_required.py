@@ -4,6 +4,7 @@ close, capabilities, and every refusal of bad input."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from functools import partial
@@ -27,6 +28,7 @@ from loom_conformance.suites._support import (
 from loom_core import (
     AppendRequest,
     ConflictError,
+    Event,
     EventKind,
     EventStore,
     ExecutionAlreadyExistsError,
@@ -187,7 +189,11 @@ class EventStoreRequiredContract:
 
         read = await loom_events.read("exec-json")
         assert [e.payload for e in read] == payloads
-        assert [e.metadata for e in read] == [metadata(i) for i in range(len(payloads))]
+        assert [e.metadata for e in read] == [metadata(i) for i in range(len(payloads))], (
+            "metadata must read back exactly as it was appended: a decorator that adds keys "
+            "on the way down (with_metadata) takes them off again in every event it hands "
+            "up (read, append's result, subscribe, append_many, append_if_unchanged)"
+        )
 
     async def test_a_tuple_payload_reads_back_as_a_list(self, loom_events: EventStore) -> None:
         await loom_events.append(
@@ -282,6 +288,45 @@ class EventStoreRequiredContract:
     async def test_reading_an_unknown_execution_is_empty(self, loom_events: EventStore) -> None:
         assert await loom_events.read("no-such-execution") == ()
         assert await loom_events.list_executions() == ()
+
+    async def test_results_are_tuples_of_the_documented_types(
+        self, loom_events: EventStore
+    ) -> None:
+        appended = await loom_events.append("exec-r", [app(), app()], expected_sequence=0)
+        results: list[tuple[str, object, type]] = [
+            ("append", appended, Event),
+            ("read", await loom_events.read("exec-r"), Event),
+            ("read of an unknown id", await loom_events.read("no-such-execution"), Event),
+            ("list_executions", await loom_events.list_executions(), str),
+        ]
+        for method, result, item in results:
+            assert isinstance(result, tuple), (
+                f"{method} returned a {type(result).__name__}; the EventStore protocol "
+                f"returns a tuple of {item.__name__} (callers compare it with (), and keep it)"
+            )
+            assert all(isinstance(x, item) for x in result), (
+                f"{method} returned {[type(x).__name__ for x in result]}; "
+                f"every item must be a {item.__name__}"
+            )
+        head = await loom_events.head("exec-r")
+        assert type(head) is int, f"head returned a {type(head).__name__}, not an int"
+
+    async def test_append_leaves_the_events_it_was_given_as_they_were(
+        self, loom_events: EventStore
+    ) -> None:
+        given = [
+            NewEvent("k", {"items": [1, {"x": None}]}, {"trace": {"path": [0]}}),
+            kernel(EventKind.EXECUTION_STARTED, {"flow": "f"}),
+        ]
+        before = [(e.kind, copy.deepcopy(e.payload), copy.deepcopy(e.metadata)) for e in given]
+        await loom_events.append("exec-g", given, expected_sequence=0)
+        after = [(e.kind, e.payload, e.metadata) for e in given]
+        assert after == before, (
+            "append changed the events it was given (a key added to a metadata or payload "
+            "dict the caller owns): a store or decorator must build new events, never "
+            "write into the caller's (check_batch(...).with_metadata or .with_payloads, "
+            f"or copies); before {before!r}, after {after!r}"
+        )
 
     # -- conflicts ----------------------------------------------------------------------
 
