@@ -7,7 +7,10 @@
     │                                      its __cause__ is the KeyDestroyedError
     ├── KeyStoreError                      a key store refused or failed
     │   ├── KeyNotFoundError (LookupError) .key_id unknown to this key store
-    │   └── KeyDestroyedError              .key_id was destroyed (shredded); proof on file
+    │   ├── KeyDestroyedError              .key_id was destroyed (shredded); proof on file
+    │   └── KeyStoreUnavailableError       .operation: the key store failed with an error
+    │       (StorageUnavailableError)      that is not a Loom error (a KMS client's
+    │                                      connection error); its error is the __cause__
     ├── PayloadAuthenticationError         .execution_id, .sequence: a stored payload that
     │   │                                  does not authenticate for the event it sits in
     │   ├── IncarnationMismatchError       .expected, .found: the event belongs to another
@@ -24,12 +27,13 @@ A key store that cannot make a write durable raises the kernel's
 
 from __future__ import annotations
 
-from loom_core.errors import LoomError
+from loom_core.errors import LoomError, StorageUnavailableError
 
 __all__ = [
     "KeyDestroyedError",
     "KeyNotFoundError",
     "KeyStoreError",
+    "KeyStoreUnavailableError",
     "IncarnationMismatchError",
     "PayloadAuthenticationError",
     "ShredIncompleteError",
@@ -64,6 +68,23 @@ class KeyDestroyedError(KeyStoreError):
         super().__init__(
             f"key {key_id!r} was destroyed (the subject was shredded); its payloads are "
             "unreadable and new sealed writes for the subject are refused"
+        )
+
+
+class KeyStoreUnavailableError(KeyStoreError, StorageUnavailableError):
+    """The key store failed with an error that is not a Loom error (a KMS or vault client
+    that cannot reach its service, say); the key store's own error is the ``__cause__``.
+
+    A :class:`~loom_core.StorageUnavailableError`, as an event store that cannot be reached
+    is: the call wrote nothing to the event store, and trying again once the key store
+    answers is safe (creating a subject's key is get-or-create).
+    """
+
+    def __init__(self, operation: str, cause: Exception) -> None:
+        self.operation = operation
+        super().__init__(
+            f"the key store failed to {operation}: {type(cause).__name__}: {cause}; nothing "
+            "was written to the event store: try again once the key store answers"
         )
 
 

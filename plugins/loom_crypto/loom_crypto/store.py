@@ -50,8 +50,8 @@ The optional methods, decided (a decision is the class's own, see ``decisions`` 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Final, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, TypeAlias, TypeVar
 
 from loom_core import Event, JsonObject, JsonValue, LoomError, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
@@ -76,6 +76,7 @@ from loom_core.spi import (
 from loom_crypto.errors import (
     IncarnationMismatchError,
     KeyDestroyedError,
+    KeyStoreUnavailableError,
     PayloadAuthenticationError,
     UnauthenticatedPayloadError,
 )
@@ -109,12 +110,25 @@ LEGACY_INCARNATION: Final = ""
 loom-crypto 0.1 (which has none to continue)."""
 
 _Keys: TypeAlias = dict[str, DataKey]
+_T = TypeVar("_T")
 
 
 def subject_is_execution(execution_id: str, event: NewEvent) -> str:
     """The simplest ``subject_of``: every execution is its own subject."""
     return execution_id
 
+
+
+async def _asked(call: Awaitable[_T], operation: str) -> _T:
+    """What the key store answers to ``call``; an error of its own that is not a Loom
+    error (a KMS client's) as :class:`~loom_crypto.KeyStoreUnavailableError`, so a caller
+    meets it as the storage being unavailable, never as a bare driver error."""
+    try:
+        return await call
+    except LoomError:
+        raise
+    except Exception as exc:
+        raise KeyStoreUnavailableError(operation, exc) from exc
 
 class CryptoEventStore(EventStoreDecorator):
     """Seals payloads under per-subject AES-256-GCM keys from ``key_store`` and
@@ -180,16 +194,22 @@ class CryptoEventStore(EventStoreDecorator):
     async def _integrity_key(self) -> DataKey:
         """The integrity key, created on first use."""
         if self._integrity is None:
-            self._integrity = await self.key_store.create(INTEGRITY_SUBJECT)
+            self._integrity = await _asked(
+                self.key_store.create(INTEGRITY_SUBJECT), "create the integrity key"
+            )
         return self._integrity
 
     async def _integrity_key_named(self, key_id: str, event: Event) -> DataKey:
         """The integrity key, if ``key_id`` names it; never creates one (a read does not)."""
         key = self._integrity
         if key is None:
-            existing = await self.key_store.key_id_for(INTEGRITY_SUBJECT)
+            existing = await _asked(
+                self.key_store.key_id_for(INTEGRITY_SUBJECT), "look up the integrity key"
+            )
             if existing is not None:
-                key = self._integrity = await self.key_store.get(existing)
+                key = self._integrity = await _asked(
+                    self.key_store.get(existing), f"get the integrity key {existing!r}"
+                )
         if key is None or key.key_id != key_id:
             raise PayloadAuthenticationError(
                 event.execution_id, event.sequence, key_id,
@@ -201,7 +221,10 @@ class CryptoEventStore(EventStoreDecorator):
         key = keys.get(sealed.key_id)
         if key is None:
             try:
-                key = await self.key_store.get(sealed.key_id)
+                key = await _asked(
+                    self.key_store.get(sealed.key_id),
+                    f"get key {sealed.key_id!r} for {event.execution_id!r}",
+                )
             except KeyDestroyedError as exc:
                 raise PayloadShreddedError(
                     event.execution_id, event.sequence, sealed.key_id
@@ -294,7 +317,10 @@ class CryptoEventStore(EventStoreDecorator):
             else:
                 known = keys.get(subject)
                 if known is None:
-                    known = keys[subject] = await self.key_store.create(subject)
+                    known = keys[subject] = await _asked(
+                        self.key_store.create(subject),
+                        f"create or get a subject's key for {execution_id!r}",
+                    )
                 key, protect = known, seal_payload
             value = event.payload
             payload = protect(

@@ -12,7 +12,9 @@ from loom_crypto import (
     INTEGRITY_SUBJECT,
     SEALED_MARKER,
     CryptoEventStore,
+    DataKey,
     KeyStore,
+    KeyStoreUnavailableError,
     MemoryKeyStore,
     PayloadAuthenticationError,
 )
@@ -27,6 +29,7 @@ from loom_core import (
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
+    StorageUnavailableError,
     Unsupported,
 )
 from loom_core.memory import MemoryEventStore
@@ -201,6 +204,58 @@ async def test_a_subject_of_that_raises_is_refused_as_a_loom_error(
     assert isinstance(caught.value.__cause__, ValueError)
     assert await keys.key_id_for("e") is None
     assert await inner.head("e") == 0
+
+
+class _UnreachableKeyStore(MemoryKeyStore):
+    """A key store whose service can be cut off, as a KMS client raises when it is."""
+
+    reachable = True
+
+    def _reach(self) -> None:
+        if not self.reachable:
+            raise ConnectionError("kms.internal: connection refused")
+
+    async def create(self, subject: str) -> DataKey:
+        self._reach()
+        return await super().create(subject)
+
+    async def get(self, key_id: str) -> DataKey:
+        self._reach()
+        return await super().get(key_id)
+
+    async def key_id_for(self, subject: str) -> str | None:
+        self._reach()
+        return await super().key_id_for(subject)
+
+
+async def test_a_key_store_that_cannot_be_reached_is_a_storage_unavailable_error(
+    inner: MemoryEventStore,
+) -> None:
+    keys = _UnreachableKeyStore()
+    store = CryptoEventStore(inner, key_store=keys, subject_of=subject_prefix)
+    await store.append("alice/o", [NewEvent("STEP_COMPLETED", 1)], expected_sequence=0)
+    fresh = CryptoEventStore(inner, key_store=keys, subject_of=subject_prefix)  # no key kept
+    before = await inner.read("alice/o")
+    keys.reachable = False
+
+    calls = [
+        ("read", fresh.read("alice/o")),
+        ("append", fresh.append("alice/o", [NewEvent("K", 2)], expected_sequence=1)),
+        ("append of a new subject", store.append("bob/o", [NewEvent("K", 3)], expected_sequence=0)),
+        ("clear append", fresh.append("public/o", [NewEvent("K", 4)], expected_sequence=0)),
+    ]
+    for what, call in calls:
+        with pytest.raises(KeyStoreUnavailableError, match="connection refused") as caught:
+            await call
+        assert isinstance(caught.value, StorageUnavailableError), what
+        assert isinstance(caught.value.__cause__, ConnectionError), what
+    assert await inner.read("alice/o") == before
+    assert await inner.list_executions() == ("alice/o",)
+
+    keys.reachable = True
+    assert [e.payload for e in await fresh.read("alice/o")] == [1]
+    await fresh.append("alice/o", [NewEvent("K", 2)], expected_sequence=1)
+    assert [e.payload for e in await store.read("alice/o")] == [1, 2]
 
 
 async def test_a_tampered_ciphertext_is_refused(
