@@ -28,7 +28,9 @@ The tree::
     │   └── StorageUnavailableError            the backend (or one shard of it) is unreachable
     │       └── StoreClosedError               a call on a store after its close()
     ├── PayloadShreddedError                   the payload's key was destroyed (crypto)
-    └── PluginError
+    └── PluginError                            a plugin failed to load, or broke the plugin
+        │                                      contract (a factory or decorate() that did
+        │                                      not return a Storage)
         ├── PluginLoadError                    .plugin; one broken plugin, reported by name
         ├── DuplicateRegistrationError         .name, .first, .second
         └── DecoratorDefinitionError (TypeError) a decorator class that did not decide
@@ -326,7 +328,9 @@ class PayloadShreddedError(LoomError):
 
 
 class PluginError(LoomError):
-    """A plugin could not be loaded or registered."""
+    """A plugin could not be loaded or registered, or broke the plugin contract when it
+    was called: a backend factory or a decorator's ``decorate`` whose result is not
+    awaitable, or is not a :class:`~loom_core.Storage`."""
 
 
 class PluginLoadError(PluginError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import inspect
 import threading
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -287,13 +288,39 @@ async def _open(
     specs = _decorator_specs(decorators)
     chosen = [(host.decorator(name), opts) for name, opts in specs]
     factory = host.backend_for(scheme)
-    storage: Storage = await factory(url, dict(options or {}))
+    storage = await _made(
+        factory(url, dict(options or {})), f"the backend factory of {scheme}://", None
+    )
     try:
         for decorator, opts in chosen:
-            storage = await decorator.decorate(storage, opts)
+            storage = await _made(
+                decorator.decorate(storage, opts),
+                f"decorate() of the decorator {decorator.name!r}",
+                storage,
+            )
     except BaseException:
         await storage.close()
         raise
+    return storage
+
+
+async def _made(made: object, maker: str, given: Storage | None) -> Storage:
+    """The storage a backend factory or a decorator's ``decorate`` made; refuse, naming
+    the maker, a result that is not awaitable or not a :class:`Storage` (a plugin's bug:
+    the caller would meet it only as an AttributeError far from its cause)."""
+    if not inspect.isawaitable(made):
+        if isinstance(made, Storage) and made is not given:
+            await made.close()
+        raise PluginError(
+            f"{maker} returned a {type(made).__name__}, not an awaitable: define it with "
+            "async def"
+        )
+    storage = await made
+    if not isinstance(storage, Storage):
+        raise PluginError(
+            f"{maker} returned a {type(storage).__name__}, not a loom_core.Storage: return "
+            "Storage(events, timers, leases, url=..., on_close=...)"
+        )
     return storage
 
 

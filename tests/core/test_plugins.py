@@ -14,8 +14,10 @@ from loom_core import (
     InvalidOptionError,
     InvalidURLError,
     NewEvent,
+    PluginError,
     PluginLoadError,
     Storage,
+    StoreClosedError,
     UnknownSchemeError,
     open_storage,
 )
@@ -180,6 +182,82 @@ async def test_decorators_apply_innermost_first_with_their_options() -> None:
     ):
         pass
     assert log == ["audit:", "crypto:k1"]
+
+
+class _Misbehaving:
+    """A decorator whose decorate() breaks the contract in the way ``how`` says."""
+
+    name = "misbehaving"
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.given: list[Storage] = []
+
+    def decorate(self, storage: Storage, options: Mapping[str, object]) -> object:
+        self.given.append(storage)
+        if self.how == "not-async":
+            return storage
+        return self._events_only(storage)
+
+    async def _events_only(self, storage: Storage) -> object:
+        return storage.events
+
+    async def conformance_options(self, open_inner: InnerOpener) -> Mapping[str, object]:
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("how", "told"),
+    [
+        ("not-async", "returned a Storage, not an awaitable: define it with async def"),
+        ("events-only", "returned a MemoryEventStore, not a loom_core.Storage"),
+    ],
+)
+async def test_a_decorate_that_returns_no_storage_is_refused_naming_the_decorator(
+    how: str, told: str
+) -> None:
+    decorator = _Misbehaving(how)
+    host = PluginHost(entry_points=False)
+    host.register(_decorator_plugin(decorator), name="m", source="loom-m")  # type: ignore[arg-type]
+    with pytest.raises(PluginError, match=f"decorate\\(\\) of the decorator 'misbehaving' {told}"):
+        await open_storage("memory://", decorators=["misbehaving"], plugins=host)
+    [given] = decorator.given
+    with pytest.raises(StoreClosedError):  # what it was given is closed, not leaked
+        await given.events.head("e")
+
+
+@pytest.mark.parametrize(
+    ("factory", "told"),
+    [
+        (
+            lambda url, options: Storage(
+                MemoryEventStore(), MemoryTimerStore(), MemoryLeaseStore(), url=url
+            ),
+            "returned a Storage, not an awaitable",
+        ),
+        (
+            lambda url, options: _tuple_of_stores(),
+            "returned a tuple, not a loom_core.Storage",
+        ),
+    ],
+)
+async def test_a_backend_factory_that_returns_no_storage_is_refused_naming_its_scheme(
+    factory: object, told: str
+) -> None:
+    @hookimpl
+    def loom_register_backends(registry: BackendRegistry) -> None:
+        registry.add_backend("odd", factory)  # type: ignore[arg-type]
+
+    host = PluginHost(entry_points=False)
+    host.register(
+        types.SimpleNamespace(loom_register_backends=loom_register_backends), name="odd"
+    )
+    with pytest.raises(PluginError, match=f"the backend factory of odd:// {told}"):
+        await open_storage("odd://", plugins=host)
+
+
+async def _tuple_of_stores() -> object:
+    return (MemoryEventStore(), MemoryTimerStore(), MemoryLeaseStore())
 
 
 async def test_unknown_decorator_names_the_distribution_to_install() -> None:
