@@ -80,11 +80,16 @@ class KeyStoreUnavailableError(KeyStoreError, StorageUnavailableError):
     answers is safe (creating a subject's key is get-or-create).
     """
 
-    def __init__(self, operation: str, cause: Exception) -> None:
+    def __init__(
+        self,
+        operation: str,
+        cause: Exception,
+        then: str = "nothing was written to the event store: try again once the key store "
+        "answers",
+    ) -> None:
         self.operation = operation
         super().__init__(
-            f"the key store failed to {operation}: {type(cause).__name__}: {cause}; nothing "
-            "was written to the event store: try again once the key store answers"
+            f"the key store failed to {operation}: {type(cause).__name__}: {cause}; {then}"
         )
 
 

@@ -24,12 +24,18 @@ Every method is safe to call concurrently, from several processes sharing the st
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["KEY_BYTES", "DataKey", "KeyStore"]
+from loom_core import LoomError
+from loom_crypto.errors import KeyStoreUnavailableError
+
+__all__ = ["KEY_BYTES", "DataKey", "KeyStore", "ask_key_store"]
+
+_T = TypeVar("_T")
 
 KEY_BYTES: Final = 32
 """AES-256: every data key is 32 bytes."""
@@ -94,3 +100,17 @@ class KeyStore(Protocol):
     async def destroy(self, key_id: str) -> bool: ...
 
     async def was_destroyed(self, key_id: str) -> bool: ...
+
+
+async def ask_key_store(call: Awaitable[_T], operation: str, then: str | None = None) -> _T:
+    """What a key store answers to ``call``; an error of its own that is not a Loom error (a
+    KMS client's) as :class:`~loom_crypto.KeyStoreUnavailableError`, so a caller meets it as
+    the storage being unavailable, never as a bare driver error. ``then`` says what to do."""
+    try:
+        return await call
+    except LoomError:
+        raise
+    except Exception as exc:
+        if then is None:
+            raise KeyStoreUnavailableError(operation, exc) from exc
+        raise KeyStoreUnavailableError(operation, exc, then) from exc

@@ -38,10 +38,15 @@ from loom_core.decorating import find_layer
 from loom_core.errors import InvalidOptionError, SequenceConflictError
 from loom_core.spi import EventStore, check_execution_id, check_key
 from loom_crypto.errors import ShredIncompleteError
+from loom_crypto.keys import ask_key_store
 from loom_crypto.sealing import INTEGRITY_SUBJECT, is_clear, is_sealed
 from loom_crypto.store import CryptoEventStore
 
 __all__ = ["ShredResult", "find_crypto_store", "shred_subject"]
+
+_AGAIN: Final = (
+    "call shred_subject again once the key store answers: it completes what this call began"
+)
 
 _PAGE: Final = 500
 _APPEND_ATTEMPTS: Final = 32
@@ -129,17 +134,19 @@ async def shred_subject(
             raise InvalidOptionError("executions must be a collection of ids, not one str")
         scope = tuple(check_execution_id(e) for e in executions)
     keys, raw = crypto.key_store, crypto.inner
-    key_id = await keys.key_id_for(subject)
+    key_id = await ask_key_store(keys.key_id_for(subject), "look up the subject's key", _AGAIN)
     if key_id is None:
         return ShredResult(None, (), False)
 
     destroyed_now = False
-    if not await keys.was_destroyed(key_id):
+    if not await ask_key_store(keys.was_destroyed(key_id), f"check key {key_id!r}", _AGAIN):
         for execution_id, state in (await _scan(raw, key_id, scope)).items():
             if state.sealed and not (state.pending or state.shredded):
                 await _mark(crypto, execution_id, EventKind.ERASURE_PENDING, key_id)
-        destroyed_now = await keys.destroy(key_id)
-        if not await keys.was_destroyed(key_id):
+        destroyed_now = await ask_key_store(keys.destroy(key_id), f"destroy key {key_id!r}", _AGAIN)
+        if not await ask_key_store(
+            keys.was_destroyed(key_id), f"check key {key_id!r}", _AGAIN
+        ):
             raise ShredIncompleteError(key_id)
 
     logs = await _scan(raw, key_id, scope)

@@ -50,8 +50,8 @@ The optional methods, decided (a decision is the class's own, see ``decisions`` 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final, TypeAlias, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Final, TypeAlias
 
 from loom_core import Event, JsonObject, JsonValue, LoomError, NewEvent
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement, Refuse
@@ -76,12 +76,11 @@ from loom_core.spi import (
 from loom_crypto.errors import (
     IncarnationMismatchError,
     KeyDestroyedError,
-    KeyStoreUnavailableError,
     PayloadAuthenticationError,
     UnauthenticatedPayloadError,
 )
 from loom_crypto.incarnations import DEFAULT_INCARNATION_CACHE_SIZE, Incarnations
-from loom_crypto.keys import DataKey, KeyStore
+from loom_crypto.keys import DataKey, KeyStore, ask_key_store
 from loom_crypto.sealing import (
     INCARNATION_FIELD,
     INTEGRITY_SUBJECT,
@@ -110,7 +109,6 @@ LEGACY_INCARNATION: Final = ""
 loom-crypto 0.1 (which has none to continue)."""
 
 _Keys: TypeAlias = dict[str, DataKey]
-_T = TypeVar("_T")
 
 
 def subject_is_execution(execution_id: str, event: NewEvent) -> str:
@@ -119,16 +117,6 @@ def subject_is_execution(execution_id: str, event: NewEvent) -> str:
 
 
 
-async def _asked(call: Awaitable[_T], operation: str) -> _T:
-    """What the key store answers to ``call``; an error of its own that is not a Loom
-    error (a KMS client's) as :class:`~loom_crypto.KeyStoreUnavailableError`, so a caller
-    meets it as the storage being unavailable, never as a bare driver error."""
-    try:
-        return await call
-    except LoomError:
-        raise
-    except Exception as exc:
-        raise KeyStoreUnavailableError(operation, exc) from exc
 
 class CryptoEventStore(EventStoreDecorator):
     """Seals payloads under per-subject AES-256-GCM keys from ``key_store`` and
@@ -194,7 +182,7 @@ class CryptoEventStore(EventStoreDecorator):
     async def _integrity_key(self) -> DataKey:
         """The integrity key, created on first use."""
         if self._integrity is None:
-            self._integrity = await _asked(
+            self._integrity = await ask_key_store(
                 self.key_store.create(INTEGRITY_SUBJECT), "create the integrity key"
             )
         return self._integrity
@@ -203,11 +191,11 @@ class CryptoEventStore(EventStoreDecorator):
         """The integrity key, if ``key_id`` names it; never creates one (a read does not)."""
         key = self._integrity
         if key is None:
-            existing = await _asked(
+            existing = await ask_key_store(
                 self.key_store.key_id_for(INTEGRITY_SUBJECT), "look up the integrity key"
             )
             if existing is not None:
-                key = self._integrity = await _asked(
+                key = self._integrity = await ask_key_store(
                     self.key_store.get(existing), f"get the integrity key {existing!r}"
                 )
         if key is None or key.key_id != key_id:
@@ -221,7 +209,7 @@ class CryptoEventStore(EventStoreDecorator):
         key = keys.get(sealed.key_id)
         if key is None:
             try:
-                key = await _asked(
+                key = await ask_key_store(
                     self.key_store.get(sealed.key_id),
                     f"get key {sealed.key_id!r} for {event.execution_id!r}",
                 )
@@ -317,7 +305,7 @@ class CryptoEventStore(EventStoreDecorator):
             else:
                 known = keys.get(subject)
                 if known is None:
-                    known = keys[subject] = await _asked(
+                    known = keys[subject] = await ask_key_store(
                         self.key_store.create(subject),
                         f"create or get a subject's key for {execution_id!r}",
                     )

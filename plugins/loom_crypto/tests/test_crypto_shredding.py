@@ -15,6 +15,7 @@ from loom_crypto import (
     FileKeyStore,
     KeyDestroyedError,
     KeyStore,
+    KeyStoreUnavailableError,
     MemoryKeyStore,
     ShredIncompleteError,
     shred_subject,
@@ -27,6 +28,7 @@ from loom_core import (
     InvalidOptionError,
     NewEvent,
     PayloadShreddedError,
+    StorageUnavailableError,
     StorageWriteError,
     open_storage,
 )
@@ -218,8 +220,11 @@ async def test_a_crash_before_the_destroy_is_completed_by_a_retry(
         inner, key_store=_CrashingKeyStore(key_store),
         subject_of=subject_prefix,
     )
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with pytest.raises(KeyStoreUnavailableError, match="call shred_subject again") as caught:
         await shred_subject(crashing, "alice")
+    # The key store's own error, a storage outage to the caller, with the cause kept.
+    assert isinstance(caught.value, StorageUnavailableError)
+    assert isinstance(caught.value.__cause__, RuntimeError)
     # Intent recorded, nothing destroyed, no tombstone: the payloads still read.
     assert _kinds(await inner.read("alice/order-2"))[-1] == EventKind.ERASURE_PENDING
     assert (await healthy.read("alice/order-2"))[0].payload == {"address": "1 Rue"}
