@@ -156,10 +156,16 @@ class DecoratorCase:
     def id(self) -> str:
         return f"{self.decorator}-over-{self.inner}-memory"
 
+    @property
+    def backend_options(self) -> Mapping[str, object]:
+        """The ``memory://`` options that open this case's inner store."""
+        return _OFFER[self.inner]
+
     def factory(self) -> StorageFactory:
         """The :data:`StorageFactory` to return from ``loom_storage_factory``."""
         return decorated_url_factory(
-            self.decorator, "memory://", backend_options=_OFFER[self.inner], plugins=self.plugins
+            self.decorator, "memory://", backend_options=self.backend_options,
+            plugins=self.plugins,
         )
 
 

@@ -249,14 +249,23 @@ class Liar(EventStoreDecorator):
         return super().capabilities | {"delete_execution"}
 
 
+class Plain(EventStoreDecorator):
+    decisions = Decisions(
+        acquire_fence=FORWARD, acquire_fence_if=FORWARD, append_if_unchanged=FORWARD,
+        append_many=FORWARD, delete_execution=FORWARD, copy_prefix=FORWARD,
+        truncate_prefix_keeping=FORWARD, subscribe=FORWARD,
+    )
+
+
 class Wrapping:
-    def __init__(self, name, wrap):
+    def __init__(self, name, wrap, closes=True):
         self.name = name
         self._wrap = wrap
+        self._closes = closes
 
     async def decorate(self, storage, options):
         return Storage(self._wrap(storage.events), storage.timers, storage.leases,
-                       url=storage.url, on_close=storage.close)
+                       url=storage.url, on_close=storage.close if self._closes else None)
 
     async def conformance_options(self, open_inner):
         return {}
@@ -267,6 +276,7 @@ class Plugin:
     def loom_register_decorators(self, registry):
         registry.add_decorator(Wrapping("liar", Liar))
         registry.add_decorator(Wrapping("unwrapped", lambda events: events))
+        registry.add_decorator(Wrapping("leaky", Plain, closes=False))
 
 
 default_plugins().register(Plugin(), name="broken-decorators", source="broken decorators")
@@ -280,6 +290,8 @@ default_plugins().register(Plugin(), name="broken-decorators", source="broken de
          "*offered in capabilities but refused when called*delete_execution*"),
         ("unwrapped", "test_decorator_returns_an_event_store_decorator",
          "*which is not an EventStoreDecorator*"),
+        ("leaky", "test_closing_the_decorated_storage_closes_the_storage_it_was_given",
+         "*did not close the storage its decorate() was given*"),
     ],
 )
 def test_a_broken_decorator_fails_the_decorator_contract(

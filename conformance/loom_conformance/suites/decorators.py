@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from loom_conformance.decorating import DecoratorCase, decisions_of
+from loom_conformance.decorating import DecoratorCase, decisions_of, decorated_factory
 from loom_conformance.suites._support import app, snapshot
 from loom_conformance.suites.events_required import _call_optional
-from loom_core import LoomError, Unsupported
+from loom_core import LoomError, Storage, Unsupported, open_storage
 from loom_core.decorating import Refuse
 from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
 
@@ -84,3 +84,38 @@ class TestDecoratorContract:
             assert await snapshot(events, "exec-new") == before
         finally:
             await storage.close()
+
+    async def test_closing_the_decorated_storage_closes_the_storage_it_was_given(
+        self, loom_decorator_case: DecoratorCase
+    ) -> None:
+        """What ``decorate`` is given may own more than its three stores (a pool, a file,
+        the shards), which only its own ``close`` releases."""
+        closed: list[str] = []
+
+        async def open_watched() -> Storage:
+            storage = await open_storage(
+                "memory://", options=loom_decorator_case.backend_options,
+                plugins=loom_decorator_case.plugins,
+            )
+            name = f"storage {len(opened) + 1}"
+            opened.append(name)
+
+            async def close() -> None:
+                closed.append(name)
+                await storage.close()
+
+            return Storage(storage.events, storage.timers, storage.leases, url=storage.url,
+                           on_close=close)
+
+        opened: list[str] = []
+        decorated = await decorated_factory(
+            loom_decorator_case.decorator, open_watched, plugins=loom_decorator_case.plugins
+        )()
+        await decorated.close()
+        # The last one opened is the storage decorate() was given (the others are what
+        # conformance_options opened, which the kit closes itself).
+        assert opened[-1] in closed, (
+            f"closing the storage that decorator {loom_decorator_case.decorator!r} returned "
+            "did not close the storage its decorate() was given: pass "
+            "on_close=storage.close (or close it in your own on_close)"
+        )
