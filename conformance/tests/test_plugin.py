@@ -277,6 +277,7 @@ class Plugin:
         registry.add_decorator(Wrapping("liar", Liar))
         registry.add_decorator(Wrapping("unwrapped", lambda events: events))
         registry.add_decorator(Wrapping("leaky", Plain, closes=False))
+        registry.add_decorator(Wrapping("lax", Plain))  # takes any option, as they all do
 
 
 default_plugins().register(Plugin(), name="broken-decorators", source="broken decorators")
@@ -292,6 +293,8 @@ default_plugins().register(Plugin(), name="broken-decorators", source="broken de
          "*which is not an EventStoreDecorator*"),
         ("leaky", "test_closing_the_decorated_storage_closes_the_storage_it_was_given",
          "*did not close the storage its decorate() was given*"),
+        ("lax", "test_an_unknown_option_is_refused_with_invalid_option_error",
+         "*accepted the unknown option 'loom-kit-no-such-option'*"),
     ],
 )
 def test_a_broken_decorator_fails_the_decorator_contract(

@@ -10,9 +10,9 @@ import pytest
 from loom_conformance.decorating import DecoratorCase, decisions_of, decorated_factory
 from loom_conformance.suites._support import app, snapshot
 from loom_conformance.suites.events_required import _call_optional
-from loom_core import LoomError, Storage, Unsupported, open_storage
+from loom_core import InvalidOptionError, LoomError, Storage, Unsupported, open_storage
 from loom_core.decorating import Refuse
-from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, default_plugins
 
 __all__ = ["TestDecoratorContract"]
 
@@ -119,3 +119,45 @@ class TestDecoratorContract:
             "did not close the storage its decorate() was given: pass "
             "on_close=storage.close (or close it in your own on_close)"
         )
+
+    async def test_an_unknown_option_is_refused_with_invalid_option_error(
+        self, loom_decorator_case: DecoratorCase
+    ) -> None:
+        """A misspelt option must not be ignored (a tenant's name, a key store), nor fail
+        as a bare KeyError or TypeError from deep inside ``decorate``."""
+        host = loom_decorator_case.plugins or default_plugins()
+        decorator = host.decorator(loom_decorator_case.decorator)
+        extra: list[Storage] = []
+
+        async def open_inner() -> Storage:
+            storage = await open_storage(
+                "memory://", options=loom_decorator_case.backend_options, plugins=host
+            )
+            extra.append(storage)
+            return storage
+
+        try:
+            options = {**await decorator.conformance_options(open_inner),
+                       "loom-kit-no-such-option": True}
+            try:
+                storage = await open_storage(
+                    "memory://", decorators=[(loom_decorator_case.decorator, options)],
+                    options=loom_decorator_case.backend_options, plugins=host,
+                )
+            except InvalidOptionError:
+                return
+            except Exception as exc:
+                raise AssertionError(
+                    f"decorator {loom_decorator_case.decorator!r} refused an unknown option "
+                    f"with {type(exc).__name__}: {exc}; refuse options you do not know with "
+                    "loom_core.InvalidOptionError"
+                ) from exc
+            await storage.close()
+            raise AssertionError(
+                f"decorator {loom_decorator_case.decorator!r} accepted the unknown option "
+                "'loom-kit-no-such-option'; refuse options you do not know with "
+                "loom_core.InvalidOptionError, so a misspelt one is not silently ignored"
+            )
+        finally:
+            for storage in extra:
+                await storage.close()
