@@ -6,18 +6,23 @@
 - ``on_durable_event(event)`` fires after the write: what it reports is in the log. It is
   at most once: a process that dies just after a write never delivers that event.
 - ``on_storage_error(execution_id, error)``: a store call failed under a run.
+
+``on_event`` and ``on_durable_event`` are handed their own copy of the event: a hook that
+changes its payload in place must change neither what is written nor what the run keeps.
 - ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
   background, an exhausted re-drive, a failing poll).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import final
 
-from loom_core import Event, InvalidOptionError, NewEvent
+from loom_core import Event, InvalidOptionError, JsonValue, NewEvent
+from loom_runtime.records import fresh
 
 __all__ = ["Hooks"]
 
@@ -65,11 +70,15 @@ class Hooks:
 
     def event(self, execution_id: str, event: NewEvent) -> None:
         if self.on_event is not None:
-            self._call("on_event", self.on_event, execution_id, event)
+            own = NewEvent(event.kind, fresh(event.payload), _fresh_metadata(event.metadata))
+            self._call("on_event", self.on_event, execution_id, own)
 
     def durable_event(self, event: Event) -> None:
         if self.on_durable_event is not None:
-            self._call("on_durable_event", self.on_durable_event, event)
+            own = dataclasses.replace(
+                event, payload=fresh(event.payload), metadata=_fresh_metadata(event.metadata)
+            )
+            self._call("on_durable_event", self.on_durable_event, own)
 
     def storage_error(self, execution_id: str, error: BaseException) -> None:
         if self.on_storage_error is not None:
@@ -91,3 +100,7 @@ class Hooks:
         if result is not None and inspect.iscoroutine(result):
             result.close()  # never awaited: say so, rather than Python's bare warning
             _log.error("the %s hook returned a coroutine, which is not awaited", name)
+
+
+def _fresh_metadata(metadata: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
+    return {k: fresh(v) for k, v in metadata.items()}

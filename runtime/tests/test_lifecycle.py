@@ -809,6 +809,47 @@ async def test_a_hook_that_returns_a_coroutine_is_reported_and_the_run_goes_on(
     assert "the on_durable_event hook returned a coroutine" in caplog.text
 
 
+async def test_a_hook_that_changes_its_event_changes_neither_the_log_nor_the_run() -> None:
+    """Each hook is handed its own copy: ``on_event`` runs before the write, and
+    ``on_durable_event`` before the run hands its result to the caller."""
+
+    def on_event(execution_id: str, event: NewEvent) -> None:
+        payload = event.payload
+        assert isinstance(payload, dict)
+        for field in ("input", "result"):
+            value = payload.get(field)
+            if isinstance(value, list):
+                value.append("from on_event")
+            if isinstance(value, dict):
+                value["from"] = "on_event"
+
+    def on_durable_event(event: Event) -> None:
+        payload = event.payload
+        assert isinstance(payload, dict)
+        value = payload.get("result")
+        if isinstance(value, dict):
+            value["from"] = "on_durable_event"
+
+    def quote(order: str) -> dict[str, object]:
+        return {"order": order, "lines": [1, 2]}
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", on_event=on_event, on_durable_event=on_durable_event)
+
+        @app.workflow(name="priced")
+        async def priced(ctx: Context, order: str) -> object:
+            return {"quote": await ctx.step(quote, order)}
+
+        async with app:
+            assert await app.execute(priced, "o-1", id="q") == {
+                "quote": {"order": "o-1", "lines": [1, 2]}
+            }
+        payloads = [e.payload for e in await storage.events.read("q")]
+    assert payloads[0]["input"] == ["o-1"]  # type: ignore[call-overload,index]
+    assert payloads[1]["result"] == {"order": "o-1", "lines": [1, 2]}  # type: ignore[call-overload,index]
+    assert payloads[2]["result"] == {"quote": {"order": "o-1", "lines": [1, 2]}}  # type: ignore[call-overload,index]
+
+
 async def test_leaving_the_app_stops_a_run_whose_step_swallowed_its_cancellation() -> None:
     """Leaving stops every run where it is, as an exit would: a step that catches the
     cancellation and returns must not let its run record it and go on to the next step."""
