@@ -478,6 +478,8 @@ class Run:
                     value = await self._call(fn, args, in_step)
                 else:
                     value = await self._call_within(fn, args, in_step, limit)
+            except _StepStopped as exc:
+                failure = exc.raised
             except Exception as exc:
                 failure = exc
             except asyncio.CancelledError as exc:
@@ -627,9 +629,9 @@ class Run:
             ) or inspect.iscoroutinefunction(fn):
                 return await fn(*args)
             if own_thread:
-                result = await _in_own_thread(fn, args)
+                result = await _in_own_thread(_sync_call, (fn, args))
             else:
-                result = await asyncio.to_thread(fn, *args)
+                result = await asyncio.to_thread(_sync_call, fn, args)
             if inspect.isawaitable(result):
                 return await result
             return result
@@ -651,7 +653,7 @@ class Run:
         except Exception as exc:
             if not scope.expired():
                 raise  # the step's own failure, within its bound
-            failure = exc
+            failure = exc.raised if isinstance(exc, _StepStopped) else exc
         if not scope.expired():
             return value
         raise TimeoutError(
@@ -1206,6 +1208,25 @@ class _OwnCancellation(Exception):
     def __init__(self, raised: asyncio.CancelledError) -> None:
         super().__init__(raised)
         self.raised = raised
+
+
+class _StepStopped(Exception):
+    """A StopIteration a sync step raised, carried out of its thread: asyncio refuses to
+    set one on a future (the await would never end), and one raised in a coroutine
+    becomes a RuntimeError. The step loop records the StopIteration itself."""
+
+    def __init__(self, raised: StopIteration) -> None:
+        super().__init__(raised)
+        self.raised = raised
+
+
+def _sync_call(fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
+    """``fn(*args)`` for a worker thread, a StopIteration it raises carried in a
+    :class:`_StepStopped`."""
+    try:
+        return fn(*args)
+    except StopIteration as exc:
+        raise _StepStopped(exc) from None
 
 
 def _being_cancelled() -> bool:

@@ -256,3 +256,25 @@ async def test_a_bad_timeout_is_refused_before_the_step_runs(
     assert ran == []
     kinds = [e.kind for e in await app.storage.events.read("b")]
     assert kinds == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_COMPLETED]
+
+
+@pytest.mark.parametrize("bound", [None, 3600])
+async def test_a_sync_step_that_raises_stop_iteration_fails_with_it(
+    app: Loom, bound: int | None
+) -> None:
+    """``next()`` on an empty iterator in a sync step is a failure like any other, bounded
+    or not (asyncio cannot hand a StopIteration across its thread: the run hung)."""
+
+    def first_item() -> object:
+        return next(iter([]))
+
+    @app.workflow()
+    async def takes_first(ctx: Context) -> list[object]:
+        try:
+            return [await ctx.step(first_item, timeout=bound)]
+        except StepFailedError as exc:
+            return [exc.error_type, exc.attempts]
+
+    handle = await app.start(takes_first, id="f")
+    assert await handle.result(timeout=10) == ["StopIteration", 1]
+    assert await check_replay(app, ["f"]) == ["f"]
