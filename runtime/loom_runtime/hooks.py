@@ -6,11 +6,13 @@
 - ``on_durable_event(event)`` fires after the write: what it reports is in the log. It is
   at most once: a process that dies just after a write never delivers that event.
 - ``on_storage_error(execution_id, error)``: a store call failed under a run.
+- ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
+  background, an exhausted re-drive, a failing poll).
 
 ``on_event`` and ``on_durable_event`` are handed their own copy of the event: a hook that
 changes its payload in place must change neither what is written nor what the run keeps.
-- ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
-  background, an exhausted re-drive, a failing poll).
+
+A hook that raises is logged, whatever it raises but KeyboardInterrupt and SystemExit.
 """
 
 from __future__ import annotations
@@ -94,7 +96,11 @@ class Hooks:
     def _call(name: str, hook: Callable[..., object], *args: object) -> None:
         try:
             result = hook(*args)
-        except Exception:
+        except (KeyboardInterrupt, SystemExit):
+            raise  # they end the process, from a hook as from anywhere
+        except BaseException:
+            # A hook is no part of a run: whatever else it raises (a BaseException of its
+            # own too) must not stop the run, nor be reported as the body's.
             _log.exception("the %s hook raised; the run goes on", name)
             return
         if result is not None and inspect.iscoroutine(result):

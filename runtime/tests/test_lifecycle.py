@@ -809,6 +809,40 @@ async def test_a_hook_that_returns_a_coroutine_is_reported_and_the_run_goes_on(
     assert "the on_durable_event hook returned a coroutine" in caplog.text
 
 
+class _HookBroke(BaseException):
+    """A BaseException that is not an Exception, of a hook's own."""
+
+
+@pytest.mark.parametrize("hook", ["on_event", "on_durable_event"])
+async def test_a_hook_that_raises_a_base_exception_of_its_own_breaks_no_run(
+    hook: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Logged like any error a hook raises (the run stopped, reported as its body's)."""
+
+    def broken(*args: object) -> None:
+        raise _HookBroke("the hook's own")
+
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", clock=VirtualClock(), **{hook: broken})  # type: ignore[arg-type]
+
+        @app.workflow(name="two-steps")
+        async def two_steps(ctx: Context) -> str:
+            await ctx.step(lambda: 1, name="a")
+            await ctx.step(lambda: 2, name="b")
+            return "done"
+
+        async with app:
+            assert await app.execute(two_steps, id="t") == "done"
+            logged = await kinds(storage.events, "t")
+    assert logged == [
+        EventKind.EXECUTION_STARTED,
+        EventKind.STEP_COMPLETED,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+    assert f"the {hook} hook raised; the run goes on" in caplog.text
+
+
 async def test_a_hook_that_changes_its_event_changes_neither_the_log_nor_the_run() -> None:
     """Each hook is handed its own copy: ``on_event`` runs before the write, and
     ``on_durable_event`` before the run hands its result to the caller."""
