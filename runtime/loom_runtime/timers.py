@@ -19,7 +19,8 @@ Each poll asks the store for due rows and decides each one from the execution's 
 A contended resume (rivals keep taking the fence) backs off in process, per execution:
 exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``, at most
 ``max_attempts`` tries, then one :class:`RedriveExhaustedError` to ``on_error`` and the
-row is retired (the park stays unanswered for an operator or a recovery). A row whose
+row is retired, with the execution's other due rows (each would wake the same park and
+start the tries over); the park stays unanswered for an operator or a recovery. A row whose
 execution cannot be read or answered (its payloads shredded, a shard it needs down) backs
 off the same way without giving up, reported to ``on_error`` once per run of failures:
 one such row never holds up the rows behind it. The memory of
@@ -205,6 +206,7 @@ class TimerService:
         timers = self.app.storage.timers
         fired: dict[TimerRecord, Fired] = {}
         seen: set[TimerRecord] = set()
+        exhausted: set[str] = set()
         tried = 0
         limit = self.batch
         while True:
@@ -226,8 +228,13 @@ class TimerService:
                 if left is not None and left.next_try > now:
                     fired[row] = "left"
                     continue
+                if row.execution_id in exhausted:
+                    fired[row] = "exhausted"  # retired with the row that gave up
+                    continue
                 tried += 1
                 fired[row] = await self.fire(row)
+                if fired[row] == "exhausted":
+                    exhausted.add(row.execution_id)
             if not fresh or tried >= self.batch or len(rows) < limit:
                 return fired
             # Rows already seen are either retired or still due: ask past all of them.
@@ -279,8 +286,14 @@ class TimerService:
         attempt = (entry.attempt if entry is not None and entry.cause == "contended" else 0) + 1
         if attempt >= self.max_attempts:
             self.app.hooks.error(RedriveExhaustedError(row.execution_id, attempt))
+            timers = self.app.storage.timers
             try:
-                await self.app.storage.timers.complete(row.execution_id, row.wake_at)
+                # The park's other due rows go too: each would wake the same contended
+                # park, starting the tries (and the report) over, at once.
+                for other in await timers.pending(row.execution_id):
+                    if other != row and other.redrive is None and other.wake_at <= now:
+                        await timers.complete(other.execution_id, other.wake_at)
+                await timers.complete(row.execution_id, row.wake_at)
             except StoreClosedError:
                 raise
             except LoomError as exc:

@@ -318,6 +318,34 @@ async def test_a_contended_wake_backs_off_with_full_jitter_then_reports_exhausti
         assert await token_of(w.base.events, "n") == 8 * 3
 
 
+async def test_a_contended_park_with_two_due_rows_gives_up_once_for_both(url: str) -> None:
+    async with wired(url, seed=SEED) as w:
+
+        @w.app.workflow(name="two-naps")
+        async def two_naps(ctx: Context) -> None:
+            await ctx.gather(ctx.sleep(60), ctx.sleep(61))
+
+        await w.app.start("two-naps", id="n")
+        await w.app.drain()
+        assert len(await rows(w)) == 2
+        before = await w.base.events.read("n")
+        contend(w)
+        await w.clock.advance(120)
+        service = w.app.timer_service
+        fired: dict[TimerRecord, object] = {}
+        for _ in range(8):
+            fired = dict(await service.poll_once())
+            await w.clock.advance(31)  # past any next try: every poll is an attempt
+        # Eight contended wakes in all (three acquires each), one report, both rows gone:
+        # the other row did not start the tries over at once.
+        assert sorted(map(str, fired.values())) == ["exhausted", "exhausted"]
+        assert len(w.probe.of("acquire_fence_if")) == 8 * 3
+        assert [type(e) for e in w.errors] == [RedriveExhaustedError]
+        assert await rows(w) == []
+        assert await service.poll_once() == {}
+        assert await w.base.events.read("n") == before
+
+
 async def test_the_backoff_ceiling_stops_at_thirty_seconds() -> None:
     async with wired(seed=SEED) as w:
         service = TimerService(w.app, max_attempts=12)
