@@ -333,15 +333,16 @@ class TimerService:
 
     async def _redrive(self, row: TimerRecord) -> None:
         """Hand a re-drive row to the re-drivers. ``contended`` (or a re-driver that
-        raises) writes the next row, attempt + 1, before this one is retired; the last
-        attempt reports RedriveExhaustedError once instead."""
+        raises, whatever it raises, reported to ``on_error``) writes the next row,
+        attempt + 1, before this one is retired; the last attempt reports
+        RedriveExhaustedError once instead."""
         assert row.redrive is not None
         timers = self.app.storage.timers
         answer: Literal["done", "noop", "contended"] = "noop"
         for redriver in self.redrivers:
             try:
                 answer = await redriver(row)
-            except LoomError as exc:
+            except Exception as exc:  # a re-driver's own bug too: the poll goes on
                 self.app.hooks.error(exc)
                 answer = "contended"
             if answer != "noop":

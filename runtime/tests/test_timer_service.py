@@ -8,6 +8,7 @@ import asyncio
 import random
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, RedriveExhaustedError, TimerService
@@ -19,6 +20,7 @@ from loom_core import (
     FenceAcquired,
     FenceStale,
     InvalidOptionError,
+    Redrive,
     StorageUnavailableError,
     TimerRecord,
     open_storage,
@@ -344,6 +346,54 @@ async def test_a_contended_park_with_two_due_rows_gives_up_once_for_both(url: st
         assert await rows(w) == []
         assert await service.poll_once() == {}
         assert await w.base.events.read("n") == before
+
+
+async def test_a_re_driver_that_raises_counts_as_contended_and_the_poll_goes_on() -> None:
+    async with wired(seed=SEED) as w:
+        calls: list[TimerRecord] = []
+
+        async def buggy(row: TimerRecord) -> Literal["done", "noop", "contended"]:
+            calls.append(row)
+            raise RuntimeError("a re-driver's own bug")
+
+        service = TimerService(w.app, redrivers=[buggy])
+        await parked(w)  # a plain wake, due at +60 s, behind the re-drive row
+        first = TimerRecord("r", w.clock.now(), Redrive(0))
+        await w.app.schedule_wake(first)
+        await w.clock.advance(60)
+        fired = await service.poll_once()
+        assert calls == [first]
+        assert [type(e) for e in w.errors] == [RuntimeError]
+        (again,) = await w.base.timers.pending("r")  # the next row, attempt 1, after it
+        assert again.redrive == Redrive(1)
+        assert again.wake_at > first.wake_at
+        assert {r.execution_id: what for r, what in fired.items()} == {"n": "resumed"}
+        await w.app.drain()
+        assert await w.app.get("n").result() == "awake"
+
+
+async def test_a_contended_re_drive_writes_its_next_row_then_gives_up_once() -> None:
+    async with wired(seed=SEED) as w:
+
+        async def contended(row: TimerRecord) -> Literal["done", "noop", "contended"]:
+            return "contended"
+
+        service = TimerService(w.app, redrivers=[contended])
+        row = TimerRecord("r", w.clock.now(), Redrive(0))
+        await w.app.schedule_wake(row)
+        draws = random.Random(SEED)  # the app's random, drawn by nothing else here
+        for attempt in range(1, 8):
+            await service.poll_once()
+            (row,) = await w.base.timers.pending("r")
+            assert row.redrive == Redrive(attempt)
+            assert row.wake_at == w.clock.now() + jitter(draws, attempt)
+            await w.clock.advance(row.wake_at - w.clock.now())
+        assert w.errors == []
+        await service.poll_once()
+        assert await w.base.timers.pending("r") == ()
+        (exhausted,) = w.errors
+        assert isinstance(exhausted, RedriveExhaustedError)
+        assert (exhausted.execution_id, exhausted.attempts) == ("r", 8)
 
 
 async def test_the_backoff_ceiling_stops_at_thirty_seconds() -> None:
