@@ -1742,7 +1742,7 @@ class Loom:
         carried on by the app)."""
         try:
             return await self._deliver(wake, onward=onward)
-        except (ResumeContendedError, WorkflowNotFoundError):
+        except (ResumeContendedError, WorkflowNotFoundError, ReplayDivergedError):
             return "left"
         except StoreClosedError:
             raise
@@ -1806,7 +1806,9 @@ class Loom:
 
         The answer is a waiting message if one is there, else the earliest timer of the
         park (woken early if it is not due). Raises ResumeRefusedError (not-suspended,
-        nothing-to-answer) or ResumeContendedError (retry later); see docs/runtime.md.
+        nothing-to-answer), ResumeContendedError (retry later) or, with nothing written,
+        ReplayDivergedError (the app's code no longer matches the log); see
+        docs/runtime.md.
         """
         self._running("app.resume")
         execution_id = _check_id(execution_id)
@@ -2800,8 +2802,24 @@ class Loom:
         own answers (a due timer, a message's delivery) are no caller's action."""
         if view.status is not None:
             fn = self._body_of(view)  # refuse an unknown workflow before any token is taken
+            await self._check_code(view, fn)
         waits, token, resumed = await self._answer_view(view, park_seq, prefer, force)
         return waits, Run(self, resumed, token, fn)
+
+    async def _check_code(self, view: View, fn: Callable[..., Awaitable[Any]]) -> None:
+        """Refuse, before any token is taken or anything written, to answer the park of an
+        execution whose log the app's code no longer matches: raise the
+        ReplayDivergedError a replay of it (as ``check_replay`` makes, appending nothing)
+        meets. Only when the body's code is not the code that started the execution or
+        last took it over: the same code replays its own log as it ran."""
+        if view.park is None or view.terminal:
+            return  # nothing to answer: the resume refuses it without a replay
+        current = self._fingerprints.get(view.workflow)
+        if current is not None and current in (view.fingerprint, view.recovered_by):
+            return
+        outcome = await Run(self, view, view.fence, fn, replay_only=True).drive()
+        if outcome.kind == "stopped" and isinstance(outcome.reason, ReplayDivergedError):
+            raise outcome.reason
 
     async def _answer_view(
         self,

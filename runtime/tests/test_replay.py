@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 from loom_runtime import Context, Loom, ReplayDivergedError, WorkflowFailedError
@@ -46,14 +47,23 @@ async def parked_on_the_old_code(storage: Storage) -> tuple[int, list[object]]:
         return view.park.sequence, list(await storage.events.read("o"))
 
 
-async def resume_with_new_code(storage: Storage, body: object, park_seq: int) -> Loom:
+async def resume_with_new_code(
+    storage: Storage, body: object, park_seq: int
+) -> tuple[Loom, ReplayDivergedError]:
+    """Resume the parked execution under ``body``: the resume is refused with the
+    divergence its replay meets, before it answers the park."""
     new = Loom(storage, node="n", clock=VirtualClock(), random=random.Random(1), recover=False,
                on_error=lambda exc: None)
     new.workflow(name="order")(body)  # type: ignore[type-var]
     await new.__aenter__()
-    await new.resume("o", fence_if_parked_at=park_seq)
-    await new.drain()
-    return new
+    try:
+        with pytest.raises(ReplayDivergedError) as diverged:
+            await new.resume("o", fence_if_parked_at=park_seq)
+        await new.drain()
+    except BaseException:
+        await new.__aexit__(None, None, None)
+        raise
+    return new, diverged.value
 
 
 async def renamed(ctx: Context) -> str:
@@ -96,10 +106,8 @@ async def test_changed_code_under_a_parked_execution_diverges_and_appends_nothin
 ) -> None:
     async with open_storage("memory://") as storage:
         park_seq, before = await parked_on_the_old_code(storage)
-        new = await resume_with_new_code(storage, body, park_seq)
+        new, error = await resume_with_new_code(storage, body, park_seq)
         try:
-            error = new.halted["o"]
-            assert isinstance(error, ReplayDivergedError)
             assert error.execution_id == "o"
             assert error.position == position
             assert error.recorded is not None
@@ -107,14 +115,57 @@ async def test_changed_code_under_a_parked_execution_diverges_and_appends_nothin
             assert error.attempted is not None
             assert error.attempted.startswith(attempted)
             assert "test_replay.py:" in error.recorded  # the recorded call site
-            log = list(await storage.events.read("o"))
-            # Only the resume is new: the diverged run appended nothing after it.
-            assert log[: len(before)] == before
-            assert [e.kind for e in log[len(before):]] == ["EXECUTION_RESUMED"]
-            with pytest.raises(ReplayDivergedError):
-                await new.get("o").result(timeout=1)
+            # The resume was refused before it answered the park: the log is untouched,
+            # and the execution still parked, for the fixed code to resume.
+            assert list(await storage.events.read("o")) == before
+            assert (await new.inspect("o")).status == "suspended"
+            assert "o" not in new.halted
         finally:
             await new.__aexit__(None, None, None)
+
+
+async def test_a_resume_refused_for_diverging_code_is_made_by_the_fixed_code() -> None:
+    """The execution stays where it was: the fixed code (here the old one, registered
+    again) resumes it at the same park, and it finishes as it would have."""
+    async with open_storage("memory://") as storage:
+        park_seq, before = await parked_on_the_old_code(storage)
+        new, _ = await resume_with_new_code(storage, renamed, park_seq)
+        await new.__aexit__(None, None, None)
+        fixed = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+
+        @fixed.workflow(name="order")
+        async def order(ctx: Context) -> str:
+            await ctx.step(reserve)
+            await ctx.step(charge)
+            await ctx.sleep(3600)
+            return await ctx.step(ship)
+
+        async with fixed:
+            await fixed.resume("o", fence_if_parked_at=park_seq)
+            assert await fixed.get("o").result(timeout=5) == "shipped"
+        log = list(await storage.events.read("o"))
+        assert log[: len(before)] == before
+        assert [e.kind for e in log[len(before):]] == [
+            "EXECUTION_RESUMED", "STEP_COMPLETED", "EXECUTION_COMPLETED"
+        ]
+
+
+async def test_a_due_timer_of_diverging_code_leaves_the_park_and_reports_once() -> None:
+    """The timer service's wake meets the divergence before it answers: on_error hears of
+    it once, the row stays (the fixed code's node wakes it), the log is untouched."""
+    async with open_storage("memory://") as storage:
+        _, before = await parked_on_the_old_code(storage)
+        errors: list[BaseException] = []
+        clock = VirtualClock()
+        new = Loom(storage, node="n", clock=clock, recover=False, on_error=errors.append)
+        new.workflow(name="order")(renamed)
+        async with new:
+            await clock.advance(3600)
+            await clock.advance(600)  # tried again after its backoff: not reported again
+            assert [type(e) for e in errors] == [ReplayDivergedError]
+            assert list(await storage.events.read("o")) == before
+            assert len(await storage.timers.pending("o")) == 1
+            assert (await new.inspect("o")).status == "suspended"
 
 
 async def test_patched_keeps_old_executions_on_the_old_path() -> None:
@@ -442,7 +493,7 @@ async def a_branch_that_ends_sooner(ctx: Context) -> str:
         (gathered_branches, lost_a_coroutine_branch, "0", "a call of branch 1",
          "ctx.gather() of 1 at "),
         (parked_in_a_branch, a_branch_that_ends_sooner, "1.0.1", "step 'effect'",
-         "no call: its branch of the gather at "),
+         "no call: the body stops short of it"),
     ],
     ids=["lost-a-branch", "gained-a-branch", "a-step-where-branches-were",
          "lost-a-coroutine-branch", "a-branch-that-ends-sooner"],
@@ -464,21 +515,89 @@ async def test_a_gather_that_changed_shape_diverges_before_anything_runs(
             assert view.park is not None
         before = list(await storage.events.read("o"))
         RAN.clear()
-        resumed = await resume_with_new_code(storage, new, view.park.sequence)
+        resumed, error = await resume_with_new_code(storage, new, view.park.sequence)
         try:
-            error = resumed.halted["o"]
-            assert isinstance(error, ReplayDivergedError)
             assert error.position == position
             assert error.recorded is not None
             assert error.recorded.startswith(recorded)
             assert error.attempted is not None
             assert error.attempted.startswith(attempted)
             assert RAN == []
-            log = list(await storage.events.read("o"))
-            assert log[: len(before)] == before
-            assert [e.kind for e in log[len(before):]] == ["EXECUTION_RESUMED"]
+            assert list(await storage.events.read("o")) == before
         finally:
             await resumed.__aexit__(None, None, None)
+
+
+# The body's code is the same, the code it calls is not: a resume answers the park (its
+# code is the code that started the execution), and the run diverges at the gather.
+BRANCHES: list[Callable[[Context], Awaitable[None]]] = []
+
+
+async def steps_a_a2(ctx: Context) -> None:
+    await ctx.step(effect, "a")
+    await ctx.step(effect, "a2")
+
+
+async def steps_a(ctx: Context) -> None:
+    await ctx.step(effect, "a")
+
+
+async def sleeps(ctx: Context) -> None:
+    await ctx.sleep(60)
+
+
+async def gathers_the_branches(ctx: Context) -> str:
+    await ctx.gather(*(branch(ctx) for branch in BRANCHES))
+    await ctx.sleep(60)
+    await ctx.step(effect, "charge")  # would run live: past the log
+    return "done"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "position", "recorded", "attempted"),
+    [
+        ([steps_a, steps_a], [steps_a], "0", "a call of branch 1", "ctx.gather() of 1 at "),
+        ([steps_a_a2, sleeps], [steps_a, sleeps], "0.0.1", "step 'effect'",
+         "no call: its branch of the gather at "),
+    ],
+    ids=["lost-a-coroutine-branch", "a-branch-that-ends-sooner"],
+)
+async def test_a_run_whose_gather_changed_shape_diverges_before_it_goes_on(
+    old: list[Callable[[Context], Awaitable[None]]],
+    new: list[Callable[[Context], Awaitable[None]]],
+    position: str,
+    recorded: str,
+    attempted: str,
+) -> None:
+    async with open_storage("memory://") as storage:
+        first = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+        first.workflow(name="order")(gathers_the_branches)
+        BRANCHES[:] = old
+        async with first:
+            await first.start("order", id="o")
+            await first.drain()
+            view = await first.inspect("o")
+            assert view.park is not None
+        before = list(await storage.events.read("o"))
+        RAN.clear()
+        BRANCHES[:] = new
+        second = Loom(storage, node="n", clock=VirtualClock(), recover=False,
+                      on_error=lambda exc: None)
+        second.workflow(name="order")(gathers_the_branches)
+        async with second:
+            await second.resume("o", fence_if_parked_at=view.park.sequence)
+            await second.drain()
+            error = second.halted["o"]
+            assert isinstance(error, ReplayDivergedError)
+            assert error.position == position
+            assert error.recorded is not None
+            assert error.recorded.startswith(recorded)
+            assert error.attempted is not None
+            assert error.attempted.startswith(attempted)
+        assert RAN == []  # neither a branch's call nor the charge ran
+        log = list(await storage.events.read("o"))
+        assert log[: len(before)] == before
+        assert [e.kind for e in log[len(before):]] == ["EXECUTION_RESUMED"]
 
 
 async def a_step_where_the_gather_was(ctx: Context) -> str:

@@ -1007,11 +1007,11 @@ class TestRuntimeContract:
             assert deployed.reported == []
 
     @pytest.mark.parametrize("change", CHANGES)
-    async def test_a_changed_body_stops_at_the_divergence_of_a_resumed_run(
+    async def test_a_changed_body_refuses_the_resume_of_its_park_and_appends_nothing(
         self, loom_node: RuntimeNode, change: Change
     ) -> None:
-        """The live case: the park is answered (that is the resume's one write), then the
-        replay meets the changed code and the run appends nothing more."""
+        """The live case: the resume replays the log against the changed code before it
+        answers the park, and refuses; the execution stays parked, its log untouched."""
         storage, counter = loom_node.storage, _Counter()
 
         @loom_node.app.workflow(name="order")
@@ -1035,16 +1035,13 @@ class TestRuntimeContract:
                 await ctx.sleep(60)
                 return await ctx.step(counter.step(steps[-1]), name=steps[-1])
 
-            await deployed.app.resume("order-2", fence_if_parked_at=park)
-            await deployed.settled()
             with pytest.raises(ReplayDivergedError) as diverged:
-                await result(deployed.app.get("order-2"))
+                await deployed.app.resume("order-2", fence_if_parked_at=park)
+            await deployed.settled()
             assert diverged.value.position == DIVERGES_AT[change]
-            assert deployed.reported == [diverged.value]
-            deployed.reported.clear()
-        log = await loom_node.log("order-2")
-        assert log[: len(parked)] == parked
-        assert [e.kind for e in log[len(parked):]] == [EventKind.EXECUTION_RESUMED]
+            assert deployed.reported == []  # the resume's caller was told
+            assert (await deployed.app.inspect("order-2")).status == "suspended"
+        assert await loom_node.log("order-2") == parked
         assert counter.ran == {"reserve": 1, "charge": 1}
 
     # -- cancellation -------------------------------------------------------------------
