@@ -27,17 +27,18 @@ async def ship() -> str:
     return "shipped"
 
 
+async def order(ctx: Context) -> str:
+    """The old body: reserve, charge, then a long sleep, then ship."""
+    await ctx.step(reserve)
+    await ctx.step(charge)
+    await ctx.sleep(3600)
+    return await ctx.step(ship)
+
+
 async def parked_on_the_old_code(storage: Storage) -> tuple[int, list[object]]:
-    """Run the old body (reserve, charge, then a long sleep) until it parks."""
+    """Run the old body until it parks."""
     old = Loom(storage, node="n", clock=VirtualClock(), random=random.Random(1), recover=False)
-
-    @old.workflow(name="order")
-    async def order(ctx: Context) -> str:
-        await ctx.step(reserve)
-        await ctx.step(charge)
-        await ctx.sleep(3600)
-        return await ctx.step(ship)
-
+    old.workflow(name="order")(order)
     async with old:
         await old.start(order, id="o")
         await old.drain()
@@ -132,14 +133,7 @@ async def test_a_resume_refused_for_diverging_code_is_made_by_the_fixed_code() -
         new, _ = await resume_with_new_code(storage, renamed, park_seq)
         await new.__aexit__(None, None, None)
         fixed = Loom(storage, node="n", clock=VirtualClock(), recover=False)
-
-        @fixed.workflow(name="order")
-        async def order(ctx: Context) -> str:
-            await ctx.step(reserve)
-            await ctx.step(charge)
-            await ctx.sleep(3600)
-            return await ctx.step(ship)
-
+        fixed.workflow(name="order")(order)
         async with fixed:
             await fixed.resume("o", fence_if_parked_at=park_seq)
             assert await fixed.get("o").result(timeout=5) == "shipped"

@@ -47,6 +47,24 @@ async def carry_on_due(node: Wired) -> None:
         await carrying
 
 
+async def b_keeps_its_run(a: Wired, b: Wired, gate: Gate, *, parked: bool) -> None:
+    """Node b's run is in the step; node a's carry-on of "x" comes due: it takes no token,
+    b's run finishes, and the step ran once."""
+    await gate.entered.wait()
+    await carry_on_due(a)
+    assert a.app.stranded == frozenset()
+    assert EventKind.EXECUTION_RECOVERED not in await kinds(b.base.events, "x")
+    gate.release.set()
+    assert await b.app.get("x").result(timeout=10) == "shipped"
+    assert gate.calls == 1
+    waits = [EventKind.EXECUTION_SUSPENDED, EventKind.EXECUTION_RESUMED] if parked else []
+    assert await kinds(b.base.events, "x") == [
+        EventKind.EXECUTION_STARTED,
+        *waits,
+        EventKind.STEP_COMPLETED,
+        EventKind.EXECUTION_COMPLETED,
+    ]
+
 async def test_an_answer_whose_reply_was_lost_leaves_the_run_of_the_node_that_answered(
     loom_postgres_server: PostgresServer,
 ) -> None:
@@ -75,20 +93,7 @@ async def test_an_answer_whose_reply_was_lost_leaves_the_run_of_the_node_that_an
         assert a.app.stranded == {"x"}
         # Node b answers the park meanwhile, and its run is in the step.
         await b.app.resume("x", fence_if_parked_at=park.sequence)
-        await gate.entered.wait()
-        await carry_on_due(a)
-        assert a.app.stranded == frozenset()
-        assert EventKind.EXECUTION_RECOVERED not in await kinds(b.base.events, "x")
-        gate.release.set()
-        assert await b.app.get("x").result(timeout=10) == "shipped"
-        assert gate.calls == 1
-        assert await kinds(b.base.events, "x") == [
-            EventKind.EXECUTION_STARTED,
-            EventKind.EXECUTION_SUSPENDED,
-            EventKind.EXECUTION_RESUMED,
-            EventKind.STEP_COMPLETED,
-            EventKind.EXECUTION_COMPLETED,
-        ]
+        await b_keeps_its_run(a, b, gate, parked=True)
 
 
 async def test_a_start_whose_reply_was_lost_leaves_the_run_of_the_node_that_started_it(
@@ -115,18 +120,7 @@ async def test_a_start_whose_reply_was_lost_leaves_the_run_of_the_node_that_star
         assert a.app.stranded == {"x"}
         # The caller retried on node b, whose start landed and whose run is in the step.
         await b.app.start("ships", id="x", if_exists="attach")
-        await gate.entered.wait()
-        await carry_on_due(a)
-        assert a.app.stranded == frozenset()
-        assert EventKind.EXECUTION_RECOVERED not in await kinds(b.base.events, "x")
-        gate.release.set()
-        assert await b.app.get("x").result(timeout=10) == "shipped"
-        assert gate.calls == 1
-        assert await kinds(b.base.events, "x") == [
-            EventKind.EXECUTION_STARTED,
-            EventKind.STEP_COMPLETED,
-            EventKind.EXECUTION_COMPLETED,
-        ]
+        await b_keeps_its_run(a, b, gate, parked=False)
 
 
 async def test_a_park_whose_reply_was_lost_leaves_the_run_of_the_node_that_answered_it(
@@ -156,17 +150,4 @@ async def test_a_park_whose_reply_was_lost_leaves_the_run_of_the_node_that_answe
         assert park is not None
         # Node b answers the park that landed, and its run is in the step.
         await b.app.resume("x", fence_if_parked_at=park.sequence)
-        await gate.entered.wait()
-        await carry_on_due(a)
-        assert a.app.stranded == frozenset()
-        assert EventKind.EXECUTION_RECOVERED not in await kinds(b.base.events, "x")
-        gate.release.set()
-        assert await b.app.get("x").result(timeout=10) == "shipped"
-        assert gate.calls == 1
-        assert await kinds(b.base.events, "x") == [
-            EventKind.EXECUTION_STARTED,
-            EventKind.EXECUTION_SUSPENDED,
-            EventKind.EXECUTION_RESUMED,
-            EventKind.STEP_COMPLETED,
-            EventKind.EXECUTION_COMPLETED,
-        ]
+        await b_keeps_its_run(a, b, gate, parked=True)
