@@ -99,10 +99,11 @@ class InvalidExecutionIdError(InvalidInputError):
     """An execution id (or another key) that is not a non-empty string of at most 512
     UTF-8 bytes free of ASCII control characters (U+0000 to U+001F, U+007F)."""
 
-    def __init__(self, value: object, reason: str) -> None:
+    def __init__(self, value: object, reason: str, what: str = "execution id") -> None:
         self.value = value
         self.reason = reason
-        super().__init__(f"invalid execution id {value!r}: {reason}")
+        self.what = what
+        super().__init__(f"invalid {what} {value!r}: {reason}")
 
 
 class InvalidEventError(InvalidInputError):

@@ -80,18 +80,27 @@ def check_key(value: object, what: str = "execution id") -> str:
     ):
         return value
     if not isinstance(value, str):
-        raise InvalidExecutionIdError(value, f"{what} must be a str, not {type(value).__name__}")
+        wrong_type = f"{what} must be a str, not {type(value).__name__}"
+        raise InvalidExecutionIdError(value, wrong_type, what)
+    fault = _key_fault(value, what)
+    if fault is not None:
+        raise InvalidExecutionIdError(value, fault, what)
+    return value
+
+
+def _key_fault(value: str, what: str) -> str | None:
+    """Why ``value`` is not a key, or None when it is one (non-ASCII, a str subclass)."""
     if not value:
-        raise InvalidExecutionIdError(value, f"{what} must not be empty")
+        return f"{what} must not be empty"
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidExecutionIdError(value, f"{what} contains a lone surrogate") from None
+        return f"{what} contains a lone surrogate"
     if size > MAX_ID_BYTES:
-        raise InvalidExecutionIdError(value, f"{what} is {size} bytes; the limit is {MAX_ID_BYTES}")
+        return f"{what} is {size} bytes; the limit is {MAX_ID_BYTES}"
     if _CONTROL.search(value):
-        raise InvalidExecutionIdError(value, f"{what} contains a control character (NUL included)")
-    return value
+        return f"{what} contains a control character (NUL included)"
+    return None
 
 
 def check_execution_id(value: object) -> str:

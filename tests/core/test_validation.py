@@ -153,6 +153,15 @@ async def test_leases_refuse_bad_ttls(ttl: object) -> None:
     assert await leases.inspect("k") is None
 
 
+async def test_a_bad_key_that_is_not_an_execution_id_is_named_as_what_it_is() -> None:
+    leases = MemoryLeaseStore()
+    with pytest.raises(InvalidExecutionIdError) as refused:
+        await leases.acquire("k", "", ttl_seconds=5)
+    assert str(refused.value).startswith("invalid lease holder ''")
+    assert refused.value.what == "lease holder"
+    assert await leases.inspect("k") is None
+
+
 async def test_append_many_refuses_a_repeated_execution_and_writes_nothing() -> None:
     from loom_core import AppendRequest
 

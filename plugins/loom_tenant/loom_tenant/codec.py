@@ -84,6 +84,7 @@ class TenantCodec:
                 f"{what} is {size} bytes; under tenant {self.tenant!r} the limit is "
                 f"{self.id_budget} (the tenant prefix takes "
                 f"{MAX_ID_BYTES - self.id_budget} of the store's {MAX_ID_BYTES})",
+                what,
             )
         return self.prefix + raw
 
