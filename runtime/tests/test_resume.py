@@ -188,6 +188,24 @@ async def test_a_resume_the_authorize_hook_denies_records_an_unfenced_denial_and
         assert (await w.app.inspect("n")).status == "suspended"
 
 
+async def test_an_authorize_hook_that_raises_refuses_the_call_with_its_error_and_writes_nothing(
+    url: str,
+) -> None:
+    def unreachable(principal: object, action: str, execution_id: str) -> bool:
+        raise ConnectionError("the policy service is down")
+
+    async with wired(url, authorize=unreachable) as w:
+        park = await parked(w)
+        before = await w.base.events.read("n")
+        with pytest.raises(ConnectionError, match="policy service"):
+            await w.app.resume("n", fence_if_parked_at=park, principal="ops")
+        with pytest.raises(ConnectionError, match="policy service"):
+            await w.app.cancel("n", principal="ops")
+        assert await w.base.events.read("n") == before
+        assert w.probe.of("acquire_fence", "acquire_fence_if") == []
+        assert (await w.app.inspect("n")).status == "suspended"
+
+
 async def test_a_resume_of_an_answered_park_whose_body_runs_is_refused_and_takes_no_token(
     url: str,
 ) -> None:
