@@ -3317,8 +3317,18 @@ def _arity(fn: Callable[..., Any]) -> tuple[int, int | None]:
 
 
 def _fingerprint(fn: Callable[..., Any]) -> str:
-    """A short digest of the body's code, recorded at start (which code began the run)."""
+    """A short digest of the body's code, recorded at start (which code began the run).
+    The same code gives the same digest in every process: a set literal's constant (a
+    frozenset) is fed in sorted order, not in its repr's, which follows string hashing
+    and so differs from one process to the next."""
     digest = hashlib.sha256()
+
+    def constant(value: object) -> str:
+        if isinstance(value, frozenset):
+            return "frozenset(" + ", ".join(sorted(map(constant, value))) + ")"
+        if isinstance(value, tuple):
+            return "(" + ", ".join(map(constant, value)) + ")"
+        return repr(value)
 
     def feed(code: types.CodeType) -> None:
         digest.update(code.co_code)
@@ -3326,7 +3336,7 @@ def _fingerprint(fn: Callable[..., Any]) -> str:
             if isinstance(const, types.CodeType):
                 feed(const)
             else:
-                digest.update(repr(const).encode())
+                digest.update(constant(const).encode())
         digest.update(repr(code.co_names).encode())
 
     while isinstance(fn, functools.partial):

@@ -4,6 +4,7 @@ that kills its process does not kill its node at every start."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import textwrap
@@ -129,7 +130,10 @@ WORKER = textwrap.dedent(
 
     @app.workflow(name="poisoned", max_recoveries=2)
     async def poisoned(ctx: Context) -> None:
-        await ctx.step(kill_my_process)
+        # A set literal: its constant's repr follows string hashing, which differs
+        # between these processes; the code's digest must not.
+        if ctx.execution_id in {"poisoned", "toxic", "venomous", "baneful", "noxious"}:
+            await ctx.step(kill_my_process)
 
     @app.workflow(name="fine")
     async def fine(ctx: Context) -> str:
@@ -153,14 +157,17 @@ WORKER = textwrap.dedent(
 
 async def test_a_body_that_kills_its_process_stops_killing_the_node(tmp_path: Path) -> None:
     """Real processes, really killed by the step they run: the node's third start fails
-    the execution and serves the rest."""
+    the execution and serves the rest. Each process hashes strings with a seed of its
+    own, as processes do, and still counts as the same code."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     url = f"sqlite:///{tmp_path / 'loom.db'}"
+    seeds = iter(range(1, 5))
 
     async def run(mode: str) -> ChildProcess:
+        env = {**os.environ, "PYTHONHASHSEED": str(next(seeds))}
         child = await ChildProcess.spawn(
-            sys.executable, str(script), url, mode, stderr=tmp_path / f"{mode}.err"
+            sys.executable, str(script), url, mode, stderr=tmp_path / f"{mode}.err", env=env
         )
         await child.finish()
         return child
