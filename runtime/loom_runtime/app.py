@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import hashlib
 import inspect
 import logging
 import math
@@ -61,6 +60,7 @@ from loom_runtime.clock import (
     SystemClock,
     shown,
 )
+from loom_runtime.code_digest import code_digest
 from loom_runtime.context import Context, check_end, seconds_of
 from loom_runtime.driver import (
     FencedOut,
@@ -569,7 +569,7 @@ class Loom:
             arity = _arity(fn)
             self._workflows[workflow_name] = fn
             self._names[fn] = workflow_name
-            self._fingerprints[workflow_name] = _fingerprint(fn)
+            self._fingerprints.pop(workflow_name, None)  # taken at its first use
             self._arity[workflow_name] = arity
             self._max_recoveries[workflow_name] = max_recoveries
             return fn  # type: ignore[return-value]  # the same object, registered
@@ -1019,7 +1019,7 @@ class Loom:
             records.started(
                 view.workflow,
                 view.input,
-                fingerprint=self._fingerprints[view.workflow],
+                fingerprint=self._code_digest(view.workflow),
                 node=self.node,
                 root=new_id,
                 deadline=deadline,
@@ -1090,7 +1090,7 @@ class Loom:
         event = records.started(
             name,
             inputs,
-            fingerprint=self._fingerprints[name],
+            fingerprint=self._code_digest(name),
             node=self.node,
             root=execution_id,
             deadline=deadline,
@@ -1103,7 +1103,7 @@ class Loom:
             status="running",
             workflow=name,
             input=inputs,
-            fingerprint=self._fingerprints[name],
+            fingerprint=self._code_digest(name),
             node=self.node,
             root=execution_id,
             fence=token,
@@ -2040,7 +2040,7 @@ class Loom:
                 if (
                     limit is not None
                     and view.recoveries >= limit
-                    and view.recovered_by == self._fingerprints[view.workflow]
+                    and view.recovered_by == self._code_digest(view.workflow)
                 ):
                     await self._give_up(view)
                     return None
@@ -2240,7 +2240,7 @@ class Loom:
         event = records.started(
             view.workflow,
             args,
-            fingerprint=self._fingerprints.get(view.workflow, ""),
+            fingerprint=self._code_digest(view.workflow),
             node=self.node,
             root=view.root or view.execution_id,
             generation=view.generation + 1,
@@ -2814,8 +2814,7 @@ class Loom:
         last took it over: the same code replays its own log as it ran."""
         if view.park is None or view.terminal:
             return  # nothing to answer: the resume refuses it without a replay
-        current = self._fingerprints.get(view.workflow)
-        if current is not None and current in (view.fingerprint, view.recovered_by):
+        if self._code_digest(view.workflow) in (view.fingerprint, view.recovered_by):
             return
         outcome = await Run(self, view, view.fence, fn, replay_only=True).drive()
         if outcome.kind == "stopped" and isinstance(outcome.reason, ReplayDivergedError):
@@ -2938,6 +2937,18 @@ class Loom:
         ]
         return batch, tuple(answered)
 
+    def _code_digest(self, workflow: str) -> str:
+        """The digest of ``workflow``'s code, taken at its first use (when the modules
+        are imported, so it covers helpers defined below the workflow); "" for a name
+        not registered here."""
+        digest = self._fingerprints.get(workflow)
+        if digest is None:
+            fn = self._workflows.get(workflow)
+            if fn is None:
+                return ""
+            digest = self._fingerprints[workflow] = code_digest(fn)
+        return digest
+
     async def _allows(self, principal: object, action: str, execution_id: str) -> bool:
         """What the ``authorize`` hook says (True when there is none)."""
         if self._authorize is None:
@@ -2981,7 +2992,7 @@ class Loom:
             else view.fence
         )
         recovered = records.recovered(
-            self.node, token, self._fingerprints.get(view.workflow, ""), carried_on=carried_on
+            self.node, token, self._code_digest(view.workflow), carried_on=carried_on
         )
         self.hooks.event(execution_id, recovered)
         view = await read_tail(events, view)
@@ -3314,39 +3325,6 @@ def _arity(fn: Callable[..., Any]) -> tuple[int, int | None]:
     after_ctx = positional[1:]
     least = sum(1 for p in after_ctx if p.default is p.empty)
     return least, None if variadic else len(after_ctx)
-
-
-def _fingerprint(fn: Callable[..., Any]) -> str:
-    """A short digest of the body's code, recorded at start (which code began the run).
-    The same code gives the same digest in every process: a set literal's constant (a
-    frozenset) is fed in sorted order, not in its repr's, which follows string hashing
-    and so differs from one process to the next."""
-    digest = hashlib.sha256()
-
-    def constant(value: object) -> str:
-        if isinstance(value, frozenset):
-            return "frozenset(" + ", ".join(sorted(map(constant, value))) + ")"
-        if isinstance(value, tuple):
-            return "(" + ", ".join(map(constant, value)) + ")"
-        return repr(value)
-
-    def feed(code: types.CodeType) -> None:
-        digest.update(code.co_code)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                feed(const)
-            else:
-                digest.update(constant(const).encode())
-        digest.update(repr(code.co_names).encode())
-
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    code = getattr(fn, "__code__", None)
-    if isinstance(code, types.CodeType):
-        feed(code)
-    else:
-        digest.update(getattr(fn, "__qualname__", repr(fn)).encode())
-    return digest.hexdigest()[:16]
 
 
 # Context is re-exported here for type checkers reading ``app.workflow`` bodies.

@@ -598,7 +598,7 @@ async def test_a_nodes_recovery_cut_short_by_the_store_still_counts_against_the_
         async def poisoned(ctx: Context) -> str:
             return await ctx.step(poison)
 
-        fingerprint = f.app._fingerprints["poisoned"]
+        fingerprint = f.app._code_digest("poisoned")
         await f.base.events.append(
             "p",
             [

@@ -162,6 +162,50 @@ async def test_a_due_timer_of_diverging_code_leaves_the_park_and_reports_once() 
             assert (await new.inspect("o")).status == "suspended"
 
 
+async def pay_by_card(ctx: Context) -> str:
+    return await ctx.step(charge)
+
+
+async def pay_by_invoice(ctx: Context) -> str:
+    return await ctx.step(ship, name="invoice")
+
+
+pay = pay_by_card  # the helper a body calls; a test rebinds it, as a deploy changes it
+
+
+async def order_through_a_helper(ctx: Context) -> str:
+    await ctx.step(reserve)
+    await pay(ctx)
+    await ctx.sleep(3600)
+    return await ctx.step(ship)
+
+
+async def test_a_changed_helper_of_the_bodys_package_refuses_the_answer_to_its_park(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body is the same, the helper coroutine it calls is not: the digest covers the
+    helper, so the resume replays first and is refused before it answers the park."""
+    async with open_storage("memory://") as storage:
+        old = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+        old.workflow(name="order")(order_through_a_helper)
+        async with old:
+            await old.start("order", id="o")
+            await old.drain()
+            park = (await old.inspect("o")).park
+            assert park is not None
+        before = list(await storage.events.read("o"))
+        monkeypatch.setattr(f"{__name__}.pay", pay_by_invoice)
+        new = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+        new.workflow(name="order")(order_through_a_helper)
+        async with new:
+            with pytest.raises(ReplayDivergedError) as diverged:
+                await new.resume("o", fence_if_parked_at=park.sequence)
+            assert diverged.value.recorded is not None
+            assert diverged.value.recorded.startswith("step 'charge'")
+            assert list(await storage.events.read("o")) == before
+            assert (await new.inspect("o")).status == "suspended"
+
+
 async def test_patched_keeps_old_executions_on_the_old_path() -> None:
     versions: dict[str, bool] = {}
 
