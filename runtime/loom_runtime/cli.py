@@ -7,7 +7,8 @@
 - ``loom worker --app module:attribute [--grace SECONDS]``: serve a
   :class:`~loom_runtime.Loom` app (its timers, and recovery of the executions its node was
   running) until SIGINT or SIGTERM; sync steps still running in threads then get
-  ``--grace`` seconds before the process exits without them.
+  ``--grace`` seconds before the process exits without them. A second SIGINT or SIGTERM
+  ends that wait, or a wait on the store while entering or leaving the app.
 """
 
 from __future__ import annotations
@@ -166,12 +167,20 @@ def worker(spec: str, grace: float) -> None:
         )
     threads = _StepThreads()
     try:
-        asyncio.run(_serve(app, threads))
+        cut_short = asyncio.run(_serve(app, threads))
     except (LoomError, OSError) as exc:
         # A storage that does not open (an unknown scheme, a directory that is not
         # there): what is wrong, not a traceback.
         raise click.ClickException(f"the worker could not serve {spec}: {exc}") from exc
-    _leave_steps(app, threads, grace)
+    if cut_short:
+        click.echo(
+            "loom worker: a second SIGINT or SIGTERM: leaving without waiting for the app "
+            "(a store call waiting for a lock another process holds, say); what it was "
+            f"doing is carried on at the next start of node {app.node!r}",
+            err=True,
+        )
+    else:
+        _leave_steps(app, threads, grace)
     click.echo("loom worker: stopped", err=True)
 
 
@@ -209,23 +218,47 @@ def _load_app(spec: str) -> Loom:
     return found
 
 
-async def _serve(app: Loom, threads: _StepThreads) -> None:
+async def _serve(app: Loom, threads: _StepThreads) -> bool:
+    """Serve ``app`` until the first SIGINT or SIGTERM, then leave it; whether a second
+    one cut the entering or the leaving short.
+
+    Entering and leaving wait on the store, and on SQLite a store call waits up to
+    ``busy_timeout_ms`` for a write lock that another process holds (leaving lets the
+    calls already queued finish): a second signal stops that wait, and the process
+    leaves as a killed one would, its node's next start carrying on what it ran."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_default_executor(threads)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    async with app:
-        recovery = "" if app.recovers_on_entry else " (recover=False: it recovers nothing)"
-        click.echo(
-            f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s){recovery}; "
-            "SIGINT or SIGTERM stops it",
-            err=True,
-        )
-        await stop.wait()
-        # A second signal is for the wait on sync steps: held from now until its handler
+    serving = asyncio.current_task()
+    assert serving is not None
+    cut_short = False
+
+    def signalled() -> None:
+        nonlocal cut_short
+        if stop.is_set():
+            cut_short = True
+            serving.cancel()
+        stop.set()
+
+    for signum in _STOPPING:
+        loop.add_signal_handler(signum, signalled)
+    try:
+        async with app:
+            recovery = "" if app.recovers_on_entry else " (recover=False: it recovers nothing)"
+            click.echo(
+                f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s){recovery}; "
+                "SIGINT or SIGTERM stops it",
+                err=True,
+            )
+            await stop.wait()
+    except asyncio.CancelledError:
+        if not cut_short:
+            raise
+    finally:
+        # A later signal is for the wait on sync steps: held from now until its handler
         # is in place (between the loop's handlers and that one, SIGTERM would kill).
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    return cut_short
 
 
 _STOPPING: Final = {signal.SIGINT, signal.SIGTERM}

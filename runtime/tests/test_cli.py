@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +191,55 @@ async def test_a_second_signal_cuts_the_grace_short(tmp_path: Path) -> None:
             worker.communicate()
     assert worker.returncode == 0, stderr
     assert "leaving 1 sync step(s) still running in threads" in stderr
+
+
+ENTERING = """
+import os
+from pathlib import Path
+
+from loom_runtime import Loom
+
+
+class Served(Loom):
+    async def __aenter__(self) -> Loom:
+        Path("entering").write_text("yes")  # the worker's signal handlers are in place
+        return await super().__aenter__()
+
+
+app = Served(os.environ["SERVED_URL"], node="w1")
+"""
+
+
+async def test_a_second_signal_stops_a_worker_waiting_for_a_lock_another_process_holds(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the file's write lock (a new file, so opening it must take
+    the lock to switch it to WAL), and the worker waits up to busy_timeout_ms for it:
+    the first signal is heard once the wait ends, a second stops the wait."""
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        worker = serve(tmp_path, f"sqlite:///{path}?busy_timeout_ms=3600000", ENTERING)
+        try:
+            while not (tmp_path / "entering").exists():
+                assert worker.poll() is None, worker.communicate()
+                await asyncio.sleep(0.05)
+            worker.send_signal(signal.SIGTERM)
+            worker.send_signal(signal.SIGINT)
+            # A guard against hanging the run, not a measure: without the second signal
+            # stopping it, the worker waits for the lock for an hour.
+            _, stderr = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+    finally:
+        holder.close()
+    assert worker.returncode == 0, stderr
+    assert "a second SIGINT or SIGTERM: leaving without waiting for the app" in stderr
+    assert "stopped" in stderr
+    assert "Traceback" not in stderr, stderr
 
 
 @pytest.mark.parametrize("grace", ["inf", "nan", "1e300", "-1"])
