@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, final
 
-from loom_core import Event
+from loom_core import Event, StorageError
 from loom_sqlite.errors import DatabaseClosedError
 from loom_sqlite.transactions import TransactionRunner
 
@@ -91,11 +91,19 @@ class Subscriptions:
         try:
             # Only while someone waits: an abandoned subscription stops costing reads.
             while self._waiting and not self._closed:
+                versions: tuple[int, int | None] | None
                 try:
                     versions = await self._versions()
                 except DatabaseClosedError:
                     return
-                if woken_at is None or _another_committed(woken_at, versions):
+                except StorageError:
+                    # Whether anyone committed is unknown: everyone re-reads (a read that
+                    # fails too reaches its subscriber), and the poll goes on. A poller
+                    # that ended here would leave them waiting for good.
+                    versions = None
+                if versions is None or woken_at is None or _another_committed(
+                    woken_at, versions
+                ):
                     self._wake_all()
                     woken_at = versions
                 await asyncio.sleep(self._poll_seconds)

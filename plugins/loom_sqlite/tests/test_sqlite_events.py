@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from loom_sqlite import subscribe
 
 from loom_core import (
     AppendRequest,
@@ -505,6 +506,41 @@ async def test_a_subscriber_leaving_does_not_deafen_another_on_the_same_log(
     await storage.events.append("e", [NewEvent("B")], expected_sequence=1)
     await asyncio.wait_for(task, timeout=10)
     assert stayer == ["A", "B"]
+
+
+async def test_a_failed_look_for_other_processes_commits_does_not_deafen_subscribers(
+    db_url: str, storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poller's read of ``data_version`` fails once (a disk I/O error, a lock held
+    past busy_timeout_ms): it goes on polling, so a commit by another storage on the
+    file still reaches the subscriber waiting on its log."""
+    failed = asyncio.Event()
+    real = subscribe._data_version
+
+    def fails_once(raw: sqlite3.Connection) -> int:
+        if not failed.is_set():
+            failed.set()
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(raw)
+
+    monkeypatch.setattr(subscribe, "_data_version", fails_once)
+    received: list[Event] = []
+
+    async def follow() -> None:
+        async for event in storage.events.subscribe("shared"):
+            received.append(event)
+            return
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(failed.wait(), timeout=30)
+    async with open_storage(db_url) as other:
+        await other.events.append(
+            "shared", [NewEvent("order.shipped", {"from": "other"})], expected_sequence=0
+        )
+    # A guard against hanging the run, not a measure: a poller that ended at the failure
+    # would leave the subscriber waiting for good.
+    await asyncio.wait_for(task, timeout=30)
+    assert [(e.kind, e.payload) for e in received] == [("order.shipped", {"from": "other"})]
 
 
 async def test_the_largest_positions_sqlite_stores_are_accepted(storage: Storage) -> None:
