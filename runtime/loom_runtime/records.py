@@ -181,13 +181,15 @@ def _json_checked(value: object, where: str, depth: int) -> JsonValue:
             raise NotJsonError(
                 where, f"an integer of more than {MAX_INT_BITS} bits (store it as a string)"
             )
-        return int(value)
+        # The base class's own conversion: a subclass's __int__, __float__ or __str__
+        # (an enum mixed with str names its member: "Status.PAID") is not its value.
+        return int.__int__(value)
     if isinstance(value, str):
         return _text(value, where)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise NotJsonError(where, f"{value!r} has no JSON form")
-        return float(value)
+        return float.__float__(value)
     if isinstance(value, list | tuple):
         return [_json_checked(v, where, depth + 1) for v in value]
     if isinstance(value, dict):
@@ -224,7 +226,7 @@ def _text(value: str, where: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise NotJsonError(where, f"the string {value[:40]!r} contains a lone surrogate") from None
-    return str(value)
+    return str.__str__(value)
 
 
 def parse_position(raw: JsonValue) -> Position:

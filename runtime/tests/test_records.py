@@ -100,5 +100,45 @@ def test_subclasses_of_json_scalars_are_recorded_as_their_plain_values() -> None
     assert type(json_value(Level.HIGH, "v")) is int
 
 
+class Status(str, enum.Enum):  # noqa: UP042  (the mixin, whose str() names the member)
+    PAID = "paid"
+
+
+class Shouted(str):
+    def __str__(self) -> str:
+        return self.upper()
+
+
+class Rounded(float):
+    def __float__(self) -> float:
+        return float(round(self))
+
+
+class Doubled(int):
+    def __int__(self) -> int:
+        return 2 * int.__int__(self)
+
+
+@pytest.mark.parametrize(
+    ("given", "recorded"),
+    [
+        (Status.PAID, "paid"),
+        ({Status.PAID: [Status.PAID]}, {"paid": ["paid"]}),
+        (Shouted("quiet"), "quiet"),
+        ({Shouted("key"): Shouted("value")}, {"key": "value"}),
+        (Rounded(1.25), 1.25),
+        (Doubled(3), 3),
+    ],
+)
+def test_a_subclass_of_a_json_scalar_is_recorded_as_its_value_not_its_conversion(
+    given: object, recorded: object
+) -> None:
+    # json.dumps writes a str enum's value; str() of one mixed with str names the member
+    # ("Status.PAID"), and a subclass may convert itself to anything.
+    value = json_value(given, "v")
+    assert value == recorded
+    assert repr(value) == repr(recorded)  # plain str, float and int, at every depth
+
+
 def test_non_ascii_text_is_recorded() -> None:
     assert json_value({"name": "Zoë", "emoji": "🧵"}, "v") == {"name": "Zoë", "emoji": "🧵"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import enum
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -330,6 +331,35 @@ async def test_a_step_result_that_is_not_json_is_recorded_as_the_steps_failure(
     assert "contains U+0000" in str(log[1].payload["error"]["message"])  # type: ignore[index,call-overload]
     assert await check_replay(app) == ["h"]
     assert runs == ["nul", "raw"]
+
+
+async def test_a_str_enum_is_recorded_as_its_value_wherever_the_body_meets_it(
+    app: Loom, clock: VirtualClock
+) -> None:
+    class Status(str, enum.Enum):  # noqa: UP042  (the mixin: str() names the member)
+        PAID = "paid"
+
+    async def settle() -> Status:
+        return Status.PAID
+
+    seen: list[object] = []
+
+    @app.workflow(name="settled")
+    async def settled(ctx: Context, given: object) -> object:
+        paid = await ctx.step(settle)
+        note = await ctx.receive("note")
+        seen.append([given, paid, note])
+        return {Status.PAID: paid}
+
+    handle = await app.start(settled, Status.PAID, id="s")
+    await app.drain()
+    await app.send("s", "note", [Status.PAID])
+    # What json.dumps writes for the member, not str() of it ("Status.PAID"), and as a
+    # plain str: live, on replay and to the caller alike.
+    assert await handle.result(timeout=5) == {"paid": "paid"}
+    assert repr(seen[-1]) == repr(["paid", "paid", ["paid"]])
+    assert await check_replay(app) == ["s"]
+    assert repr(seen[-1]) == repr(["paid", "paid", ["paid"]])
 
 
 async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
