@@ -97,6 +97,7 @@ from loom_runtime.records import (
     Wait,
     check_text,
     fresh,
+    json_arguments,
     json_value,
 )
 from loom_runtime.resume import answer_park, read_tail, still_parked, tail_past_conflict
@@ -1085,8 +1086,7 @@ class Loom:
         execution_id, deadline = self._new_execution(what, id, execution_timeout)
         if len(execution_id) > _PROBED_ID_LENGTH // 4:
             await self.check_id_room(execution_id)
-        inputs = json_value(list(args), f"the input of workflow {name!r}") if args else []
-        assert isinstance(inputs, list)
+        inputs = json_arguments(args, f"the input of workflow {name!r}")
         event = records.started(
             name,
             inputs,

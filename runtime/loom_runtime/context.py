@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final,
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
 from loom_runtime.errors import ContextOutsideBodyError, InvalidDurationError
-from loom_runtime.records import Position, Received, check_text, json_value, position_text
+from loom_runtime.records import (
+    Position,
+    Received,
+    check_text,
+    json_arguments,
+    json_value,
+    position_text,
+)
 from loom_runtime.retry import Retry
 
 if TYPE_CHECKING:
@@ -504,7 +511,7 @@ class Context:
         durable call, it is refused where replay would not make it (ContextOutsideBodyError:
         in a step's function, a task the body started, or after the body ended)."""
         self._branch().peek()
-        json_value(list(args), "the input of the successor")
+        json_arguments(args, "the input of the successor")
         self._run.app.check_arguments(self._run.workflow, len(args), "ctx.continue_as_new")
         raise ContinueAsNew(args)
 

@@ -44,7 +44,15 @@ from loom_runtime.errors import (
     StepFailedError,
 )
 from loom_runtime.fold import Recorded, View, advance, describe_any
-from loom_runtime.records import Position, Received, Wait, fresh, json_value, position_text
+from loom_runtime.records import (
+    Position,
+    Received,
+    Wait,
+    fresh,
+    json_arguments,
+    json_value,
+    position_text,
+)
 from loom_runtime.retry import NO_RETRY, Retry
 
 if TYPE_CHECKING:
@@ -307,11 +315,10 @@ class Run:
                 self._expect_terminal("continued")
                 return self._outcome("continued")
             try:
-                args = json_value(list(exc.args_), f"the input of {self.workflow!r}'s successor")
+                args = json_arguments(exc.args_, f"the input of {self.workflow!r}'s successor")
             except InvalidInputError as refused:
                 await self._append([records.failed(type_name(refused), str(refused))])
                 return self._outcome("failed")
-            assert isinstance(args, list)
             await self._flush()  # the successor's input is made of durable results
             successor = await self.app.create_successor(self._view, args)
             crashable = bool(self.app.crash_points)

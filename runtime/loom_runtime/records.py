@@ -115,6 +115,13 @@ def json_value(value: object, where: str) -> JsonValue:
     return _json(value, where, 0)
 
 
+def json_arguments(args: Sequence[object], where: str) -> list[JsonValue]:
+    """A workflow's arguments as the JSON they will be recorded as, each checked as a
+    value of its own: the list that holds them is the record's, not a level of theirs, so
+    an argument may nest as deep as a step's result or a message."""
+    return [_json(arg, where, 0) for arg in args]
+
+
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
 _INT_BOUND: Final = 1 << MAX_INT_BITS
 

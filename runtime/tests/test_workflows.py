@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from loom_runtime import Context, Loom, Retry, StepFailedError, WorkflowFailedError
+from loom_runtime import (
+    Context,
+    Loom,
+    NotJsonError,
+    Retry,
+    StepFailedError,
+    WorkflowFailedError,
+)
 from loom_runtime.app import MAX_NEW_ID_BYTES
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 from store_probes import wired
@@ -377,6 +384,35 @@ async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
     assert [e.kind for e in await app.storage.events.read("o")][-1] == (
         EventKind.EXECUTION_COMPLETED
     )
+
+
+def _nested(levels: int) -> object:
+    value: object = "leaf"
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+async def test_an_argument_nests_as_deep_as_a_steps_result_before_it_is_refused(
+    app: Loom,
+) -> None:
+    async def deepest() -> object:
+        return _nested(100)
+
+    @app.workflow(name="deep")
+    async def deep(ctx: Context, given: object, generation: int) -> object:
+        if generation == 0:
+            # A step's result, 100 levels deep, handed on to the successor as it came.
+            ctx.continue_as_new(await ctx.step(deepest), 1)
+        return given
+
+    # The list that holds the arguments is the record's, not a level of the argument's.
+    handle = await app.start(deep, _nested(100), 0, id="d")
+    assert await handle.result(timeout=5) == _nested(100)
+    assert len(await check_replay(app)) == 2  # the execution and its successor
+    with pytest.raises(NotJsonError, match="more than 100 levels"):
+        await app.start(deep, _nested(101), 0, id="too-deep")
+    assert await app.storage.events.head("too-deep") == 0
 
 
 async def test_more_recorded_values_than_one_append_takes_are_written_in_parts(
