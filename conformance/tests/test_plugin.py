@@ -10,6 +10,8 @@ from loom_conformance.suites import (
 """
 
 BROKEN_CONFTEST = """
+import dataclasses
+
 import pytest
 from loom_core import FenceAcquired, FenceStale, Storage
 from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
@@ -61,7 +63,28 @@ class StampsInPlace(MemoryEventStore):
         return await super().append(execution_id, events, **kwargs)
 
 
+def _as_jsonb(value):
+    # What PostgreSQL jsonb hands back: integral floats as integers, no negative zero,
+    # an object's keys shortest first.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_as_jsonb(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_jsonb(value[k]) for k in sorted(value, key=lambda k: (len(k), k))}
+    return value
+
+
+class NormalisesJson(MemoryEventStore):
+    async def read(self, execution_id, **kwargs):
+        return tuple(
+            dataclasses.replace(e, payload=_as_jsonb(e.payload))
+            for e in await super().read(execution_id, **kwargs)
+        )
+
+
 STORES = {
+    "normalises-json": NormalisesJson,
     "reads-a-list": ReadsAList,
     "stamps-in-place": StampsInPlace,
     "token-only": TokenOnly,
@@ -160,6 +183,21 @@ def test_a_read_returning_a_list_is_named_as_a_wrong_return_type(
     )
     assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*read returned a list; the EventStore protocol returns a tuple*"])
+
+
+def test_a_store_that_hands_back_equal_values_of_other_types_fails_the_kit(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(BROKEN_CONFTEST)
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--store", "normalises-json",
+        "-k", "json_payload_and_metadata_round_trip or with_their_types",
+    )
+    # Its values are equal to what was written, so the round-trip test passes it.
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("passed")) == (1, 1), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*read handed back payloads that are equal but not the same*"])
 
 
 def test_an_append_that_writes_into_the_callers_events_is_named(
