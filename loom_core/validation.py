@@ -365,7 +365,7 @@ def _walk_json(value: object, path: _Where) -> tuple[Encoded, JsonValue]:
     retry = _fast_json(copy)
     if retry is not None:
         return retry
-    return canonical_json(copy), copy
+    return _ordered_json(copy), copy
 
 
 _EMPTY: Final = b"{}"
@@ -811,6 +811,27 @@ def canonical_json(value: JsonValue) -> str:
     if _CANONICAL_CHUNKS is None:
         return _CANONICAL.encode(value)
     return "".join(_CANONICAL_CHUNKS(value, 0))
+
+
+# What the check writes where orjson cannot (an integer beyond 64 bits): compact, as
+# orjson writes, and with the keys in the order given, as orjson keeps them. Sorted, an
+# object's keys would read back in another order than the writer's, depending only on
+# whether some number in it is large: a workflow replayed from it would iterate them
+# otherwise than it did live.
+_ORDERED: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ORDERED_CHUNKS: Final = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(
+        None, _ORDERED.default, encode_basestring, None, ":", ",", False, False, False
+    )
+)
+
+
+def _ordered_json(value: JsonValue) -> str:
+    if _ORDERED_CHUNKS is None:
+        return _ORDERED.encode(value)
+    return "".join(_ORDERED_CHUNKS(value, 0))
 
 
 def check_append_requests(

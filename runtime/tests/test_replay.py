@@ -355,6 +355,32 @@ async def test_recorded_values_replay_identically(app: Loom, clock: VirtualClock
     assert out == list(seen[0])
 
 
+async def test_a_value_with_an_integer_past_64_bits_keeps_its_keys_in_order_on_replay(
+    app: Loom, clock: VirtualClock
+) -> None:
+    async def stock() -> dict[str, int]:
+        return {"zinc": 2**70, "iron": 1}
+
+    reserved: list[list[str]] = []
+
+    @app.workflow(name="reserve_all")
+    async def reserve_all(ctx: Context, order: dict[str, int]) -> list[str]:
+        names = [*order, *await ctx.step(stock)]
+        reserved.append(names)
+        await ctx.sleep(5)
+        return names
+
+    handle = await app.start(reserve_all, {"pears": -(2**65), "apples": 2}, id="r")
+    await app.drain()
+    await clock.advance(5)
+    # Live, on the replay after the sleep, and in the result: the order they were given.
+    order = ["pears", "apples", "zinc", "iron"]
+    assert await handle.result(timeout=5) == order
+    assert reserved == [order, order]
+    assert await check_replay(app) == ["r"]
+    assert reserved[-1] == order
+
+
 async def test_a_body_that_changes_what_it_was_given_replays_as_it_ran(
     app: Loom, clock: VirtualClock
 ) -> None:

@@ -206,6 +206,7 @@ class EventStoreRequiredContract:
         payloads: list[JsonValue] = [
             1.0, -0.0, 1e300, 1e16, 5e-324, -1.5e-7, 2**64 + 5, -(2**63) - 1,
             True, 1, False, 0, "\u2028\U0001f9f5", {"b": 1.0, "a": [-0.0, 2.0], "": True},
+            {"z": 2**64 + 5, "a": 1.0},  # past 64 bits: JSON text of another encoder
         ]
         written = await loom_events.append(
             "exec-types", [NewEvent("k", p) for p in payloads], expected_sequence=0

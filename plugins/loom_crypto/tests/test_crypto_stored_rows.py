@@ -15,8 +15,10 @@ from loom_crypto import CryptoEventStore, MemoryKeyStore
 from loom_core import AppendRequest, InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
 
-PINNED_DIGEST = "4eec8f43e74da44b2d6ccee43b6783eec964085432a48dc1a3b9bed43d0cc014"
-"""Written by the decorator as of loom-crypto 0.2 (each field as it was then)."""
+PINNED_DIGEST = "5991ca325416178cd6523297614c29a503969a500400aecb00b1ec46cf6113a1"
+"""Written by the decorator as of loom-crypto 0.2 (each field as it was then), with a
+payload's JSON text keeping its keys in the order given when it holds an integer past 64
+bits (``{"total": 12.5, "big": 2**70}`` was sealed with the keys sorted)."""
 
 
 FIXED = [
