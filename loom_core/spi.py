@@ -31,7 +31,8 @@ What is here:
   :class:`~loom_core.errors.Unsupported`; :class:`RefusesUnoffered` does exactly that.
 - **The checks** every store runs on its arguments before touching anything (``check_*``,
   with the limits :data:`MAX_ID_BYTES` and :data:`MAX_POSITION`), so that every backend
-  refuses the same input with the same typed error, and :func:`canonical_json`.
+  refuses the same input with the same typed error, :func:`canonical_json`, and
+  :func:`json_text` for a payload a store encodes itself.
   :func:`check_batch` returns a :class:`CheckedEvents`, which every check takes back as
   already checked (a batch checked by a decorator above is not checked again).
 - **The kind classification** a conditional fence needs (:func:`is_answering_kind`,
@@ -97,6 +98,7 @@ from loom_core.validation import (
     check_sequence,
     check_timer_record,
     check_ttl,
+    json_text,
 )
 
 __all__ = [
@@ -141,6 +143,7 @@ __all__ = [
     "check_sequence",
     "check_timer_record",
     "check_ttl",
+    "json_text",
     # the kind classification
     "ANSWERING_KINDS",
     "KERNEL_KINDS",

@@ -51,6 +51,7 @@ __all__ = [
     "check_key",
     "check_timer_record",
     "check_ttl",
+    "json_text",
 ]
 
 MAX_ID_BYTES: Final = 512
@@ -365,7 +366,7 @@ def _walk_json(value: object, path: _Where) -> tuple[Encoded, JsonValue]:
     retry = _fast_json(copy)
     if retry is not None:
         return retry
-    return _ordered_json(copy), copy
+    return json_text(copy), copy
 
 
 _EMPTY: Final = b"{}"
@@ -828,7 +829,10 @@ _ORDERED_CHUNKS: Final = (
 )
 
 
-def _ordered_json(value: JsonValue) -> str:
+def json_text(value: JsonValue) -> str:
+    """Compact JSON text with the keys in the order given: what the check writes for a
+    payload (the text ``check_events_with_text`` hands over). For a store that encodes a
+    checked payload itself, so that it reads back as it was written."""
     if _ORDERED_CHUNKS is None:
         return _ORDERED.encode(value)
     return "".join(_ORDERED_CHUNKS(value, 0))

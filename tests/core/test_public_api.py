@@ -114,6 +114,7 @@ SPI_EXPORTED = frozenset({
     "check_sequence",
     "check_timer_record",
     "check_ttl",
+    "json_text",
     "ANSWERING_KINDS",
     "KERNEL_KINDS",
     "CLASSIFICATION",

@@ -23,8 +23,10 @@ from loom_core import (
 __all__ = [
     "GUARD_SECONDS",
     "PROBE_FENCE",
+    "SAME_VALUES",
     "Snapshot",
     "app",
+    "assert_the_same_values",
     "bump_token",
     "close_iterator",
     "guard",
@@ -36,6 +38,28 @@ __all__ = [
     "snapshot",
     "token_of",
 ]
+
+SAME_VALUES: Final[tuple[JsonValue, ...]] = (
+    1.0, -0.0, 1e300, 1e16, 5e-324, -1.5e-7, 2**64 + 5, -(2**63) - 1,
+    True, 1, False, 0, "\u2028\U0001f9f5", {"b": 1.0, "a": [-0.0, 2.0], "": True},
+    {"z": 2**64 + 5, "a": 1.0},  # past 64 bits: JSON text of another encoder
+)
+"""Payloads a store must hand back as the same values, not only equal ones: 1.0 == 1 and
+-0.0 == 0.0, and dicts compare without their order. A workflow is served on replay what
+the store hands back, and must see what it saw when the value was recorded; a store that
+normalises JSON as PostgreSQL jsonb does (1.0 and 1e300 back as integers, -0.0 as 0, keys
+in its own order) lets a replay take another branch."""
+
+
+def assert_the_same_values(what: str, events: Sequence[Event]) -> None:
+    """``events`` carry :data:`SAME_VALUES` as their payloads, type, sign and key order
+    included; ``what`` names the call that handed them back."""
+    assert [repr(e.payload) for e in events] == [repr(p) for p in SAME_VALUES], (
+        f"{what} handed back payloads that are equal but not the same values: a float "
+        "must stay a float (1.0, not 1), -0.0 keep its sign, and an object's keys keep "
+        "the order they were written in"
+    )
+
 
 GUARD_SECONDS: Final = 10.0
 """How long a test waits for something that must happen before calling the store hung.

@@ -11,7 +11,9 @@ import pytest
 from loom_conformance.requirements import requires
 from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
+    SAME_VALUES,
     app,
+    assert_the_same_values,
     bump_token,
     guard,
     kernel,
@@ -508,6 +510,19 @@ class EventStoreFencingContract:
         assert [e.sequence for e in written] == [0, 1]
         assert [e.metadata for e in written] == [{"trace": "x"}, {}], "it stamps no fence"
         assert await loom_events.read("exec-1") == written
+
+    @requires.append_if_unchanged
+    async def test_append_if_unchanged_payloads_read_back_with_their_types_and_key_order(
+        self, loom_events: EventStore
+    ) -> None:
+        written = await loom_events.append_if_unchanged(
+            "exec-types", [NewEvent("k", p) for p in SAME_VALUES], expected_sequence=0,
+            observed_fence=0,
+        )
+        assert_the_same_values("append_if_unchanged", written)
+        assert_the_same_values(
+            "read after append_if_unchanged", await loom_events.read("exec-types")
+        )
 
     @requires.append_if_unchanged
     @requires.fencing

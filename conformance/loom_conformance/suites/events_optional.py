@@ -14,7 +14,9 @@ from loom_conformance.requirements import requires
 from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     GUARD_SECONDS,
+    SAME_VALUES,
     app,
+    assert_the_same_values,
     bump_token,
     close_iterator,
     guard,
@@ -74,6 +76,16 @@ class EventStoreOptionalContract:
         assert "fence" not in results[0][0].metadata
         assert await loom_events.read("exec-a") == results[0]
         assert (await loom_events.read("exec-b"))[1:] == results[1]
+
+    @requires.append_many
+    async def test_append_many_payloads_read_back_with_their_types_and_key_order(
+        self, loom_events: EventStore
+    ) -> None:
+        (written,) = await loom_events.append_many(
+            [AppendRequest("exec-types", [NewEvent("k", p) for p in SAME_VALUES], 0)]
+        )
+        assert_the_same_values("append_many", written)
+        assert_the_same_values("read after append_many", await loom_events.read("exec-types"))
 
     @requires.append_many
     async def test_append_many_results_are_copies_the_caller_cannot_corrupt(

@@ -16,7 +16,9 @@ from loom_conformance.factory import StorageFactory
 from loom_conformance.requirements import COVERAGE_PROPERTY
 from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
+    SAME_VALUES,
     app,
+    assert_the_same_values,
     close_iterator,
     guard,
     kernel,
@@ -198,26 +200,11 @@ class EventStoreRequiredContract:
     async def test_payload_values_read_back_with_their_types_and_key_order(
         self, loom_events: EventStore
     ) -> None:
-        # Equal is not enough: 1.0 == 1 and -0.0 == 0.0, and dicts compare without their
-        # order. A workflow is served on replay what the store hands back, and must see
-        # what it saw when the value was recorded; a store that normalises JSON as
-        # PostgreSQL jsonb does (1.0 and 1e300 back as integers, -0.0 as 0, keys in its
-        # own order) lets a replay take another branch.
-        payloads: list[JsonValue] = [
-            1.0, -0.0, 1e300, 1e16, 5e-324, -1.5e-7, 2**64 + 5, -(2**63) - 1,
-            True, 1, False, 0, "\u2028\U0001f9f5", {"b": 1.0, "a": [-0.0, 2.0], "": True},
-            {"z": 2**64 + 5, "a": 1.0},  # past 64 bits: JSON text of another encoder
-        ]
         written = await loom_events.append(
-            "exec-types", [NewEvent("k", p) for p in payloads], expected_sequence=0
+            "exec-types", [NewEvent("k", p) for p in SAME_VALUES], expected_sequence=0
         )
-        for what, events in (("append", written), ("read", await loom_events.read("exec-types"))):
-            got = [repr(e.payload) for e in events]
-            assert got == [repr(p) for p in payloads], (
-                f"{what} handed back payloads that are equal but not the same values: "
-                "a float must stay a float (1.0, not 1), -0.0 keep its sign, and an "
-                "object's keys keep the order they were written in"
-            )
+        assert_the_same_values("append", written)
+        assert_the_same_values("read", await loom_events.read("exec-types"))
 
     async def test_a_tuple_payload_reads_back_as_a_list(self, loom_events: EventStore) -> None:
         await loom_events.append(

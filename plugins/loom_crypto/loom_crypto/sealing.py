@@ -59,7 +59,7 @@ from cryptography.exceptions import InvalidTag
 
 from loom_core import JsonObject, JsonValue
 from loom_core.errors import InvalidEventError
-from loom_core.spi import canonical_json
+from loom_core.spi import canonical_json, json_text
 from loom_crypto.errors import PayloadAuthenticationError
 from loom_crypto.keys import KEY_BYTES, DataKey
 
@@ -213,8 +213,8 @@ def seal_payload(
 ) -> JsonObject:
     """Seal ``payload`` for the event at (``execution_id``, ``sequence``, ``kind``) of the
     log ``incarnation``: its JSON ``text`` when the caller has it (the kernel's check wrote
-    it), else its canonical JSON."""
-    plaintext = (canonical_json(payload) if text is None else text).encode("utf-8")
+    it), else :func:`~loom_core.spi.json_text` of it (keys in their order)."""
+    plaintext = (json_text(payload) if text is None else text).encode("utf-8")
     nonce = secrets.token_bytes(NONCE_BYTES)
     aad = associated_data(execution_id, sequence, kind, key.key_id, incarnation)
     ciphertext = key.aead().encrypt(nonce, plaintext, aad)
@@ -240,7 +240,7 @@ def authenticate_clear(
     """``payload`` in the clear, as its JSON ``text`` (see :func:`seal_payload`), with its
     MAC under the integrity ``key``."""
     if text is None:
-        text = canonical_json(payload)
+        text = json_text(payload)
     mac = _clear_mac(key, execution_id, sequence, kind, incarnation, text)
     clear: JsonObject = {
         CLEAR_MARKER: FORMAT_VERSION,

@@ -15,10 +15,11 @@ from loom_crypto import CryptoEventStore, MemoryKeyStore
 from loom_core import AppendRequest, InvalidEventError, NewEvent
 from loom_core.memory import MemoryEventStore
 
-PINNED_DIGEST = "5991ca325416178cd6523297614c29a503969a500400aecb00b1ec46cf6113a1"
+PINNED_DIGEST = "5362a49a1275dc45cc76ec09dcac7cce695d95a95b1999d11cf3f1ca501348c1"
 """Written by the decorator as of loom-crypto 0.2 (each field as it was then), with a
-payload's JSON text keeping its keys in the order given when it holds an integer past 64
-bits (``{"total": 12.5, "big": 2**70}`` was sealed with the keys sorted)."""
+payload's JSON text keeping its keys in the order given, when it holds an integer past 64
+bits (``{"total": 12.5, "big": 2**70}``) and in ``append_if_unchanged`` and
+``append_many`` (they were sealed with the keys sorted)."""
 
 
 FIXED = [

@@ -75,6 +75,7 @@ from loom_core.spi import (
     check_limit,
     check_read,
     check_sequence,
+    json_text,
 )
 from loom_postgres.batching import GroupCommitter, Pending
 from loom_postgres.database import Database, LostWriteError
@@ -335,7 +336,7 @@ class PostgresEventStore(RefusesUnoffered):
             fence=fence,
             events=stamped,
             payloads=(
-                tuple([canonical_json(e.payload) for e in stamped]) if texts is None else texts
+                tuple([json_text(e.payload) for e in stamped]) if texts is None else texts
             ),
             metadata=tuple(encoded),
             channel=self._listener.channel(execution_id),

@@ -51,6 +51,7 @@ from loom_core.spi import (
     check_limit,
     check_read,
     check_sequence,
+    json_text,
 )
 from loom_sqlite import fencing
 from loom_sqlite.backup import backup_database
@@ -137,7 +138,7 @@ def _prepare(
             metadata_text = canonical_json(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
-        text = canonical_json(event.payload) if texts is None else texts[0]
+        text = json_text(event.payload) if texts is None else texts[0]
         return (_Row(event.kind, event.payload, metadata, text, metadata_text),)
     rows = []
     for i, event in enumerate(events):
@@ -146,7 +147,7 @@ def _prepare(
             metadata_text = canonical_json(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
-        text = canonical_json(event.payload) if texts is None else texts[i]
+        text = json_text(event.payload) if texts is None else texts[i]
         rows.append(_Row(event.kind, event.payload, metadata, text, metadata_text))
     return tuple(rows)
 
