@@ -1247,7 +1247,9 @@ def _message(exc: BaseException) -> str:
     """``str(exc)`` as a store can hold it, or what stands for it when the exception
     cannot say."""
     try:
-        text = str(exc)
+        # A plain str: __str__ may return a subclass (an enum mixed with str), which the
+        # log records as its plain text and a replay raises so.
+        text = str.__str__(str(exc))
     except Exception as failed:
         return f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
     return _storable(text)

@@ -369,6 +369,39 @@ async def test_a_str_enum_is_recorded_as_its_value_wherever_the_body_meets_it(
     assert repr(seen[-1]) == repr(["paid", "paid", ["paid"]])
 
 
+async def test_an_error_whose_str_is_a_str_enum_fails_its_step_alike_live_and_on_replay(
+    app: Loom, clock: VirtualClock
+) -> None:
+    class Reason(str, enum.Enum):  # noqa: UP042  (the mixin: str() names the member)
+        DECLINED = "declined"
+
+    class CardError(Exception):
+        def __str__(self) -> str:
+            return Reason.DECLINED
+
+    async def charge() -> None:
+        raise CardError()
+
+    seen: list[str] = []
+
+    @app.workflow(name="charged")
+    async def charged(ctx: Context) -> str:
+        try:
+            await ctx.step(charge)
+        except StepFailedError as exc:
+            seen.append(repr(exc.error_message))
+            seen.append(str(exc))
+        await ctx.sleep(5)
+        return "done"
+
+    await app.start(charged, id="c")
+    await app.drain()
+    assert await check_replay(app) == ["c"]
+    live, replayed = seen[:2], seen[2:]
+    assert live == replayed
+    assert live[0] == "'declined'"
+
+
 async def test_continue_as_new_refuses_arguments_that_are_not_json_in_the_body(
     app: Loom,
 ) -> None:
