@@ -461,6 +461,10 @@ class Loom:
         # waiting for that run is told (not one for a log made anew under the same id).
         self._ended: dict[str, tuple[asyncio.Task[Any], Event]] = {}
         self._drivers: dict[str, Run] = {}
+        # Executions a call of this process ended (a cancel) while a write of its own (a
+        # start, an answer, a continuation) was about to spawn their next run: that run
+        # is stopped as it is taken on, before its body makes a call (see _append_end).
+        self._ended_unspawned: set[str] = set()
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
         # Executions whose run stopped on a failed store call, to carry on (_strand).
@@ -781,6 +785,7 @@ class Loom:
             self._look_timer.cancel()
             self._look_timer = None
         self._ended.clear()
+        self._ended_unspawned.clear()
         self._claims.clear()
         for waiter in self._unclaimed_waiters.values():
             waiter.set()
@@ -1946,6 +1951,11 @@ class Loom:
             # This process's run stops now, not at its next write: a step waiting to try
             # again does not (a run elsewhere finds the cancel between attempts).
             run.stop()
+        elif self._owned(execution_id):
+            # A write of this process is about to spawn its run (a start, an answer, a
+            # continuation whose reply had not come back): under its stale token the body
+            # would still run its next step, for an execution already ended.
+            self._ended_unspawned.add(execution_id)
         # Whoever waits for its result hears now, not when a step in flight returns.
         winding_down = self._runs.get(execution_id)
         if winding_down is not None:
@@ -2358,6 +2368,8 @@ class Loom:
         if hooks.on_event is not None:
             for event in batch:
                 hooks.event(execution_id, event)
+        # An end that stopped nothing, left from a log deleted since: not this one's.
+        self._ended_unspawned.discard(execution_id)
         try:
             written = await events.append(execution_id, batch, expected_sequence=0, fence=0)
             token = 0
@@ -2600,6 +2612,9 @@ class Loom:
                 if self._driven_here is not None:
                     self._driven_here.add(execution_id)
                 self._drivers[execution_id] = run
+                if self._ended_unspawned and execution_id in self._ended_unspawned:
+                    self._ended_unspawned.discard(execution_id)
+                    run.stop()
                 try:
                     outcome = await run.drive()
                 finally:

@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loom_runtime import AppNotRunningError, Context, Loom, StepFailedError, WorkflowFailedError
+from loom_runtime import (
+    AppNotRunningError,
+    Context,
+    ExecutionCancelledError,
+    Loom,
+    StepFailedError,
+    WorkflowFailedError,
+)
 from loom_runtime.app import CARRY_ON_AFTER
+from loom_runtime.testing import crash_at
 from store_probes import Wired, kinds, wired
 
 from loom_core import EventKind, StaleFenceError, StorageUnavailableError, open_storage
@@ -428,6 +436,64 @@ async def test_a_cancel_that_lands_while_a_run_continues_cancels_the_successor_t
             EventKind.EXECUTION_STARTED,
             EventKind.EXECUTION_CANCELLED,
         ]
+
+
+_SPAWNED_BY: dict[str, str] = {
+    "start": EventKind.EXECUTION_STARTED,
+    "answer": EventKind.EXECUTION_RESUMED,
+    "continuation": EventKind.EXECUTION_CONTINUED,
+    "takeover": EventKind.EXECUTION_RECOVERED,
+}
+
+
+@pytest.mark.parametrize("write", list(_SPAWNED_BY))
+async def test_a_cancel_that_lands_before_the_run_a_write_spawns_stops_it_before_any_step(
+    write: str,
+) -> None:
+    """The write after which this process spawns the execution's next run (its start, the
+    answer of a message, the continuation that hands its successor on, a recovery's
+    takeover) has landed, and
+    its caller has not heard back: a cancel there stops that run before its body makes a
+    call, so no step runs for an execution already cancelled."""
+    async with wired() as w:
+        ran: list[int] = []
+
+        def effect(generation: int) -> int:
+            ran.append(generation)
+            return generation
+
+        @w.app.workflow()
+        async def relay(ctx: Context, generation: int) -> int:
+            if write == "continuation" and generation == 0:
+                ctx.continue_as_new(1)
+            if write == "answer":
+                await ctx.receive("go")
+            return await ctx.step(effect, generation, name="effect")
+
+        gate = Gate(_SPAWNED_BY[write])
+        if write == "answer":
+            await w.app.start(relay, 0, id="r")
+            await w.app.drain()
+            w.probe.after_append = gate
+            call: asyncio.Task[object] = asyncio.create_task(w.app.send("r", "go"))
+        elif write == "takeover":
+            crash_at(w.app, step="effect")  # the run dies before its step: a node restarts
+            await w.app.start(relay, 0, id="r")
+            await w.app.drain()
+            w.probe.after_append = gate
+            call = asyncio.create_task(w.app.recover())
+        else:
+            w.probe.after_append = gate
+            call = asyncio.create_task(w.app.start(relay, 0, id="r"))
+        await gate.held.wait()
+        assert await w.app.cancel("r") is True
+        gate.release.set()
+        await call
+        await w.app.drain()
+        with pytest.raises(ExecutionCancelledError):
+            await w.app.get("r").result(timeout=5)
+        assert ran == []
+        assert w.errors == []
 
 
 @pytest.mark.parametrize("call", [_start, _execute], ids=["start", "execute"])
