@@ -200,17 +200,24 @@ def _load_app(spec: str) -> Loom:
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, SyntaxError) as exc:
         raise click.BadParameter(
             f"cannot import {module_name!r}: {exc}", param_hint="--app"
         ) from exc
+    except LoomError as exc:
+        # The module built its app wrongly (a bad option, a workflow registered twice):
+        # Loom's own message says what to change, as it does when the storage does not
+        # open; anything else the module raises keeps its traceback, which points into it.
+        raise click.ClickException(f"the worker could not load {spec}: {exc}") from exc
     found: object = module
+    where = module_name
     for part in attribute.split("."):
         if not hasattr(found, part):
             raise click.BadParameter(
-                f"module {module_name!r} has no attribute {attribute!r}", param_hint="--app"
+                f"{where!r} has no attribute {part!r}", param_hint="--app"
             )
         found = getattr(found, part)
+        where = f"{where}.{part}"
     if not isinstance(found, Loom):
         raise click.BadParameter(
             f"{spec} is a {type(found).__name__}, not a loom_runtime.Loom", param_hint="--app"

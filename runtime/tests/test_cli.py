@@ -111,6 +111,46 @@ def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> No
         assert says in done.stderr, (spec, done.stderr)
 
 
+def test_the_worker_says_what_is_wrong_with_the_module_of_its_app_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """A module that does not compile, or that builds its app wrongly (Loom refuses an
+    option or a registration with its own typed error), is named in one line, as a
+    module that is not there is."""
+    modules = {
+        "broken_syntax": "def f(:\n",
+        "empty_node": "from loom_runtime import Loom\napp = Loom('memory://', node='')\n",
+        "twice": (
+            "from loom_runtime import Context, Loom\n"
+            "app = Loom('memory://')\n"
+            "async def one(ctx: Context) -> None: ...\n"
+            "async def other(ctx: Context) -> None: ...\n"
+            "app.workflow(name='a')(one)\n"
+            "app.workflow(name='a')(other)\n"
+        ),
+        "nested": "from loom_runtime import Loom\napp = Loom('memory://')\n",
+    }
+    for name, source in modules.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    for spec, code, says in (
+        ("broken_syntax:app", 2, "cannot import 'broken_syntax': invalid syntax"),
+        ("empty_node:app", 1, "could not load empty_node:app: Loom(node=...) must be"),
+        ("twice:app", 1, "a workflow named 'a' is already registered"),
+        ("nested:app.missing", 2, "'nested.app' has no attribute 'missing'"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "loom_runtime", "worker", "--app", spec],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == code, (spec, done.stderr)
+        assert says in done.stderr, (spec, done.stderr)
+        assert "Traceback" not in done.stderr, (spec, done.stderr)
+
+
 def test_the_worker_says_why_its_storage_did_not_open_without_a_traceback(
     tmp_path: Path,
 ) -> None:
