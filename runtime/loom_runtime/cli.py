@@ -8,7 +8,9 @@
   :class:`~loom_runtime.Loom` app (its timers, and recovery of the executions its node was
   running) until SIGINT or SIGTERM; sync steps still running in threads then get
   ``--grace`` seconds before the process exits without them. A second SIGINT or SIGTERM
-  ends that wait, or a wait on the store while entering or leaving the app.
+  ends that wait, or ends the process at once while the app is still entering or leaving
+  (a store call waiting for a lock another process holds, a step that does not end when
+  cancelled).
 """
 
 from __future__ import annotations
@@ -167,20 +169,12 @@ def worker(spec: str, grace: float) -> None:
         )
     threads = _StepThreads()
     try:
-        cut_short = asyncio.run(_serve(app, threads))
+        asyncio.run(_serve(app, threads))
     except (LoomError, OSError) as exc:
         # A storage that does not open (an unknown scheme, a directory that is not
         # there): what is wrong, not a traceback.
         raise click.ClickException(f"the worker could not serve {spec}: {exc}") from exc
-    if cut_short:
-        click.echo(
-            "loom worker: a second SIGINT or SIGTERM: leaving without waiting for the app "
-            "(a store call waiting for a lock another process holds, say); what it was "
-            f"doing is carried on at the next start of node {app.node!r}",
-            err=True,
-        )
-    else:
-        _leave_steps(app, threads, grace)
+    _leave_steps(app, threads, grace)
     click.echo("loom worker: stopped", err=True)
 
 
@@ -225,47 +219,52 @@ def _load_app(spec: str) -> Loom:
     return found
 
 
-async def _serve(app: Loom, threads: _StepThreads) -> bool:
-    """Serve ``app`` until the first SIGINT or SIGTERM, then leave it; whether a second
-    one cut the entering or the leaving short.
+async def _serve(app: Loom, threads: _StepThreads) -> None:
+    """Serve ``app`` until the first SIGINT or SIGTERM, then leave it.
 
-    Entering and leaving wait on the store, and on SQLite a store call waits up to
-    ``busy_timeout_ms`` for a write lock that another process holds (leaving lets the
-    calls already queued finish): a second signal stops that wait, and the process
-    leaves as a killed one would, its node's next start carrying on what it ran."""
+    Entering and leaving can wait: on the store (on SQLite a store call waits up to
+    ``busy_timeout_ms`` for a write lock another process holds, and leaving lets the calls
+    already queued finish), or on a run whose step does not end when cancelled. A second
+    signal meanwhile ends the process at once, as a kill would: the node's next start
+    carries on what it ran, from the log."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_default_executor(threads)
-    serving = asyncio.current_task()
-    assert serving is not None
-    cut_short = False
 
     def signalled() -> None:
-        nonlocal cut_short
         if stop.is_set():
-            cut_short = True
-            serving.cancel()
+            _exit_at_once(app)
         stop.set()
 
     for signum in _STOPPING:
         loop.add_signal_handler(signum, signalled)
-    try:
-        async with app:
-            recovery = "" if app.recovers_on_entry else " (recover=False: it recovers nothing)"
-            click.echo(
-                f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s){recovery}; "
-                "SIGINT or SIGTERM stops it",
-                err=True,
-            )
-            await stop.wait()
-    except asyncio.CancelledError:
-        if not cut_short:
-            raise
-    finally:
-        # A later signal is for the wait on sync steps: held from now until its handler
-        # is in place (between the loop's handlers and that one, SIGTERM would kill).
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
-    return cut_short
+    async with app:
+        recovery = "" if app.recovers_on_entry else " (recover=False: it recovers nothing)"
+        click.echo(
+            f"loom worker: node {app.node!r}, {len(app.workflows)} workflow(s){recovery}; "
+            "SIGINT or SIGTERM stops it",
+            err=True,
+        )
+        await stop.wait()
+    # A later signal is for the wait on sync steps: held from now until its handler is in
+    # place (between the loop's handlers and that one, SIGTERM would kill).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+
+
+def _exit_at_once(app: Loom) -> None:
+    """A second SIGINT or SIGTERM while the app is still entering or leaving: the process
+    ends now, as a killed one would, and the node's next start carries on its executions
+    from the log (nothing is half-written: each write is one atomic append)."""
+    click.echo(
+        "loom worker: a second SIGINT or SIGTERM while the app was still entering or "
+        "leaving (a store call waiting for a lock another process holds, or a step that "
+        "does not end when cancelled); exiting at once: what it ran is carried on at the "
+        f"next start of node {app.node!r}",
+        err=True,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 _STOPPING: Final = {signal.SIGINT, signal.SIGTERM}

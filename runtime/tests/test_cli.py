@@ -277,8 +277,7 @@ async def test_a_second_signal_stops_a_worker_waiting_for_a_lock_another_process
     finally:
         holder.close()
     assert worker.returncode == 0, stderr
-    assert "a second SIGINT or SIGTERM: leaving without waiting for the app" in stderr
-    assert "stopped" in stderr
+    assert "a second SIGINT or SIGTERM while the app was still entering or leaving" in stderr
     assert "Traceback" not in stderr, stderr
 
 
@@ -299,3 +298,61 @@ def test_the_worker_refuses_a_grace_that_is_no_number_of_seconds_it_can_wait(
     assert done.returncode == 2, done.stderr
     assert "--grace" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+STUBBORN = """
+import asyncio
+import os
+from pathlib import Path
+
+from loom_runtime import Context, Loom
+
+app = Loom(os.environ["SERVED_URL"], node="w1")
+
+
+async def stubborn() -> None:
+    Path("in-step").write_text("yes")
+    while True:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:  # an async step that never ends when cancelled
+            Path("cancelled").write_text("yes")
+
+
+@app.workflow(name="stubborn")
+async def stubborn_workflow(ctx: Context) -> None:
+    await ctx.step(stubborn, name="stubborn")
+"""
+
+
+async def test_a_second_signal_ends_a_worker_whose_step_does_not_end_when_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Leaving the app cancels the step's task until it ends, which this one never does:
+    the second signal ends the process at once, the execution left running for the
+    node's next start."""
+    url = "sqlite:///" + str(tmp_path / "stubborn.db")
+    await left_running(url, "stubborn", "s")
+    worker = serve(tmp_path, url, STUBBORN)
+    try:
+        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
+            assert worker.poll() is None
+            await asyncio.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        while not (tmp_path / "cancelled").exists():  # the app is leaving, the step stays
+            assert worker.poll() is None
+            await asyncio.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        # A guard against hanging the run, not a measure: without the second signal's
+        # exit the worker leaves for ever.
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    assert "a second SIGINT or SIGTERM while the app was still entering or leaving" in stderr
+    checker = Loom(url, node="checker", recover=False, timers=False)
+    async with checker:
+        assert await checker.get("s").status() == "running"
+
