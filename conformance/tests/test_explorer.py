@@ -105,3 +105,23 @@ def test_python_dash_m_runs_the_explorer() -> None:
     assert done.stdout.startswith("acquire_fence_if: 127 schedules, 0 violations\n")
     control = "negative control, unconditional acquire_fence: 127 schedules, 6 violations"
     assert control in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (["--url", "bogus://x"], "no backend is installed for the URL scheme 'bogus'"),
+        (["--steps", "-3"], "--steps: must be a schedule length of 0 or more, not '-3'"),
+        (["--steps", "ten"], "--steps: must be a schedule length of 0 or more, not 'ten'"),
+    ],
+)
+def test_the_command_refuses_what_it_cannot_explore_in_one_line(
+    arguments: list[str], says: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "loom_conformance.explorer", *arguments],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr

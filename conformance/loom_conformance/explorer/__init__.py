@@ -69,7 +69,9 @@ from loom_core import (
     Event,
     EventKind,
     EventStore,
+    ExecutionAlreadyExistsError,
     FenceAcquired,
+    LoomError,
     NewEvent,
     StaleFenceError,
     Storage,
@@ -408,19 +410,53 @@ async def _main(url: str | None, max_steps: int, isolation: Isolation) -> int:
     return 0 if not conditional.violations and control.violations else 1
 
 
+def _steps(text: str) -> int:
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = -1
+    if steps < 0:
+        raise argparse.ArgumentTypeError(f"must be a schedule length of 0 or more, not {text!r}")
+    return steps
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loom_conformance.explorer [--url URL] [--steps N]``; exit status 0 when
-    the conditional run is clean and the control finds a violation."""
+    the conditional run is clean and the control finds a violation, 2 when the store
+    cannot be explored (its URL does not open, or it refuses a call with a LoomError)."""
     parser = argparse.ArgumentParser(
         prog="python -m loom_conformance.explorer",
         description="Explore every interleaving of two resumers of a park against a store.",
     )
     parser.add_argument("--url", help="storage URL (default: memory://)")
-    parser.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="max schedule length")
     parser.add_argument(
-        "--isolation", choices=("store", "execution"), default="store",
-        help="a fresh storage per schedule (default) or a fresh execution id",
+        "--steps", type=_steps, default=DEFAULT_MAX_STEPS, help="max schedule length"
+    )
+    parser.add_argument(
+        "--isolation", choices=("store", "execution"),
+        help=(
+            "a fresh storage per schedule (the default without --url: memory:// opens "
+            "empty each time) or a fresh execution id in one storage (the default with "
+            "--url: a file or a server keeps what the schedule before wrote)"
+        ),
     )
     args = parser.parse_args(argv)
-    isolation: Isolation = "execution" if args.isolation == "execution" else "store"
-    return asyncio.run(_main(args.url, args.steps, isolation))
+    chosen = args.isolation or ("store" if args.url is None else "execution")
+    isolation: Isolation = "execution" if chosen == "execution" else "store"
+    try:
+        return asyncio.run(_main(args.url, args.steps, isolation))
+    except ExecutionAlreadyExistsError as exc:
+        parser.exit(
+            2,
+            f"{parser.prog}: {exc}: "
+            + (
+                "with --isolation store each schedule opens the URL again and starts the "
+                "same execution there, which a store that keeps its data already holds; "
+                "use --isolation execution\n"
+                if isolation == "store"
+                else "the store holds an earlier exploration's executions; give the "
+                "explorer an empty one\n"
+            ),
+        )
+    except LoomError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
