@@ -76,6 +76,7 @@ from loom_runtime.errors import (
     AppNotRunningError,
     ExecutionCancelledError,
     ExecutionTimedOutError,
+    InvalidDurationError,
     RecoveryLimitError,
     ReplayDivergedError,
     ReservedExecutionIdError,
@@ -3164,7 +3165,7 @@ def _check_timeout(timeout: object) -> float | None:
         or isinstance(seconds, bool)
         or not 0 <= seconds <= _MAX_WAIT  # NaN compares false
     ):
-        raise InvalidInputError(
+        raise InvalidDurationError(
             f"timeout= must be a number of seconds from 0 to {_MAX_WAIT:.0f} (1000 years; "
             f"or a timedelta), or None to wait as long as it takes, not {timeout!r}"
         )

@@ -81,6 +81,24 @@ async def test_durations_too_long_to_keep_are_refused_naming_the_limit(app: Loom
         assert "1000 years" in message
 
 
+@pytest.mark.parametrize("bound", [-1, math.nan, math.inf, 1e12, timedelta(seconds=-1)])
+async def test_a_callers_wait_of_no_duration_it_can_keep_is_refused_as_a_duration(
+    app: Loom, bound: float | timedelta
+) -> None:
+    """handle.result() and app.get_event() take their timeout= as the body's waits do:
+    refused with InvalidDurationError, as docs/runtime.md's table of errors says."""
+
+    @app.workflow(name="waited")
+    async def waited(ctx: Context) -> None:
+        await ctx.receive("never")
+
+    handle = await app.start(waited, id="waited")
+    with pytest.raises(InvalidDurationError, match="timeout= must be a number of seconds"):
+        await handle.result(timeout=bound)
+    with pytest.raises(InvalidDurationError, match="timeout= must be a number of seconds"):
+        await app.get_event("waited", "k", timeout=bound)
+
+
 async def test_a_deadline_after_the_latest_one_kept_is_refused(app: Loom) -> None:
     minus_one = timezone(timedelta(hours=-1))
     refused = await _run_refusals(
