@@ -356,3 +356,75 @@ async def test_a_second_signal_ends_a_worker_whose_step_does_not_end_when_cancel
     async with checker:
         assert await checker.get("s").status() == "running"
 
+
+
+HELD = """
+import asyncio
+import os
+from pathlib import Path
+
+from loom_runtime import Context, Loom
+
+app = Loom(os.environ["SERVED_URL"], node="w1")
+
+
+async def held() -> str:
+    Path("in-step").write_text("yes")
+    while not Path("go").exists():  # the test says when the step may end
+        await asyncio.sleep(0.01)
+    return "done"
+
+
+@app.workflow(name="held")
+async def held_workflow(ctx: Context) -> str:
+    return await ctx.step(held, name="held")
+
+
+@app.workflow(name="sleeper")
+async def sleeper(ctx: Context) -> None:
+    await ctx.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_worker_stopped_in_a_step_with_a_timer_pending_exits_0_and_the_next_carries_on(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    url = "sqlite:///" + str(tmp_path / "held.db")
+    await left_running(url, "held", "h")
+    parker = Loom(url, node="w1", recover=False)
+
+    async def sleeper(ctx: Context) -> None:
+        await ctx.sleep(3600)
+
+    parker.workflow(name="sleeper")(sleeper)
+    async with parker:
+        await parker.start("sleeper", id="z")
+        await parker.drain()
+    worker = serve(tmp_path, url, HELD)
+    try:
+        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
+            assert worker.poll() is None
+            await asyncio.sleep(0.05)
+        worker.send_signal(signum)
+        # A guard against hanging the run, not a measure.
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    assert "loom worker: stopped" in stderr
+    checker = Loom(url, node="checker", recover=False, timers=False)
+    async with checker:
+        assert await checker.get("h").status() == "running"
+        assert await checker.get("z").status() == "suspended"
+        (tmp_path / "go").write_text("yes")
+        worker = serve(tmp_path, url, HELD)
+        try:
+            assert await checker.get("h").result(timeout=60) == "done"
+            assert await checker.get("z").status() == "suspended"
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
