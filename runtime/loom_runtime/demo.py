@@ -626,12 +626,19 @@ def _start_afresh(db: Path) -> Path:
     """Delete what an earlier demo left at ``db`` (the database, its ``-wal`` and ``-shm``,
     the traces in ``<db stem>.effects``) and give that directory. Refused with
     InvalidOptionError, deleting nothing, when ``db`` is anything but a SQLite file or
-    nothing (a text file, a link, a device, a directory) or its directory is missing:
-    the demo deletes only what it could have made."""
+    nothing (a text file, a link, a device, a directory), its directory is missing, or
+    it is named as its own traces directory (``x.effects``): the demo deletes only what
+    it could have made."""
     if not db.parent.is_dir():
         raise InvalidOptionError(
             f"the directory of {str(db)!r} does not exist; create it, or give the demo a "
             "file in a directory that does"
+        )
+    directory = db.with_suffix(".effects")
+    if directory == db:
+        raise InvalidOptionError(
+            f"{str(db)!r} is where the demo keeps its traces, a directory named after its "
+            "database with '.effects'; give the database another name (e.g. ending in .db)"
         )
     if db.exists() or db.is_symlink():
         if not _is_regular(db):
@@ -651,7 +658,6 @@ def _start_afresh(db: Path) -> Path:
                 f"{str(db)!r} holds {found}: the demo deletes and recreates its "
                 "database, so give it a new path or the database of an earlier demo"
             )
-    directory = db.with_suffix(".effects")
     if directory.exists() and (directory.is_symlink() or not directory.is_dir()):
         raise InvalidOptionError(
             f"{str(directory)!r}, where the demo keeps its traces, is not a directory; "

@@ -147,3 +147,13 @@ def test_the_demo_deletes_only_what_an_earlier_demo_left(tmp_path: Path) -> None
     done = run_demo(tmp_path, "--db", str(tmp_path / "notes.db"), "--steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (effects / "mine.txt").read_text() == "kept"
+
+
+def test_the_demo_refuses_a_database_named_as_its_traces_directory(tmp_path: Path) -> None:
+    """``x.effects`` is where the traces of a database ``x.effects`` would go: the demo
+    made that directory, then could not open the database it had become."""
+    done = run_demo(tmp_path, "--db", str(tmp_path / "run.effects"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "is where the demo keeps its traces" in done.stderr
+    assert not (tmp_path / "run.effects").exists()
+
