@@ -97,7 +97,8 @@ def demo(db: Path, steps: int) -> None:
             "is durable; from then on the log serves it"
         )
     click.echo(
-        f"ok: {steps} steps, each recorded once; no recorded step ran again; "
+        f"ok: {steps} step{'' if steps == 1 else 's'}, each recorded once; "
+        "no recorded step ran again; "
         f"the log is 0..{len(trial.log) - 1} without a gap"
     )
 
@@ -186,6 +187,13 @@ def _load_app(spec: str) -> Loom:
         )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the app is usually local
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = module_name.removesuffix(".py").replace(os.sep, ".").replace("/", ".")
+        raise click.BadParameter(
+            f"{module_name!r} is a file path: give the module's dotted name, as `python -m` "
+            f"takes it (e.g. {dotted.strip('.')}:{attribute}), from the directory above it",
+            param_hint="--app",
+        )
     if module_name.startswith("."):
         raise click.BadParameter(
             f"{module_name!r} is a relative module name: give the module's full name "
@@ -214,7 +222,8 @@ def _load_app(spec: str) -> Loom:
         where = f"{where}.{part}"
     if not isinstance(found, Loom):
         raise click.BadParameter(
-            f"{spec} is a {type(found).__name__}, not a loom_runtime.Loom", param_hint="--app"
+            f"{spec} is of type {type(found).__name__}, not a loom_runtime.Loom",
+            param_hint="--app",
         )
     return found
 

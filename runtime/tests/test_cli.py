@@ -97,7 +97,9 @@ def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> No
         ("send_only:app", "is built with timers=False"),
         ("no_such_module:app", "cannot import 'no_such_module'"),
         ("not_an_app:missing", "has no attribute 'missing'"),
-        ("not_an_app:app", "is a int, not a loom_runtime.Loom"),
+        ("not_an_app:app", "is of type int, not a loom_runtime.Loom"),
+        ("orders/flows.py:app", "is a file path: give the module's dotted name"),
+        ("flows.py:app", "(e.g. flows:app)"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "loom_runtime", "worker", "--app", spec],
