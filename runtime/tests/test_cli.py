@@ -67,6 +67,29 @@ async def left_running(url: str, workflow: str, execution_id: str) -> None:
         await left.drain()
 
 
+def written(marker: Path) -> bool:
+    return marker.exists()  # a stat of a local file: nothing worth a thread
+
+
+async def until_written(worker: subprocess.Popen[str], marker: Path) -> None:
+    """Wait until the worker's app or step writes ``marker`` (the worker still alive)."""
+    while not written(marker):
+        assert worker.poll() is None, worker.communicate()
+        await asyncio.sleep(0.05)
+
+
+def finished(worker: subprocess.Popen[str]) -> str:
+    """The worker's stderr once it has exited; killed if it has not within a minute (a
+    guard against hanging the run, not a measure: each test's worker ends on its own)."""
+    try:
+        _, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    return stderr
+
+
 async def test_the_worker_recovers_its_nodes_execution_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
@@ -196,15 +219,9 @@ async def test_a_stopping_worker_does_not_wait_for_a_sync_step_that_never_return
     url = "sqlite:///" + str(tmp_path / "stuck.db")
     await left_running(url, "stuck", "s")
     worker = serve(tmp_path, url, STUCK, "--grace", "0.1")
-    try:
-        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
-            assert worker.poll() is None
-            await asyncio.sleep(0.05)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        # A guard against hanging the run, not a measure: without the grace the worker
-        # waits for the thread, which never returns.
-        _, stderr = worker.communicate(timeout=60)
+    await until_written(worker, tmp_path / "in-step")  # the recovered run is in its step
+    worker.send_signal(signal.SIGTERM)  # without the grace, it waits for ever on the thread
+    stderr = finished(worker)
     assert worker.returncode == 0, stderr
     assert "leaving 1 sync step(s) still running in threads (--grace 0.1 s" in stderr
 
@@ -213,24 +230,13 @@ async def test_a_second_signal_cuts_the_grace_short(tmp_path: Path) -> None:
     url = "sqlite:///" + str(tmp_path / "stuck.db")
     await left_running(url, "stuck", "s")
     worker = serve(tmp_path, url, STUCK, "--grace", "3000")
-    try:
-        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
-            assert worker.poll() is None
-            await asyncio.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.stderr is not None
-        while "a second SIGINT or SIGTERM stops at once" not in (
-            line := worker.stderr.readline()
-        ):
-            assert line, "the worker ended before it said it waits for its step"
-        worker.send_signal(signal.SIGINT)
-        # A guard against hanging the run, not a measure: without the second signal the
-        # worker waits its whole grace of 3000 s.
-        _, stderr = worker.communicate(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
+    await until_written(worker, tmp_path / "in-step")  # the recovered run is in its step
+    worker.send_signal(signal.SIGTERM)
+    assert worker.stderr is not None
+    while "a second SIGINT or SIGTERM stops at once" not in (line := worker.stderr.readline()):
+        assert line, "the worker ended before it said it waits for its step"
+    worker.send_signal(signal.SIGINT)  # without it, the worker waits its grace of 3000 s
+    stderr = finished(worker)
     assert worker.returncode == 0, stderr
     assert "leaving 1 sync step(s) still running in threads" in stderr
 
@@ -263,19 +269,10 @@ async def test_a_second_signal_stops_a_worker_waiting_for_a_lock_another_process
     try:
         holder.execute("BEGIN IMMEDIATE")
         worker = serve(tmp_path, f"sqlite:///{path}?busy_timeout_ms=3600000", ENTERING)
-        try:
-            while not (tmp_path / "entering").exists():
-                assert worker.poll() is None, worker.communicate()
-                await asyncio.sleep(0.05)
-            worker.send_signal(signal.SIGTERM)
-            worker.send_signal(signal.SIGINT)
-            # A guard against hanging the run, not a measure: without the second signal
-            # stopping it, the worker waits for the lock for an hour.
-            _, stderr = worker.communicate(timeout=60)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.communicate()
+        await until_written(worker, tmp_path / "entering")
+        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(signal.SIGINT)  # without it, the worker waits for the lock an hour
+        stderr = finished(worker)
     finally:
         holder.close()
     assert worker.returncode == 0, stderr
@@ -336,22 +333,11 @@ async def test_a_second_signal_ends_a_worker_whose_step_does_not_end_when_cancel
     url = "sqlite:///" + str(tmp_path / "stubborn.db")
     await left_running(url, "stubborn", "s")
     worker = serve(tmp_path, url, STUBBORN)
-    try:
-        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
-            assert worker.poll() is None
-            await asyncio.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        while not (tmp_path / "cancelled").exists():  # the app is leaving, the step stays
-            assert worker.poll() is None
-            await asyncio.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        # A guard against hanging the run, not a measure: without the second signal's
-        # exit the worker leaves for ever.
-        _, stderr = worker.communicate(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
+    await until_written(worker, tmp_path / "in-step")  # the recovered run is in its step
+    worker.send_signal(signal.SIGTERM)
+    await until_written(worker, tmp_path / "cancelled")  # the app is leaving, the step stays
+    worker.send_signal(signal.SIGTERM)  # without it, the worker leaves for ever
+    stderr = finished(worker)
     assert worker.returncode == 0, stderr
     assert "a second SIGINT or SIGTERM while the app was still entering or leaving" in stderr
     checker = Loom(url, node="checker", recover=False, timers=False)
@@ -404,17 +390,9 @@ async def test_a_worker_stopped_in_a_step_with_a_timer_pending_exits_0_and_the_n
         await parker.start("sleeper", id="z")
         await parker.drain()
     worker = serve(tmp_path, url, HELD)
-    try:
-        while not (tmp_path / "in-step").exists():  # the recovered run is in its step
-            assert worker.poll() is None
-            await asyncio.sleep(0.05)
-        worker.send_signal(signum)
-        # A guard against hanging the run, not a measure.
-        _, stderr = worker.communicate(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
+    await until_written(worker, tmp_path / "in-step")  # the recovered run is in its step
+    worker.send_signal(signum)
+    stderr = finished(worker)
     assert worker.returncode == 0, stderr
     assert "loom worker: stopped" in stderr
     checker = Loom(url, node="checker", recover=False, timers=False)
