@@ -1,13 +1,17 @@
 """Shredding a workflow through crypto over the audit chain: with the runtime's
 ``execution_subject``, one erasure covers the execution, its inbox and every generation
-continue-as-new made of it, and the chain still verifies."""
+continue-as-new made of it, and the chain still verifies; executions shredded while parked
+or running are answered with PayloadShreddedError and hold up no other."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from loom_audit import verify
-from loom_crypto import MemoryKeyStore, shred_subject, subject_is_execution
+from loom_crypto import KeyDestroyedError, MemoryKeyStore, shred_subject, subject_is_execution
 from loom_runtime import Context, Loom, execution_subject
+from loom_runtime.testing import VirtualClock
 
 from loom_core import NewEvent, PayloadShreddedError, open_storage
 
@@ -82,3 +86,74 @@ async def test_with_every_stream_its_own_subject_the_inbox_and_successors_stay_r
 )
 def test_the_subject_is_the_first_execution_of_the_chain(stream: str, subject: str) -> None:
     assert execution_subject(stream, NewEvent("X")) == subject
+
+
+async def test_executions_shredded_while_parked_or_running_hold_up_no_other() -> None:
+    # The erasure comes before the cancel the docs ask for: the runtime must answer each
+    # call on a shredded execution with PayloadShreddedError, at once, and go on with
+    # the others.
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    keys = MemoryKeyStore()
+    storage = await open_storage(
+        "memory://",
+        decorators=["audit", ("crypto", {"key_store": keys, "subject_of": execution_subject})],
+    )
+    app = Loom(storage, node="n1", clock=clock, on_error=errors.append, timers=False,
+               recover=False)
+    entered, released = asyncio.Event(), asyncio.Event()
+
+    async def slow(label: str) -> str:
+        entered.set()
+        await released.wait()
+        return label
+
+    @app.workflow(name="nap")
+    async def nap(ctx: Context) -> str:
+        await ctx.sleep(60)
+        return "awake"
+
+    @app.workflow(name="addressed")
+    async def addressed(ctx: Context) -> object:
+        return await ctx.receive("address")
+
+    @app.workflow(name="busy")
+    async def busy(ctx: Context) -> str:
+        return await ctx.step(slow, "done")
+
+    try:
+        async with app:
+            for execution_id in ("gone", "kept"):
+                await app.start(nap, id=execution_id)
+            await app.start(addressed, id="mute")
+            await app.drain()
+            running = await app.start(busy, id="busy")
+            await entered.wait()
+            for subject in ("gone", "mute", "busy"):
+                await shred_subject(storage, subject)
+
+            await clock.advance(60)
+            fired = await app.timer_service.poll_once()
+            assert {row.execution_id: what for row, what in fired.items()} == {
+                "gone": "backing-off", "kept": "resumed"
+            }
+            assert await app.get("kept").result(timeout=5) == "awake"
+            with pytest.raises(PayloadShreddedError):
+                await app.get("gone").result(timeout=5)
+
+            inbox = await storage.events.head("$inbox:mute")
+            with pytest.raises(PayloadShreddedError):
+                await app.send("mute", "address", {"street": "1 Private Lane"})
+            assert await storage.events.head("$inbox:mute") == inbox
+            with pytest.raises(PayloadShreddedError):
+                await app.cancel("mute")
+
+            released.set()  # its step ends; its result cannot be sealed any more
+            with pytest.raises(PayloadShreddedError):
+                await running.result(timeout=5)
+            assert [h.execution_id for h in await app.recover()] == []
+            assert {type(e) for e in errors} <= {PayloadShreddedError, KeyDestroyedError}
+            for stream in ("gone", "kept", "mute", "busy"):
+                assert (await verify(storage, stream)).ok, stream
+    finally:
+        await storage.close()
