@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -26,6 +28,28 @@ __all__ = ["SCHEMES", "check_url", "open_postgres", "redact"]
 
 SCHEMES = ("postgresql", "postgres")
 
+# libpq parameters whose value libpq itself refuses when it connects ("invalid port
+# number", "invalid sslmode value"): checked here, so such a typo is an InvalidURLError at
+# once instead of a connection retried for connect_timeout. Every entry of a multi-host
+# list is checked; an empty one means the default.
+_PORT: Final = re.compile(r"^[0-9]{1,5}$")
+_INTEGER: Final = re.compile(r"^\s*[-+]?[0-9]+\s*$")
+_INTEGER_PARAMETERS: Final = (
+    "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout",
+)
+_CHOICES: Final[Mapping[str, tuple[str, ...]]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby",
+    ),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+}
+
 
 def redact(url: str) -> str:
     """``url`` without its password (for messages and ``Storage.url``)."""
@@ -41,7 +65,12 @@ def redact(url: str) -> str:
 
 
 def check_url(url: object) -> str:
-    """A libpq URL with a postgresql:// or postgres:// scheme, or InvalidURLError."""
+    """A libpq URL with a postgresql:// or postgres:// scheme, or InvalidURLError.
+
+    Refuses, before anything connects, an unknown parameter and a value libpq would
+    refuse when connecting (a port that is not a number in 1-65535, a non-integer
+    timeout, an sslmode it does not know): retrying cannot mend a typo.
+    """
     if not isinstance(url, str):
         raise InvalidURLError(f"storage URL must be a str, not {type(url).__name__}")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
@@ -50,10 +79,32 @@ def check_url(url: object) -> str:
             f"{redact(url)!r} is not a PostgreSQL URL; use postgresql://user@host:port/db"
         )
     try:
-        conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {exc}") from None
+    problem = _bad_value(params)
+    if problem is not None:
+        raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {problem}")
     return url
+
+
+def _bad_value(params: Mapping[str, object]) -> str | None:
+    """What is wrong with a value of ``params`` (a parsed URL) that libpq would refuse,
+    or None."""
+    port = params.get("port")
+    if port is not None:
+        for entry in str(port).split(","):
+            if entry and not (_PORT.match(entry) and 1 <= int(entry) <= 65535):
+                return f"port {entry!r} is not a number from 1 to 65535"
+    for name in _INTEGER_PARAMETERS:
+        value = params.get(name)
+        if value is not None and not _INTEGER.match(str(value)):
+            return f"{name} {str(value)!r} is not a whole number"
+    for name, choices in _CHOICES.items():
+        value = params.get(name)
+        if value is not None and str(value) not in choices:
+            return f"{name} {str(value)!r} is not one of {', '.join(choices)}"
+    return None
 
 
 async def _ensure_schema(

@@ -21,6 +21,7 @@ from loom_postgres import PostgresEventStore
 from loom_postgres.database import PooledConnection
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
+from loom_postgres.storage import check_url
 
 from loom_core import AppendRequest, Event, JsonValue, NewEvent, Storage, open_storage
 from loom_core.errors import (
@@ -82,6 +83,36 @@ async def test_bad_options_are_refused_before_connecting(
 async def test_a_malformed_url_is_an_invalid_url_error() -> None:
     with pytest.raises(InvalidURLError):
         await open_storage("postgresql://u@h/db?no_such_param=1")
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("postgresql://u@192.0.2.1:notaport/db", "port 'notaport' is not a number"),
+        ("postgresql://u@192.0.2.1:99999/db", "port '99999' is not a number"),
+        ("postgresql://u@192.0.2.1:0/db", "port '0' is not a number"),
+        ("postgresql://u@192.0.2.1:5432,192.0.2.2:x/db", "port 'x' is not a number"),
+        ("postgresql://u@192.0.2.1/db?sslmode=requir", "sslmode 'requir' is not one of"),
+        ("postgresql://u@192.0.2.1/db?connect_timeout=ten", "connect_timeout 'ten'"),
+        ("postgresql://u@192.0.2.1/db?target_session_attrs=rw", "target_session_attrs"),
+    ],
+)
+async def test_a_value_libpq_would_refuse_is_an_invalid_url_error_before_connecting(
+    url: str, match: str
+) -> None:
+    # Retrying cannot mend a typo: it is refused at once, not after connect_timeout of
+    # connection attempts that all fail the same way.
+    with pytest.raises(InvalidURLError, match=match):
+        await open_storage(url, options={"connect_timeout": 1})
+
+
+def test_the_url_check_accepts_what_libpq_accepts() -> None:
+    for url in (
+        "postgresql://u@h1:5432,h2/db?sslmode=verify-full&target_session_attrs=read-write",
+        "postgresql://u@h/db?connect_timeout=5&keepalives_idle=10&tcp_user_timeout=30000",
+        "postgresql:///db?host=/var/run/postgresql&port=5433",
+    ):
+        assert check_url(url) == url
 
 
 async def test_an_unreachable_server_is_storage_unavailable_and_names_no_password() -> None:
