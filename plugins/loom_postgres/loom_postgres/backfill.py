@@ -12,20 +12,33 @@ from __future__ import annotations
 
 import psycopg
 
-from loom_core.errors import InvalidOptionError
+from loom_core.errors import InvalidOptionError, StorageUnavailableError
 from loom_postgres.database import Connection, configure_session
+from loom_postgres.failures import describe
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import MigrationReport, migrate_connection
-from loom_postgres.storage import check_url
+from loom_postgres.storage import check_url, redact
 
 __all__ = ["backfill_park_fences", "migrate"]
 
 
 async def _connect(url: str, options: PostgresOptions) -> Connection:
-    conn = await psycopg.AsyncConnection.connect(
-        check_url(url), autocommit=True, connect_timeout=max(1, round(options.connect_timeout))
-    )
-    await configure_session(conn, options)
+    """One connection for the deploy step; a server that cannot be reached or refuses it
+    (no such database, role or password) is StorageUnavailableError, with its reason."""
+    url = check_url(url)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, round(options.connect_timeout))
+        )
+    except psycopg.Error as exc:
+        raise StorageUnavailableError(f"cannot connect to {redact(url)}: {describe(exc)}") from exc
+    try:
+        await configure_session(conn, options)
+    except psycopg.Error as exc:
+        await conn.close()
+        raise StorageUnavailableError(
+            f"cannot set up the session at {redact(url)}: {describe(exc)}"
+        ) from exc
     return conn
 
 
@@ -42,7 +55,9 @@ async def migrate(
     accepted and ignored (see the module docstring).
 
     Raises SchemaMigrationError when a table lock is not granted within ``lock_timeout``
-    seconds (nothing changed; retry) or the role may not create the schema.
+    seconds (nothing changed; retry), the role may not create the schema, or the server
+    refuses the change (a read-only database: a standby); StorageUnavailableError when
+    the server cannot be reached or refuses the connection (no such database or role).
     """
     options = parse_options(
         {"schema": schema, "backfill_park_fences": backfill_park_fences,

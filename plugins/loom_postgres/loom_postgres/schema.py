@@ -28,6 +28,7 @@ from psycopg import sql
 from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 from loom_postgres.database import Connection
 from loom_postgres.errors import SchemaMigrationError
+from loom_postgres.failures import describe
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -781,6 +782,14 @@ async def migrate_connection(
         raise SchemaMigrationError(
             f"the database role may not create the Loom schema: {exc}; run "
             "loom_postgres.migrate() once as a role that may, then boot again"
+        ) from exc
+    except psycopg.Error as exc:
+        # A read-only database (a standby, default_transaction_read_only), a full disk, a
+        # lost connection: the one transaction rolled back whole.
+        raise SchemaMigrationError(
+            f"migrating the Loom schema failed ({describe(exc)}); nothing was changed; "
+            "fix the cause (is this the primary, writable, and reachable?) and retry the "
+            "boot"
         ) from exc
     after = max(before, SCHEMA_VERSION)
     return MigrationReport(target, before, after, None)

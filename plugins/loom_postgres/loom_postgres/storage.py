@@ -182,6 +182,11 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {reason}") from exc
     try:
         namespace = await _ensure_schema(pool, opts)
+    except (PoolTimeout, psycopg.Error) as exc:
+        await pool.close()
+        raise StorageUnavailableError(
+            f"cannot read the Loom schema's version at {redact(url)}: {describe(exc)}"
+        ) from exc
     except BaseException:
         await pool.close()
         raise

@@ -15,14 +15,17 @@ from typing import cast
 
 import psycopg
 import pytest
+from loom_conformance.postgres import PostgresServer
 from loom_postgres import (
     SCHEMA_VERSION,
     SchemaMigrationError,
     backfill_park_fences,
     migrate,
 )
+from psycopg import sql
 
 from loom_core import NewEvent, Redrive, StaleFenceError, Storage, TimerRecord, open_storage
+from loom_core.errors import StorageUnavailableError
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
@@ -412,3 +415,37 @@ async def test_a_park_written_with_no_fence_row_is_safe_without_any_backfill(
         )
         assert appended != acquired.acquired
     assert await _fence_rows(admin) == set()
+
+
+async def test_a_read_only_database_is_a_schema_migration_error_and_nothing_is_created(
+    loom_postgres_server: PostgresServer,
+) -> None:
+    # A node pointed at a standby (or a database made read-only): the boot's DDL is
+    # refused, and the caller gets the Loom error that says so, not psycopg's.
+    url = loom_postgres_server.fresh_database("loom_read_only")
+    name = url.rsplit("/", 1)[1]
+    async with await psycopg.AsyncConnection.connect(
+        loom_postgres_server.url, autocommit=True
+    ) as conn:
+        await conn.execute(
+            sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(
+                sql.Identifier(name)
+            )
+        )
+    with pytest.raises(SchemaMigrationError, match="read-only transaction"):
+        await open_storage(url, options={"schema": "loom_ro"})
+    with pytest.raises(SchemaMigrationError, match="read-only transaction"):
+        await migrate(url, schema="loom_ro")
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        found = await _fetch(
+            conn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", ("loom_ro",)
+        )
+    assert found == []
+
+
+async def test_migrate_on_a_database_that_does_not_exist_is_storage_unavailable(
+    pg_url: str,
+) -> None:
+    missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    with pytest.raises(StorageUnavailableError, match='"no_such_database_here" does not exist'):
+        await migrate(missing)
