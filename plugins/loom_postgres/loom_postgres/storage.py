@@ -6,7 +6,7 @@ import contextlib
 import re
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -51,17 +51,29 @@ _CHOICES: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 
+# Query parameters libpq takes a secret in: masked like the password of the netloc.
+_SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword", "oauth_client_secret"})
+
+
 def redact(url: str) -> str:
-    """``url`` without its password (for messages and ``Storage.url``)."""
+    """``url`` without its passwords (for messages and ``Storage.url``): the one before
+    the host and any given as a query parameter (``?password=…``)."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "postgresql://(unparseable)"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
+    if parts.query:
+        fields = parts.query.split("&")
+        for index, field in enumerate(fields):
+            name, equals, _ = field.partition("=")
+            if equals and unquote(name) in _SECRET_PARAMETERS:
+                fields[index] = f"{name}=***"
+        parts = parts._replace(query="&".join(fields))
+    return urlunsplit(parts)
 
 
 def check_url(url: object) -> str:

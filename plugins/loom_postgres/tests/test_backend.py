@@ -123,6 +123,20 @@ async def test_an_unreachable_server_is_storage_unavailable_and_names_no_passwor
     assert "secret" not in str(caught.value)
 
 
+async def test_a_password_given_as_a_query_parameter_is_masked_too(pg_url: str) -> None:
+    # libpq takes the password in the query as well; neither an error nor Storage.url
+    # may show it.
+    with pytest.raises(StorageUnavailableError) as caught:
+        await open_storage(
+            "postgresql://user@127.0.0.1:1/db?password=secret&sslpassword=keysecret",
+            options={"connect_timeout": 1},
+        )
+    assert "secret" not in str(caught.value)
+    assert "password=***&sslpassword=***" in str(caught.value)
+    async with open_storage(f"{pg_url}?password=secret", options={"schema": "masked"}) as s:
+        assert s.url == f"{pg_url}?password=***"
+
+
 async def test_a_server_that_refuses_the_connection_says_why(pg_url: str) -> None:
     # The pool only times out; the message carries the server's own reason.
     missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
