@@ -408,9 +408,10 @@ class PostgresEventStore(RefusesUnoffered):
                 # Nothing was sent: wait for the server while the deadline allows.
                 self._db.connection_lost()
                 if time.monotonic() >= deadline:
-                    error = self._db.error(exc, "append", None, write=False)
                     for item in ordered:
-                        item.reject(error)
+                        item.reject(self._db.error(
+                            exc, self._what(item.op), item.op.execution_id, write=False
+                        ))
                     return
                 await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
                 attempt += 1

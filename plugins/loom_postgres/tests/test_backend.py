@@ -147,6 +147,29 @@ async def test_a_server_that_refuses_the_connection_says_why(pg_url: str) -> Non
 # -- group commit --------------------------------------------------------------------------
 
 
+async def test_a_write_that_finds_no_connection_names_its_operation_and_execution(
+    open_pg: Opener,
+) -> None:
+    # Every connection of the pool is held here, so the writes never get one.
+    storage = await open_pg(pool_min_size=2, pool_max_size=2, max_inflight_batches=1,
+                            reconnect_timeout=0.2)
+    events = storage.events
+    assert isinstance(events, PostgresEventStore)
+    pool = events._db.pool
+    held = [await pool.getconn(), await pool.getconn()]
+    try:
+        with pytest.raises(StorageUnavailableError) as appended:
+            await events.append("order-7", [NewEvent("EXECUTION_STARTED")], expected_sequence=0)
+        with pytest.raises(StorageUnavailableError) as acquired:
+            await events.acquire_fence("order-8")
+    finally:
+        for conn in held:
+            await pool.putconn(conn)
+    assert "append on 'order-7'" in str(appended.value)
+    assert "acquire_fence on 'order-8'" in str(acquired.value)
+    assert await events.head("order-7") == 0
+
+
 async def test_concurrent_appends_share_commits_but_keep_their_own_results(
     open_pg: Opener,
 ) -> None:
