@@ -168,7 +168,10 @@ class MemoryEventStore(RefusesUnoffered):
         self._clock: Clock = clock or functools.partial(datetime.now, UTC)
         self._logs: dict[str, _Log] = {}
         self._fences: dict[str, int] = {}
-        self._signals: dict[str, asyncio.Event] = {}
+        # One signal per subscription waiting for its log to grow, each taken away when
+        # its subscription stops waiting: one abandoned on a log never written again (a
+        # finished execution's) leaves nothing behind.
+        self._signals: dict[str, set[asyncio.Event]] = {}
         self._closed = False
         self._turns = 1  # calls left until the next yield: the first call yields
 
@@ -267,8 +270,7 @@ class MemoryEventStore(RefusesUnoffered):
         return written
 
     def _wake(self, execution_id: str) -> None:
-        signal = self._signals.pop(execution_id, None)
-        if signal is not None:
+        for signal in self._signals.pop(execution_id, ()):
             signal.set()
 
     async def _tick(self) -> None:
@@ -542,10 +544,16 @@ class MemoryEventStore(RefusesUnoffered):
                     next_sequence = event.sequence + 1
                     yield event
                     continue
-            signal = self._signals.get(execution_id)
-            if signal is None:
-                signal = self._signals[execution_id] = asyncio.Event()
-            await signal.wait()
+            signal = asyncio.Event()
+            self._signals.setdefault(execution_id, set()).add(signal)
+            try:
+                await signal.wait()
+            finally:
+                waiting = self._signals.get(execution_id)
+                if waiting is not None:
+                    waiting.discard(signal)
+                    if not waiting:
+                        del self._signals[execution_id]
 
 
 _new: Final = object.__new__

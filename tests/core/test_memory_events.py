@@ -4,12 +4,14 @@ change what the store holds."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import re
 import subprocess
 import sys
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import pytest
 
@@ -200,6 +202,37 @@ async def test_a_log_costs_the_garbage_collector_two_objects_however_long() -> N
     added = len(gc.get_objects()) - before
     assert added <= 2 * executions + 20
     assert len(await store.read("e-7")) == 4
+
+
+async def test_a_subscription_given_up_on_a_finished_log_leaves_nothing_behind() -> None:
+    # A follower (a dashboard, a tail) that stops waiting on a log never written again,
+    # a finished execution's, kept the store's wake-up signal for that log for as long as
+    # the store lived: one per execution ever followed, in a process that runs for months.
+    store = MemoryEventStore()
+    executions = 200
+    for index in range(executions):
+        await store.append(f"e-{index}", [NewEvent("k")], expected_sequence=0)
+
+    def signals() -> int:
+        gc.collect()
+        return sum(isinstance(o, asyncio.Event) for o in gc.get_objects())
+
+    before = signals()
+    for index in range(executions):
+        follower = cast(AsyncGenerator[Event, None], store.subscribe(f"e-{index}"))
+        assert (await follower.__anext__()).sequence == 0
+        waiting = follower.__anext__()
+        waiting.send(None)  # runs to its wait for the log's next event
+        with pytest.raises(asyncio.CancelledError):
+            waiting.throw(asyncio.CancelledError())  # its caller gives up, as on a timeout
+    assert signals() == before
+
+    # A follower still waiting is woken by the next append, as before.
+    live = cast(AsyncGenerator[Event, None], store.subscribe("e-0", from_sequence=1))
+    nxt = asyncio.ensure_future(live.__anext__())
+    await store.append("e-0", [NewEvent("k")], expected_sequence=1)
+    assert (await nxt).sequence == 1
+    await live.aclose()
 
 
 _HELD_PER_EVENT = """
