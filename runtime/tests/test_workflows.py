@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import gc
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -14,6 +15,7 @@ from loom_runtime import (
     NotJsonError,
     Retry,
     StepFailedError,
+    View,
     WorkflowFailedError,
 )
 from loom_runtime.app import MAX_NEW_ID_BYTES
@@ -542,6 +544,46 @@ async def test_a_long_log_deleted_and_made_anew_is_read_anew_by_the_timer_servic
         assert (await app._look("job")).input == [70, "new"]
         await clock.advance(2)
         assert await handle.result(timeout=5) == "new"
+
+
+async def test_the_view_of_a_long_log_is_not_kept_once_its_execution_ended() -> None:
+    """The timer service keeps the view of a long log it woke, every step's result in
+    it, so that its next wake folds only what was appended. An execution that then ended
+    (completed after the wake, cancelled while parked) has no next wake: its view went
+    only when 1024 later ones had pushed it out, so a worker running long executions held
+    the last 1024 of them, finished, for good (each step's result with them)."""
+    clock = VirtualClock()
+    app = Loom("memory://", node="n1", clock=clock)
+
+    async def result(i: int) -> str:
+        return f"result {i}"
+
+    @app.workflow()
+    async def long(ctx: Context) -> int:
+        for i in range(70):
+            await ctx.step(result, i)
+        await ctx.sleep(1)
+        await ctx.sleep(1)
+        return 70
+
+    def views_of(ids: list[str]) -> list[View]:
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, View) and o.execution_id in ids]
+
+    ids = [f"long-{i}" for i in range(6)]
+    async with app:
+        for execution_id in ids:
+            await app.start(long, id=execution_id)
+        await app.drain()
+        await clock.advance(1)  # each woken from its first sleep: parked on the second
+        await app.drain()
+        for execution_id in ids[3:]:
+            assert await app.cancel(execution_id)
+        await clock.advance(1)
+        for execution_id in ids[:3]:
+            assert await app.get(execution_id).result(timeout=5) == 70
+        await app.drain()
+        assert views_of(ids) == []
 
 
 async def test_what_a_caller_does_to_a_view_it_read_never_reaches_a_run() -> None:
