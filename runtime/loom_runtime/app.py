@@ -1483,25 +1483,30 @@ class Loom:
             if tail and tail[0] == last:
                 if len(tail) > 1:
                     view, last = fold(tail[1:], into=view), tail[-1]
-                if view.terminal:  # nothing wakes it again: not kept (see _forget_view)
-                    self._views.pop(execution_id, None)
+                if view.terminal:  # nothing wakes it again: not kept
+                    self._forget_ended(execution_id)
                     return view
                 self._keep_view(view, last)
                 return fold((), into=view)  # its containers the caller's own
             self._views.pop(execution_id, None)
         log = await events.read(execution_id)
         view = fold(log, execution_id=execution_id)
-        if not view.terminal and len(log) + len(view.waits) >= _KEPT_FROM:
+        if view.terminal:
+            self._forget_ended(execution_id)  # what a look that raced its end kept
+        elif len(log) + len(view.waits) >= _KEPT_FROM:
             self._keep_view(view, log[-1], anew=True)
             return fold((), into=view)
         return view
 
-    def _forget_view(self, execution_id: str) -> None:
-        """The execution ended: its kept view (every step's result of a long log) goes
-        now, rather than when 1024 later ones have pushed it out; a worker that ran long
-        executions would otherwise hold the last 1024 of them, finished, for good."""
+    def _forget_ended(self, execution_id: str) -> None:
+        """The execution ended: its kept view (every step's result of a long log) and
+        the messages read of its inbox go now, rather than when 1024 later ones have
+        pushed them out; a worker would otherwise hold the last 1024 of each, finished,
+        for good."""
         if self._views:
             self._views.pop(execution_id, None)
+        if self._inbox is not None:
+            self._inbox.forget(execution_id)
 
     def _keep_view(self, view: View, last: Event, *, anew: bool = False) -> None:
         """Keep ``view`` for the next look; one folded from the log read whole (``anew``)
@@ -1957,7 +1962,7 @@ class Loom:
                 )
             raise
         self._reported(written)
-        self._forget_view(execution_id)
+        self._forget_ended(execution_id)
         run = self._drivers.get(execution_id)
         if run is not None:
             # This process's run stops now, not at its next write: a step waiting to try
@@ -2343,6 +2348,7 @@ class Loom:
                     hop = self._left_behind(view, await self.inbox.messages(row.execution_id))
                     if hop is not None:
                         onward.append(hop)
+                self._forget_ended(row.execution_id)  # handed on: its inbox is read no more
             return "obsolete"
         own = [w for w in view.waits.values() if w.wake_at == row.wake_at]
         # A message's wake row (written at the sender's now) can share the instant of an
@@ -2734,7 +2740,7 @@ class Loom:
             except StorageError as exc:
                 # The execution has ended: rows left are found obsolete when they fall due.
                 self.hooks.storage_error(execution_id, exc)
-        self._forget_view(execution_id)
+        self._forget_ended(execution_id)
         return run.last_written, None
 
     async def _after_park(self, view: View, park_seq: int) -> Run | None:
@@ -3057,7 +3063,7 @@ class Loom:
 
     async def _cancelled(self, execution_id: str) -> None:
         self.halted.pop(execution_id, None)  # what result() raises now is the cancel
-        self._forget_view(execution_id)
+        self._forget_ended(execution_id)
         await self.storage.timers.cancel(execution_id)
         self.changed(execution_id)
 

@@ -101,6 +101,12 @@ class Inbox:
             self._cache.popitem(last=False)
         return known
 
+    def forget(self, execution_id: str) -> None:
+        """Drop what was read of ``execution_id``'s inbox: its execution ended, and no
+        receive reads it again (a later read, a send's, reads the stream anew)."""
+        if self._cache:
+            self._cache.pop(inbox_of(execution_id), None)
+
     async def next(
         self, execution_id: str, topics: tuple[str, ...], consumed: Set[int]
     ) -> Message | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.app import SENDER_GRACE
+from loom_runtime.inbox import Message
 from loom_runtime.testing import VirtualClock, crash_at
 from loom_runtime.timers import Fired
 from store_probes import Wired, kinds, wired
@@ -596,3 +598,46 @@ async def test_many_sends_of_one_process_to_one_inbox_queue_rather_than_fail(
         assert sorted(ids) == list(range(100))
         assert await handle.result(timeout=30) == sum(range(100))
         assert sorted(await consumed(app, "parent")) == list(range(100))  # type: ignore[type-var]
+
+
+async def test_the_messages_an_ended_execution_received_are_not_kept() -> None:
+    """What the app read of an inbox (each message's value) went only when 1024 later
+    inboxes had pushed it out: a worker held the messages of the last 1024 executions
+    that received any, finished, for good. It goes when the execution ends here
+    (completed, cancelled, continued as new)."""
+    app = Loom("memory://", node="n1", clock=VirtualClock())
+
+    @app.workflow()
+    async def collect(ctx: Context, n: int) -> int:
+        for _ in range(n):
+            await ctx.receive("item")
+        return n
+
+    @app.workflow()
+    async def relay(ctx: Context, generation: int) -> int:
+        await ctx.receive("item")
+        if generation < 2:
+            ctx.continue_as_new(generation + 1)
+        return generation
+
+    def messages_held() -> int:
+        gc.collect()
+        return sum(isinstance(o, Message) for o in gc.get_objects())
+
+    async with app:
+        for i in range(5):
+            handle = await app.start(collect, 3, id=f"collect-{i}")
+            for j in range(3):
+                await app.send(f"collect-{i}", "item", {"n": j, "blob": "x" * 1000})
+            assert await handle.result(timeout=5) == 3
+        chain = await app.start(relay, 0, id="relay")
+        for j in range(3):
+            await app.send("relay", "item", j)
+        assert await chain.result(timeout=5) == 2
+        cancelled = await app.start(collect, 3, id="cancelled")
+        await app.send("cancelled", "item", 1)
+        await app.send("cancelled", "other", 2)
+        await app.drain()
+        assert await cancelled.cancel()
+        await app.drain()
+        assert messages_held() == 0
