@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -119,6 +120,20 @@ def _bad_value(params: Mapping[str, object]) -> str | None:
     return None
 
 
+def _with_url_connect_timeout(
+    url: str, opts: PostgresOptions, given: Mapping[str, object]
+) -> PostgresOptions:
+    """``opts`` with the URL's own ``connect_timeout`` (a positive number of seconds)
+    when the options do not set one: the pool hands libpq the option's, which would
+    override the URL's. libpq's 0, no limit at all, is not taken: opening must end."""
+    if "connect_timeout" in given:
+        return opts
+    seconds = conninfo_to_dict(url).get("connect_timeout")
+    if seconds is None or int(str(seconds)) <= 0:  # a whole number: check_url saw to it
+        return opts
+    return replace(opts, connect_timeout=float(int(str(seconds))))
+
+
 async def _ensure_schema(
     pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions
 ) -> str:
@@ -166,7 +181,7 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     (InvalidURLError); an unreachable server is StorageUnavailableError.
     """
     url = check_url(url)
-    opts = parse_options(options)
+    opts = _with_url_connect_timeout(url, parse_options(options), options)
 
     async def configure(conn: PooledConnection) -> None:
         await configure_session(conn, opts)

@@ -137,6 +137,19 @@ async def test_a_password_given_as_a_query_parameter_is_masked_too(pg_url: str) 
         assert s.url == f"{pg_url}?password=***"
 
 
+async def test_the_urls_connect_timeout_is_kept_unless_the_option_sets_one(pg_url: str) -> None:
+    # libpq takes connect_timeout from the URL; the pool's own must not override it.
+    for query, options, seconds in (
+        ("?connect_timeout=3", {}, 3.0),
+        ("?connect_timeout=3", {"connect_timeout": 5}, 5.0),
+        ("?connect_timeout=0", {}, 10.0),  # libpq's "no limit": opening must end
+        ("", {}, 10.0),
+    ):
+        async with open_storage(pg_url + query, options={**options, "schema": "timeouts"}) as s:
+            assert isinstance(s.events, PostgresEventStore)
+            assert s.events._db.options.connect_timeout == seconds, query
+
+
 async def test_a_server_that_refuses_the_connection_says_why(pg_url: str) -> None:
     # The pool only times out; the message carries the server's own reason.
     missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
