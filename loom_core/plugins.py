@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import re
 import threading
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -232,17 +233,28 @@ def _scheme(url: object) -> str:
         raise InvalidURLError(f"storage URL must be a str, not {type(url).__name__}")
     if "://" not in url:
         raise InvalidURLError(
-            f"storage URL {url!r} has no scheme followed by '://'; use e.g. memory://, "
+            f"storage URL {_masked(url)!r} has no scheme followed by '://'; use e.g. memory://, "
             "sqlite:///path/loom.db (three slashes before a relative path, four before an "
             "absolute one) or postgresql://user@host/db"
         )
     try:
         scheme = urlsplit(url).scheme
     except ValueError as exc:
-        raise InvalidURLError(f"storage URL {url!r} cannot be parsed: {exc}") from None
+        raise InvalidURLError(
+            f"storage URL {_masked(url)!r} cannot be parsed: {exc}"
+        ) from None
     if not scheme:
-        raise InvalidURLError(f"storage URL {url!r} has no scheme")
+        raise InvalidURLError(f"storage URL {_masked(url)!r} has no scheme")
     return scheme.lower()
+
+
+_PASSWORD: Final = re.compile(r"([^:/@\s]*:)[^@/\s]*@")
+
+
+def _masked(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part, if any, masked: a URL
+    refused for its shape is shown in the error, and errors reach logs."""
+    return _PASSWORD.sub(r"\1***@", url)
 
 
 def _decorator_specs(
@@ -339,8 +351,10 @@ class _Opening:
 
     def __repr__(self) -> str:
         # What asyncio.run(open_storage(url)) prints in its "a coroutine was expected" error.
+        url = self._args[0]
+        shown = _masked(url) if isinstance(url, str) else url
         return (
-            f"open_storage({self._args[0]!r}), which is not a coroutine: inside an async "
+            f"open_storage({shown!r}), which is not a coroutine: inside an async "
             "function, `await open_storage(...)` or `async with open_storage(...) as "
             "storage:`, and pass that function's coroutine to asyncio.run"
         )

@@ -102,6 +102,17 @@ async def test_a_url_without_a_scheme_is_refused(url: object) -> None:
         await open_storage(url, plugins=PluginHost(entry_points=False))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "url", ["postgresql://ops:hunter2@[::1/loom", "ops:hunter2@db.internal/loom"]
+)
+async def test_a_url_refused_for_its_shape_does_not_show_its_password(url: str) -> None:
+    with pytest.raises(InvalidURLError) as refused:
+        await open_storage(url, plugins=PluginHost(entry_points=False))
+    assert "hunter2" not in str(refused.value)
+    assert "ops:***@" in str(refused.value)
+    assert "hunter2" not in repr(open_storage(url))  # what asyncio.run(...) would print
+
+
 async def test_memory_url_with_a_path_or_unknown_option_is_refused() -> None:
     host = PluginHost(entry_points=False)
     with pytest.raises(InvalidURLError):
