@@ -30,6 +30,7 @@ from loom_crypto.file_keystore import FileKeyStore
 from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore
 from loom_crypto.memory_keystore import MemoryKeyStore
 from loom_crypto.plugin import CryptoDecorator
+from loom_crypto.scoped_keystore import SCOPE_PREFIX, ScopedKeyStore
 from loom_crypto.sealing import (
     CLEAR_MARKER,
     FORMAT_VERSION,
@@ -50,6 +51,7 @@ __all__ = [
     "INTEGRITY_SUBJECT",
     "KEY_BYTES",
     "MAX_SEALS_PER_KEY",
+    "SCOPE_PREFIX",
     "SEALED_MARKER",
     "CryptoDecorator",
     "CryptoEventStore",
@@ -63,6 +65,7 @@ __all__ = [
     "KeyStoreUnavailableError",
     "MemoryKeyStore",
     "PayloadAuthenticationError",
+    "ScopedKeyStore",
     "ShredIncompleteError",
     "ShredResult",
     "SubjectOf",

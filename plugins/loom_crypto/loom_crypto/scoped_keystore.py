@@ -1,0 +1,120 @@
+"""A :class:`~loom_crypto.KeyStore` seen through one scope (a tenant) of a key store that
+several scopes share: one KMS for every tenant, each tenant's keys its own.
+
+``ScopedKeyStore(inner, scope="acme")`` gives each subject of the scope a subject of its
+own in ``inner``, ``$loom-scope/<len(scope)>:<scope>/<subject>`` (so ``acme``'s
+``order-42`` and ``zeta``'s ``order-42`` are two subjects with two keys, and no scope's
+subject can be spelt as another's), and hands out each key of ``inner`` with its bytes
+derived for the scope: HKDF-SHA256 of the inner key's bytes, its info the canonical JSON of
+``["loom-crypto-scope", 1, scope]``. The key ids stay those of ``inner``.
+
+The derivation is what keeps a row of one scope from authenticating in another: a tag or
+a MAC made under ``acme``'s bytes for a key does not verify under ``zeta``'s bytes for that
+same key id, so a row copied from one tenant's log to the other's (same ids, sequences,
+kinds) is refused with :class:`~loom_crypto.PayloadAuthenticationError`, even though
+``get`` answers any key id of the shared store. Destroying a key destroys it in ``inner``,
+for every derivation of it: shredding is per subject, and each scope's subjects are its own.
+
+A payload sealed under a key store used without a scope (the inner key's own bytes) does
+not open through a scoped one, nor the other way round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections import OrderedDict
+from typing import Final, final
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from loom_core.errors import InvalidOptionError, LoomError
+from loom_core.spi import canonical_json, check_key
+from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
+from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore
+
+__all__ = ["SCOPE_PREFIX", "ScopedKeyStore"]
+
+SCOPE_PREFIX: Final = "$loom-scope/"
+"""What starts every subject a :class:`ScopedKeyStore` names in its inner key store."""
+
+_DERIVED_KEPT: Final = 4096
+
+
+@final
+class ScopedKeyStore:
+    """``inner``'s keys for the subjects of ``scope`` only, with bytes of their own (see the
+    module docstring). Every call goes to ``inner``: a key is handed out only for the bytes
+    ``inner`` has just handed out, so a key destroyed elsewhere is noticed as before, and its
+    derivation is dropped once ``inner`` says it is destroyed or unknown."""
+
+    __slots__ = ("_derived", "_info", "_prefix", "inner", "scope")
+
+    def __init__(self, inner: KeyStore, *, scope: str) -> None:
+        if not isinstance(inner, KeyStore):
+            raise InvalidOptionError(
+                f"inner must implement loom_crypto.KeyStore, got {type(inner).__name__}"
+            )
+        if not isinstance(scope, str):
+            raise InvalidOptionError(f"scope must be a str (a tenant's name), not {scope!r}")
+        if scope:  # the empty name is a scope of its own, as it is a tenant of its own
+            try:
+                check_key(scope, "scope")
+            except LoomError as exc:
+                raise InvalidOptionError(
+                    f"scope {scope!r} is refused: {exc}; name it without control characters, "
+                    "in at most 512 UTF-8 bytes"
+                ) from exc
+        self.inner = inner
+        self.scope = scope
+        self._prefix = f"{SCOPE_PREFIX}{len(scope)}:{scope}/"
+        self._info = canonical_json(["loom-crypto-scope", 1, scope]).encode("utf-8")
+        # key id -> (digest of inner's bytes, their derivation): the derived DataKey is
+        # handed out again while inner hands out the same bytes, so its AES-GCM context is
+        # built once; inner's own bytes are not kept.
+        self._derived: OrderedDict[str, tuple[bytes, DataKey]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"ScopedKeyStore({self.inner!r}, scope={self.scope!r})"
+
+    def _subject(self, subject: str) -> str:
+        subject = check_key(subject, "subject")
+        return check_key(self._prefix + subject, f"subject {subject!r} in scope {self.scope!r}")
+
+    def _derive(self, key: DataKey) -> DataKey:
+        digest = hashlib.sha256(key.material).digest()
+        kept = self._derived.get(key.key_id)
+        if kept is not None and hmac.compare_digest(kept[0], digest):
+            self._derived.move_to_end(key.key_id)
+            return kept[1]
+        material = HKDF(
+            algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=self._info
+        ).derive(key.material)
+        derived = DataKey(key.key_id, material)
+        self._derived[key.key_id] = (digest, derived)
+        self._derived.move_to_end(key.key_id)
+        if len(self._derived) > _DERIVED_KEPT:
+            self._derived.popitem(last=False)
+        return derived
+
+    async def create(self, subject: str) -> DataKey:
+        return self._derive(await self.inner.create(self._subject(subject)))
+
+    async def get(self, key_id: str) -> DataKey:
+        try:
+            key = await self.inner.get(key_id)
+        except (KeyDestroyedError, KeyNotFoundError):
+            self._derived.pop(key_id, None)
+            raise
+        return self._derive(key)
+
+    async def key_id_for(self, subject: str) -> str | None:
+        return await self.inner.key_id_for(self._subject(subject))
+
+    async def destroy(self, key_id: str) -> bool:
+        self._derived.pop(key_id, None)
+        return await self.inner.destroy(key_id)
+
+    async def was_destroyed(self, key_id: str) -> bool:
+        return await self.inner.was_destroyed(key_id)
