@@ -76,11 +76,12 @@ from loom_core.spi import (
 from loom_crypto.errors import (
     IncarnationMismatchError,
     KeyDestroyedError,
+    KeyStoreError,
     PayloadAuthenticationError,
     UnauthenticatedPayloadError,
 )
 from loom_crypto.incarnations import DEFAULT_INCARNATION_CACHE_SIZE, Incarnations
-from loom_crypto.keys import DataKey, KeyStore, ask_key_store
+from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore, ask_key_store
 from loom_crypto.sealing import (
     INCARNATION_FIELD,
     INTEGRITY_SUBJECT,
@@ -310,6 +311,14 @@ class CryptoEventStore(EventStoreDecorator):
                         f"create or get a subject's key for {execution_id!r}",
                     )
                 key, protect = known, seal_payload
+            if len(key.material) != KEY_BYTES:
+                # Sealed or MACed under it, the event would be written and then refused by
+                # every read (the size check there): refuse it before anything is written.
+                raise KeyStoreError(
+                    f"the key store returned key {key.key_id!r} of {len(key.material)} bytes "
+                    f"for a write to {execution_id!r}; a data key is {KEY_BYTES} bytes "
+                    "(AES-256): fix the key store's create; nothing was written"
+                )
             value = event.payload
             payload = protect(
                 key, value, execution_id=execution_id,
