@@ -39,10 +39,12 @@ class Storage:
             ("timers", timers, TimerStore),
             ("leases", leases, LeaseStore),
         ):
-            if not isinstance(value, protocol):
-                lacking = sorted(
-                    m for m in get_protocol_members(protocol) if not hasattr(value, m)
-                )
+            # hasattr, not isinstance: from Python 3.12 on, isinstance() of a protocol
+            # looks attributes up statically, and so refuses a store that forwards what it
+            # does not define itself through __getattr__ (a proxy, a test double), which
+            # it accepted before; hasattr accepts it on every version.
+            lacking = sorted(m for m in get_protocol_members(protocol) if not hasattr(value, m))
+            if lacking:
                 raise InvalidOptionError(
                     f"Storage({name}=...) must implement {protocol.__name__}; "
                     f"{type(value).__name__} lacks {', '.join(lacking)}"

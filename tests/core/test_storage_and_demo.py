@@ -29,6 +29,27 @@ async def test_storage_refusing_a_store_names_the_methods_it_lacks() -> None:
     assert "RefusesUnoffered" in message
 
 
+class Forwarding:
+    """A proxy that forwards every attribute to the store it wraps (a test double)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+async def test_storage_takes_a_store_that_forwards_through_getattr_on_every_python() -> None:
+    # isinstance() of a protocol refuses such a proxy from Python 3.12 on; Storage does not.
+    storage = Storage(
+        Forwarding(MemoryEventStore()),  # type: ignore[arg-type]
+        Forwarding(MemoryTimerStore()),  # type: ignore[arg-type]
+        Forwarding(MemoryLeaseStore()),  # type: ignore[arg-type]
+    )
+    async with storage:
+        assert await storage.events.head("e") == 0
+
+
 async def test_storage_close_closes_every_store_when_one_fails() -> None:
     closed: list[str] = []
 
