@@ -2129,12 +2129,16 @@ class Loom:
             recovering = self._recovering
             if recovering is not None and recovering.done():
                 recovering = self._recovering = None
-            if not self._driving and not others and recovering is None:
+            waiting = [*self._driving, *others, *([recovering] if recovering else [])]
+            if not waiting:
                 return
-            await asyncio.gather(
-                *self._driving, *others, *([recovering] if recovering else []),
-                return_exceptions=True,
-            )
+            if all(task.done() for task in waiting):
+                # Ended, and taken out of these by their done callbacks at the loop's next
+                # turn: give it one. (gather() of futures that are all done returns without
+                # yielding from Python 3.12 on, so waiting there would spin for ever.)
+                await asyncio.sleep(0)
+                continue
+            await asyncio.gather(*waiting, return_exceptions=True)
 
     def busy(self) -> list[asyncio.Task[Any]]:
         """The tasks of this app making progress: a run that is not finished or parked,
