@@ -10,7 +10,7 @@ import json
 import marshal
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Final, cast
@@ -789,53 +789,49 @@ def _check_replacements(
     return items
 
 
-# One encoder for every call: json.dumps with options builds a new one each time.
-_CANONICAL: Final = json.JSONEncoder(
-    separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-)
+def _json_writer(*, sort_keys: bool) -> Callable[[JsonValue], str]:
+    """Compact JSON text, keys sorted or in the order given, with one encoder for every
+    call: ``json.dumps`` with options builds a new one each time.
 
-
-# And one C encoder under it: JSONEncoder.encode builds a new one, and the Python frames
-# around it, on every call, which cost more than the encoding of a small value. Without
-# the circular-reference markers: a checked value has no cycle (nor more than 200 levels).
-_CANONICAL_CHUNKS: Final = (
-    None
-    if c_make_encoder is None
-    else c_make_encoder(
-        None, _CANONICAL.default, encode_basestring, None, ":", ",", True, False, False
+    And one C encoder under it where there is one: ``JSONEncoder.encode`` builds a new
+    one, and the Python frames around it, on every call, which cost more than the
+    encoding of a small value. Without the circular-reference markers: a checked value has
+    no cycle (nor more than 200 levels)."""
+    encoder = json.JSONEncoder(
+        separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=False, allow_nan=False
     )
-)
+    if c_make_encoder is None:
+        return encoder.encode
+    chunks = c_make_encoder(
+        None, encoder.default, encode_basestring, None, ":", ",", sort_keys, False, False
+    )
+
+    def write(value: JsonValue) -> str:
+        return "".join(chunks(value, 0))
+
+    return write
 
 
-def canonical_json(value: JsonValue) -> str:
-    """Compact JSON text with sorted keys (what SQL stores persist)."""
-    if _CANONICAL_CHUNKS is None:
-        return _CANONICAL.encode(value)
-    return "".join(_CANONICAL_CHUNKS(value, 0))
-
+_CANONICAL: Final = _json_writer(sort_keys=True)
 
 # What the check writes where orjson cannot (an integer beyond 64 bits): compact, as
 # orjson writes, and with the keys in the order given, as orjson keeps them. Sorted, an
 # object's keys would read back in another order than the writer's, depending only on
 # whether some number in it is large: a workflow replayed from it would iterate them
 # otherwise than it did live.
-_ORDERED: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_ORDERED_CHUNKS: Final = (
-    None
-    if c_make_encoder is None
-    else c_make_encoder(
-        None, _ORDERED.default, encode_basestring, None, ":", ",", False, False, False
-    )
-)
+_ORDERED: Final = _json_writer(sort_keys=False)
+
+
+def canonical_json(value: JsonValue) -> str:
+    """Compact JSON text with sorted keys (what SQL stores persist)."""
+    return _CANONICAL(value)
 
 
 def json_text(value: JsonValue) -> str:
     """Compact JSON text with the keys in the order given: what the check writes for a
     payload (the text ``check_events_with_text`` hands over). For a store that encodes a
     checked payload itself, so that it reads back as it was written."""
-    if _ORDERED_CHUNKS is None:
-        return _ORDERED.encode(value)
-    return "".join(_ORDERED_CHUNKS(value, 0))
+    return _ORDERED(value)
 
 
 def check_append_requests(
