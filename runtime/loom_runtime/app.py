@@ -318,6 +318,17 @@ class Handle(Generic[R]):
             raise stopped
 
 
+def _check_node(node: object, what: str = "Loom(node=...)") -> str:
+    """A valid node name: a non-empty str that an event may hold (every drive records it)."""
+    if not isinstance(node, str) or not node:
+        raise InvalidOptionError(f"{what} must be a non-empty str, not {node!r}")
+    try:
+        check_text(node, what)
+    except InvalidInputError as exc:
+        raise InvalidOptionError(str(exc)) from None
+    return node
+
+
 class Loom:
     """A durable-workflow app on one storage.
 
@@ -365,14 +376,7 @@ class Loom:
             raise InvalidOptionError(
                 f"Loom() takes a storage URL or a Storage, not {type(storage).__name__}"
             )
-        if node is None:
-            node = socket.gethostname() or "local"
-        if not isinstance(node, str) or not node:
-            raise InvalidOptionError(f"Loom(node=...) must be a non-empty str, not {node!r}")
-        try:
-            check_text(node, "Loom(node=...)")  # every drive records it
-        except InvalidInputError as exc:
-            raise InvalidOptionError(str(exc)) from None
+        node = _check_node(socket.gethostname() or "local" if node is None else node)
         if authorize is not None and not callable(authorize):
             raise InvalidOptionError(f"Loom(authorize=...) must be callable, not {authorize!r}")
         if clock is not None:
@@ -708,6 +712,18 @@ class Loom:
         if self._inbox is None:
             self._inbox = Inbox(self.storage.events)
         return self._inbox
+
+    def _rename_node(self, node: object, what: str) -> None:
+        """Serve as ``node`` rather than the name the app was built with (``loom worker
+        --node``: several worker processes of one app module). Refused once entered: the
+        runs it drives are recorded under the name it entered with."""
+        node = _check_node(node, what)
+        if self._entered:
+            raise InvalidOptionError(
+                f"this Loom app already runs as node {self.node!r}; name its node before "
+                "entering it"
+            )
+        self.node = node
 
     async def __aenter__(self) -> Loom:
         if self._entered:

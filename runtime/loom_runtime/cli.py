@@ -157,10 +157,26 @@ def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
         "results are not recorded any more) before it exits without them."
     ),
 )
-def worker(spec: str, grace: float) -> None:
+@click.option(
+    "--node",
+    metavar="NAME",
+    default=None,
+    help=(
+        "Serve as this node rather than the one the app was built with (its Loom(node=...), "
+        "by default the host name). Give each worker process on a host its own stable "
+        "name, e.g. worker-1, worker-2: a restart recovers exactly what its name was "
+        "running."
+    ),
+)
+def worker(spec: str, grace: float, node: str | None) -> None:
     """Serve an app until SIGINT or SIGTERM: fire its due timers and recover the
     executions its node was running."""
     app = _load_app(spec)
+    if node is not None:
+        try:
+            app._rename_node(node, "--node")
+        except LoomError as exc:
+            raise click.BadParameter(str(exc), param_hint="--node") from exc
     if not app.timers_on:
         raise click.BadParameter(
             f"{spec} is built with timers=False (an app that only starts and sends), so a "

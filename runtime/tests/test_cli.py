@@ -51,10 +51,10 @@ def serve(
     )
 
 
-async def left_running(url: str, workflow: str, execution_id: str) -> None:
+async def left_running(url: str, workflow: str, execution_id: str, node: str = "w1") -> None:
     """An execution of ``workflow`` (one step, named as the workflow) left running under
-    node w1 with its step not run, as by a process that died: the worker's to recover."""
-    left = Loom(url, node="w1", recover=False)
+    ``node`` with its step not run, as by a process that died: the worker's to recover."""
+    left = Loom(url, node=node, recover=False)
 
     async def one_step(ctx: Context) -> int:
         return await ctx.step(answer, name=workflow)
@@ -106,6 +106,49 @@ async def test_the_worker_recovers_its_nodes_execution_and_stops_on_sigterm(
     assert worker.returncode == 0, stderr
     assert "loom worker: node 'w1'" in stderr
     assert "stopped" in stderr
+
+
+async def test_the_worker_serves_as_the_node_it_is_given_rather_than_the_apps(
+    tmp_path: Path,
+) -> None:
+    """Two worker processes of one app module, each with its own --node: a restart of
+    w2 recovers what w2 was running, which the app's own node (w1) would leave."""
+    url = "sqlite:///" + str(tmp_path / "served.db")
+    await left_running(url, "served", "left-by-w2", node="w2")
+    worker = serve(tmp_path, url, SERVED, "--node", "w2")
+    try:
+        checker = Loom(url, node="checker", recover=False, timers=False)
+        async with checker:
+            assert await checker.get("left-by-w2").result(timeout=60) == 42
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert worker.returncode == 0, stderr
+    assert "loom worker: node 'w2'" in stderr
+
+
+# Bytes that are not UTF-8 reach the worker as lone surrogates, which no store can hold.
+@pytest.mark.parametrize(
+    ("node", "why"), [(b"", "must be a non-empty str"), (b"w\xff", "lone surrogate")]
+)
+def test_the_worker_refuses_a_node_name_an_event_cannot_hold(
+    tmp_path: Path, node: bytes, why: str
+) -> None:
+    (tmp_path / "served_app.py").write_text(SERVED)
+    result = subprocess.run(
+        [sys.executable.encode(), b"-m", b"loom_runtime", b"worker",
+         b"--app", b"served_app:app", b"--node", node],
+        cwd=tmp_path,
+        env={**os.environ, "SERVED_URL": "sqlite:///" + str(tmp_path / "served.db")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Invalid value for --node" in result.stderr, result.stderr
+    assert why in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "served.db").exists()  # refused before the storage opened
 
 
 def test_the_worker_refuses_an_app_spec_that_is_not_a_loom(tmp_path: Path) -> None:
