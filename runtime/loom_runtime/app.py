@@ -1126,6 +1126,7 @@ class Loom:
             workflow=name,
             input=inputs,
             fingerprint=self._code_digest(name),
+            driven_by=self._code_digest(name),
             node=self.node,
             root=execution_id,
             fence=token,
@@ -2864,11 +2865,14 @@ class Loom:
         """Refuse, before any token is taken or anything written, to answer the park of an
         execution whose log the app's code no longer matches: raise the
         ReplayDivergedError a replay of it (as ``check_replay`` makes, appending nothing)
-        meets. Only when the body's code is not the code that started the execution or
-        last took it over: the same code replays its own log as it ran."""
+        meets. Only when the body's code is not the code that drove the execution last
+        (started it, took it over or answered its park): the same code replays the log as
+        it wrote it. Not the code that started it, once other code has driven it since: a
+        rollback after a deploy would answer parks that the log's newer calls diverge
+        from."""
         if view.park is None or view.terminal:
             return  # nothing to answer: the resume refuses it without a replay
-        if self._code_digest(view.workflow) in (view.fingerprint, view.recovered_by):
+        if self._code_digest(view.workflow) == view.driven_by:
             return
         outcome = await Run(self, view, view.fence, fn, replay_only=True).drive()
         if outcome.kind == "stopped" and isinstance(outcome.reason, ReplayDivergedError):
@@ -2951,6 +2955,7 @@ class Loom:
                             wait.position,
                             {"kind": "message", "message": found.sequence},
                             self.node,
+                            self._code_digest(view.workflow),
                         ),
                     ]
                     return batch, (wait,)
@@ -2980,12 +2985,14 @@ class Loom:
                 break
             if wait is not pick and wait.wake_at is not None and wait.wake_at <= now:
                 answered.append(wait)
+        fingerprint = self._code_digest(view.workflow)
         batch = [
             records.resumed(
                 park_seq,
                 wait.position,
                 {"kind": "timer" if wait.call == "sleep" else "timeout"},
                 self.node,
+                fingerprint,
             )
             for wait in answered
         ]

@@ -111,6 +111,10 @@ class View:
     a row whose runs died before they wrote anything."""
     recovered_by: str = ""
     """The fingerprint of the code those takeovers ran."""
+    driven_by: str = ""
+    """The fingerprint of the code that drove the execution last: the code that started
+    it, took it over, or answered its latest park (and ran on from the answer). Code with
+    this fingerprint replays the log as it was written."""
     carried_on: int = 0
     """How many takeovers by a live process carrying on its own run (EXECUTION_RECOVERED
     with ``carried_on``: after a store failure or a cancelled call) the log ends with: the
@@ -194,6 +198,7 @@ def _copy(view: View) -> View:
     copy.forked_at = view.forked_at
     copy.recoveries = view.recoveries
     copy.recovered_by = view.recovered_by
+    copy.driven_by = view.driven_by
     copy.carried_on = view.carried_on
     copy.retries = dict(view.retries) if view.retries else {}
     return copy
@@ -235,7 +240,7 @@ def _started(view: View, event: Event) -> None:
     view.workflow = _str(p, "workflow")
     raw_input = p.get("input")
     view.input = list(raw_input) if isinstance(raw_input, list) else []
-    view.fingerprint = _opt_str(p, "fingerprint") or ""
+    view.fingerprint = view.driven_by = _opt_str(p, "fingerprint") or ""
     view.node = _opt_str(p, "node") or ""
     view.root = _opt_str(p, "root") or event.execution_id
     view.generation = _int(p, "generation", 0)
@@ -312,6 +317,9 @@ def _suspended(view: View, event: Event) -> None:
 
 def _resumed(view: View, event: Event) -> None:
     p = _obj(event.payload)
+    # An answer written before answers recorded the answering code's fingerprint leaves
+    # the execution's last driver as it was.
+    view.driven_by = _opt_str(p, "fingerprint") or view.driven_by
     position = parse_position(p.get("position"))
     answer = _obj(p.get("answer"))
     wait = view.waits.get(position)
@@ -335,6 +343,7 @@ def _recovered(view: View, event: Event) -> None:
     p = _obj(event.payload)
     view.node = _opt_str(p, "node") or view.node
     fingerprint = _opt_str(p, "fingerprint") or ""
+    view.driven_by = fingerprint
     if p.get("carried_on") is True:
         # A live process took its own run back: not a death, so it ends a count of
         # recoveries in a row, and starts one of carry-ons.

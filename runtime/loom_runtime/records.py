@@ -432,13 +432,20 @@ def suspended(waits: Sequence[Wait]) -> NewEvent:
 
 
 def resumed(
-    park_seq: int, position: Position, answer: JsonObject, node: str
+    park_seq: int, position: Position, answer: JsonObject, node: str, fingerprint: str
 ) -> NewEvent:
     """The answer to the park at ``park_seq``: ``answer["kind"]`` is ``timer``, ``timeout``
-    or ``message`` (with its inbox ``message`` sequence)."""
+    or ``message`` (with its inbox ``message`` sequence). ``fingerprint`` is the code's
+    that answers, and runs on from the answer."""
     return build_new_event(
         EventKind.EXECUTION_RESUMED,
-        {"park": park_seq, "position": position_json(position), "answer": answer, "node": node},
+        {
+            "park": park_seq,
+            "position": position_json(position),
+            "answer": answer,
+            "node": node,
+            "fingerprint": fingerprint,
+        },
         {},
     )
 

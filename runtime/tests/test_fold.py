@@ -82,7 +82,7 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
         park=Park(6, 3, (wait,)), consumed={4}, result=5, error=("T", "m"),
         cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
         deadline=moment, timed_out=True, forked_from="o", forked_at=4, recoveries=2,
-        recovered_by="fp", carried_on=1,
+        recovered_by="fp", driven_by="fd", carried_on=1,
         retries={(2,): Recorded((2,), "step", "r")},
     )
     defaults = View("e")

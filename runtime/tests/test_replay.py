@@ -206,6 +206,85 @@ async def test_a_changed_helper_of_the_bodys_package_refuses_the_answer_to_its_p
             assert (await new.inspect("o")).status == "suspended"
 
 
+body_runs: list[str] = []
+
+
+async def two_parks_through_a_helper(ctx: Context) -> str:
+    body_runs.append(ctx.execution_id)
+    await ctx.step(reserve)
+    await ctx.sleep(3600)
+    await pay(ctx)
+    await ctx.sleep(3600)
+    return await ctx.step(ship)
+
+
+async def answer_as(storage: Storage, helper: Callable[[Context], Awaitable[str]],
+                    monkeypatch: pytest.MonkeyPatch) -> ReplayDivergedError | None:
+    """Answer o's park under the body with ``helper`` as its ``pay`` (one deploy of the
+    code or another), and drain the run on from it; the divergence that refused the
+    answer, if one did."""
+    monkeypatch.setattr(f"{__name__}.pay", helper)
+    app = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+    app.workflow(name="order")(two_parks_through_a_helper)
+    async with app:
+        park = (await app.inspect("o")).park
+        assert park is not None
+        try:
+            await app.resume("o", fence_if_parked_at=park.sequence)
+        except ReplayDivergedError as exc:
+            return exc
+        await app.drain()
+    return None
+
+
+async def start_parked(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.pay", pay_by_card)
+    app = Loom(storage, node="n", clock=VirtualClock(), recover=False)
+    app.workflow(name="order")(two_parks_through_a_helper)
+    async with app:
+        await app.start("order", id="o")
+        await app.drain()
+
+
+async def test_a_rollback_is_refused_the_answer_to_a_park_the_new_code_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The old code started the execution, the new code answered its first park and ran
+    on (paying by invoice) to the second. The old code, deployed again, is not the code
+    that drove it last: its answer to the second park replays first and is refused, for
+    it pays by card where the log paid by invoice; before, it answered, and the run it
+    started then diverged, after a write no one could take back."""
+    async with open_storage("memory://") as storage:
+        await start_parked(storage, monkeypatch)
+        assert await answer_as(storage, pay_by_invoice, monkeypatch) is None
+        before = list(await storage.events.read("o"))
+        assert [e.kind for e in before].count("EXECUTION_SUSPENDED") == 2
+        diverged = await answer_as(storage, pay_by_card, monkeypatch)
+        assert diverged is not None
+        assert diverged.recorded is not None
+        assert diverged.recorded.startswith("step 'invoice'")
+        assert list(await storage.events.read("o")) == before
+
+
+async def test_the_code_that_answered_a_park_answers_the_next_without_a_replay_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer records the answering code's digest: once the new code has answered a
+    park (after the replay that checks it), its next answer runs the body once, not a
+    replay first and then the run."""
+    async with open_storage("memory://") as storage:
+        await start_parked(storage, monkeypatch)
+        body_runs.clear()
+        assert await answer_as(storage, pay_by_invoice, monkeypatch) is None
+        assert len(body_runs) == 2  # the check's replay, then the run
+        body_runs.clear()
+        assert await answer_as(storage, pay_by_invoice, monkeypatch) is None
+        assert len(body_runs) == 1
+        log = await storage.events.read("o")
+        assert log[-1].kind == "EXECUTION_COMPLETED"
+        assert log[-1].payload == {"result": "shipped"}
+
+
 async def test_patched_keeps_old_executions_on_the_old_path() -> None:
     versions: dict[str, bool] = {}
 
