@@ -891,6 +891,12 @@ class Loom:
             return await self._begin(what, workflow, args, id, execution_timeout)
         except ExecutionAlreadyExistsError as refused:
             if if_exists == "raise":
+                _explained(
+                    refused,
+                    f"{what}(..., if_exists='attach') "
+                    f"{'returns its handle' if what == 'app.start' else 'waits for its result'}"
+                    " instead, when it runs the same workflow; app.get(id) gives its handle",
+                )
                 raise
             return await self._attach(workflow, refused)
 
@@ -1059,6 +1065,11 @@ class Loom:
             token, written = await self._open(new_id, batch, deadline)
         except ExecutionAlreadyExistsError as refused:
             if if_exists == "raise":
+                _explained(
+                    refused,
+                    "app.fork(..., if_exists='attach') returns the handle of the fork there "
+                    "when the same call made it",
+                )
                 raise
             existing = await self.inspect(new_id)
             # Without at=, the call made before took every call recorded then, which may

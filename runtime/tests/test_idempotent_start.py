@@ -114,6 +114,33 @@ async def test_a_start_without_attach_is_refused_as_before(app: Loom) -> None:
         await app.start(quick, id="r", if_exists="raise")
 
 
+async def test_a_refused_start_says_how_to_attach_to_the_execution_there(app: Loom) -> None:
+    """A DBOS or Temporal user expects a start onto a used id to hand back that
+    execution: the refusal names the option that does."""
+
+    @app.workflow()
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    await app.execute(quick, id="r")
+    log = await app.storage.events.read("r")
+    with pytest.raises(ExecutionAlreadyExistsError) as started:
+        await app.start(quick, id="r")
+    assert "if_exists='attach'" in str(started.value)
+    assert "app.start" in str(started.value)
+    with pytest.raises(ExecutionAlreadyExistsError) as executed:
+        await app.execute(quick, id="r")
+    assert "if_exists='attach'" in str(executed.value)
+    assert "app.execute" in str(executed.value)
+    await app.fork("r", id="r-2")
+    with pytest.raises(ExecutionAlreadyExistsError) as forked:
+        await app.fork("r", id="r-2")
+    assert "if_exists='attach'" in str(forked.value)
+    assert started.value.execution_id == "r"
+    assert forked.value.execution_id == "r-2"
+    assert await app.storage.events.read("r") == log
+
+
 @pytest.mark.parametrize(
     ("if_exists", "id_", "says"),
     [
