@@ -3263,12 +3263,10 @@ def _check_id(execution_id: object) -> str:
         and execution_id[0] != "$"
     ):
         return execution_id  # the common id, checked inline: what follows would pass it
-    if not isinstance(execution_id, str):
-        raise InvalidInputError(f"an execution id must be a str, not {execution_id!r}")
-    if execution_id.startswith("$"):
+    if isinstance(execution_id, str) and execution_id.startswith("$"):
         raise ReservedExecutionIdError(execution_id)
-    if not execution_id:
-        raise InvalidInputError("an execution id must not be empty")
+    # The store's check, so an id is refused with the store's InvalidExecutionIdError
+    # whether the app or the store met it first (an empty one, one that is not a str).
     return check_execution_id(execution_id)
 
 

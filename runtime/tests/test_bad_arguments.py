@@ -26,7 +26,7 @@ from loom_runtime import (
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
 
-from loom_core import EventKind, InvalidInputError, InvalidOptionError
+from loom_core import EventKind, InvalidExecutionIdError, InvalidInputError, InvalidOptionError
 
 
 def _refusals(
@@ -545,3 +545,30 @@ async def test_a_coroutine_given_to_step_is_refused_and_closed(app: Loom) -> Non
 def test_a_timer_service_of_no_app_is_refused(app: object) -> None:
     with pytest.raises(InvalidOptionError, match=r"serves a loom_runtime\.Loom"):
         TimerService(app)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["", 42, b"order-1"])
+async def test_an_empty_or_non_str_id_is_the_stores_invalid_execution_id_error(
+    app: Loom, bad: object
+) -> None:
+    """The same id is refused with one error class by the app as by the store, so an
+    ``except InvalidExecutionIdError`` catches it whichever one the caller used."""
+
+    @app.workflow()
+    async def quick(ctx: Context) -> str:
+        return "done"
+
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: app.start(quick, id=bad),  # type: ignore[call-overload]
+        lambda: app.execute(quick, id=bad),  # type: ignore[call-overload]
+        lambda: app.send(bad, "topic", 1),  # type: ignore[arg-type]
+        lambda: app.cancel(bad),  # type: ignore[arg-type]
+        lambda: app.get(bad).status(),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(InvalidExecutionIdError) as refused:
+            await call()
+        assert refused.value.value == bad
+    with pytest.raises(InvalidExecutionIdError):
+        await app.storage.events.head(bad)  # type: ignore[arg-type]
+    assert [v async for v in app.executions()] == []
