@@ -184,6 +184,16 @@ def worker(spec: str, grace: float, node: str | None) -> None:
             "(the default)",
             param_hint="--app",
         )
+    if not app.workflows:
+        # Said rather than refused: workflows may still be registered once the app runs
+        # (by code of the user's), which cannot be seen from here. Most often, though, the
+        # modules that register them are simply not imported by the one --app names.
+        click.echo(
+            f"loom worker: no workflow is registered on {spec}, so it can resume or recover "
+            "no execution: import the modules whose @app.workflow functions it should run "
+            "from the module --app names",
+            err=True,
+        )
     threads = _StepThreads()
     try:
         asyncio.run(_serve(app, threads))

@@ -451,3 +451,39 @@ async def test_a_worker_stopped_in_a_step_with_a_timer_pending_exits_0_and_the_n
             worker.send_signal(signal.SIGTERM)
             _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == 0, stderr
+
+
+def test_a_worker_whose_app_registers_no_workflow_says_what_to_import(tmp_path: Path) -> None:
+    """An app whose workflows are registered by modules the --app module does not import
+    (the app in orders/app.py, the workflows in orders/flows.py) serves nothing: the worker
+    says so at its start, rather than only failing each parked execution later."""
+    url = "sqlite:///" + str(tmp_path / "bare.db")
+    worker = serve(tmp_path, url, "import os\nfrom loom_runtime import Loom\n"
+                   "app = Loom(os.environ['SERVED_URL'], node='w1')\n")
+    try:
+        assert worker.stderr is not None
+        lines: list[str] = []
+        while not lines or "SIGINT or SIGTERM stops it" not in lines[-1]:
+            line = worker.stderr.readline()
+            assert line, (lines, worker.communicate())
+            lines.append(line)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert worker.returncode == 0, stderr
+    said = "".join(lines)
+    assert "no workflow is registered on served_app:app" in said
+    assert "@app.workflow" in said
+    assert "0 workflow(s)" in said
+
+
+def test_a_worker_whose_app_registers_workflows_gives_no_such_warning(tmp_path: Path) -> None:
+    worker = serve(tmp_path, "sqlite:///" + str(tmp_path / "served.db"))
+    try:
+        assert worker.stderr is not None
+        first = worker.stderr.readline()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert "1 workflow(s)" in first, first + stderr
+    assert "no workflow is registered" not in first + stderr
