@@ -813,14 +813,15 @@ class Run:
                         call, self._view.records[call].describe(),
                         f"no call: its branch of the gather at {site} ends before it",
                     )
-        for task in tasks:
+        # Every branch's failure is taken, also those behind the one raised: asyncio logs
+        # a task freed with an exception nobody took as an error ("never retrieved").
+        failures = [None if task.cancelled() else task.exception() for task in tasks]
+        for task, failure in zip(tasks, failures, strict=True):
             if task.cancelled():
                 raise asyncio.CancelledError
-            failure = task.exception()
             if failure is not None and not isinstance(failure, Exception):
                 raise failure
-        for task in tasks:
-            failure = task.exception()
+        for failure in failures:
             if isinstance(failure, _OwnCancellation):
                 raise failure.raised
             if failure is not None:
