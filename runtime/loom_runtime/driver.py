@@ -1246,14 +1246,26 @@ def _being_cancelled() -> bool:
 
 def _message(exc: BaseException) -> str:
     """``str(exc)`` as a store can hold it, or what stands for it when the exception
-    cannot say."""
+    cannot say; an exception group's is followed by each of its exceptions' type and
+    message (its own says only how many there are: "unhandled errors in a TaskGroup (1
+    sub-exception)", and the log keeps no exception object to look into)."""
     try:
         # A plain str: __str__ may return a subclass (an enum mixed with str), which the
         # log records as its plain text and a replay raises so.
         text = str.__str__(str(exc))
     except Exception as failed:
-        return f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
+        text = f"<str() of the {type(exc).__name__} raised {type(failed).__name__}>"
+    if isinstance(exc, BaseExceptionGroup):
+        members = exc.exceptions
+        said = [f"{type_name(member)}: {_message(member)}" for member in members[:_SHOWN]]
+        if len(members) > _SHOWN:
+            said.append(f"and {len(members) - _SHOWN} more")
+        text = f"{text}: {'; '.join(said)}"
     return _storable(text)
+
+
+_SHOWN: Final = 10
+"""How many of an exception group's exceptions its recorded message names."""
 
 
 def _later_by(now: datetime, seconds: float) -> datetime:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from loom_runtime import Context, Loom, StepFailedError
+from loom_runtime import Context, Loom, StepFailedError, WorkflowFailedError
 from loom_runtime.testing import check_replay
 
 from loom_core import EventKind
@@ -81,3 +81,62 @@ async def test_a_gather_that_ends_on_one_branch_takes_every_other_branchs_failur
     assert sorted(await check_replay(app)) == ["c", "c#1", "f"]
     gc.collect()
     assert [context["message"] for context in unretrieved] == []
+
+
+# -- how a failure is recorded ---------------------------------------------------------------
+
+
+async def test_an_exception_groups_recorded_message_names_each_of_its_exceptions(
+    app: Loom,
+) -> None:
+    """A TaskGroup in the body whose task makes a durable call fails the execution with
+    an ExceptionGroup; its recorded message says what was refused and what to do (it said
+    only "unhandled errors in a TaskGroup (1 sub-exception)"). A step that raises a group
+    is recorded so too, live as on replay; groups nest, and past ten only a count is
+    given."""
+
+    async def charge() -> str:
+        return "charged"
+
+    async def grouped() -> None:
+        nested = ExceptionGroup("inner", [KeyError("k")])
+        raise ExceptionGroup("outer", [ValueError("v"), nested])
+
+    async def many() -> None:
+        raise ExceptionGroup("many", [ValueError(str(k)) for k in range(12)])
+
+    @app.workflow()
+    async def spawns(ctx: Context) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(helper(ctx))
+
+    async def helper(ctx: Context) -> object:
+        return await ctx.step(charge)
+
+    @app.workflow()
+    async def steps(ctx: Context) -> list[str]:
+        said: list[str] = []
+        for fn in (grouped, many):
+            try:
+                await ctx.step(fn)
+            except StepFailedError as exc:
+                said.append(exc.error_message)
+        return said
+
+    with pytest.raises(WorkflowFailedError) as failed:
+        await app.execute(spawns, id="tg")
+    assert failed.value.error_type == "ExceptionGroup"
+    assert failed.value.error_message.startswith(
+        "unhandled errors in a TaskGroup (1 sub-exception): "
+        "loom_runtime.errors.ContextOutsideBodyError: a ctx call was made, or awaited, in "
+        "a task or thread the body started itself"
+    )
+    assert "run concurrent durable calls through ctx.gather" in failed.value.error_message
+    assert await app.execute(steps, id="s") == [
+        "outer (2 sub-exceptions): ValueError: v; "
+        "ExceptionGroup: inner (1 sub-exception): KeyError: 'k'",
+        "many (12 sub-exceptions): "
+        + "; ".join(f"ValueError: {k}" for k in range(10))
+        + "; and 2 more",
+    ]
+    assert sorted(await check_replay(app)) == ["s", "tg"]
