@@ -8,6 +8,7 @@ positions never depend on the order in which concurrent calls finish.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -208,6 +209,14 @@ def _json_checked(value: object, where: str, depth: int) -> JsonValue:
                 )
             out[_text(k, where)] = _json_checked(v, where, depth + 1)
         return out
+    if inspect.isawaitable(value):
+        # Nearly always a missing await (return ctx.step(...), a step returning the
+        # coroutine of the function it meant to call): say so, not only what JSON is.
+        raise NotJsonError(
+            where,
+            f"a {type(value).__name__} ({shown_safely(value):.60}), which nothing awaited: "
+            "put await before it to pass what it returns",
+        )
     raise NotJsonError(where, f"a {type(value).__name__} ({shown_safely(value):.60})")
 
 

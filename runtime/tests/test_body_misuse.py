@@ -140,3 +140,44 @@ async def test_an_exception_groups_recorded_message_names_each_of_its_exceptions
         + "; and 2 more",
     ]
     assert sorted(await check_replay(app)) == ["s", "tg"]
+
+
+# -- what a body or a step forgot to await -----------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+async def test_a_result_left_unawaited_is_refused_saying_to_await_it(app: Loom) -> None:
+    """A body that returns a durable call, or a step that returns a coroutine, without
+    awaiting it fails with NotJsonError saying to put ``await`` before it (it said only
+    what JSON is); live as on replay."""
+
+    async def inner() -> str:
+        return "inner"
+
+    async def forgets() -> object:
+        return inner()
+
+    @app.workflow()
+    async def returns_call(ctx: Context) -> object:
+        return ctx.step(echo, "never run")
+
+    @app.workflow()
+    async def step_returns_coroutine(ctx: Context) -> object:
+        try:
+            return await ctx.step(forgets)
+        except StepFailedError as exc:
+            return [exc.error_type, exc.error_message]
+
+    with pytest.raises(WorkflowFailedError) as failed:
+        await app.execute(returns_call, id="r")
+    assert failed.value.error_type == "loom_runtime.errors.NotJsonError"
+    assert "a Durable (" in failed.value.error_message
+    assert "which nothing awaited: put await before it" in failed.value.error_message
+    said = await app.execute(step_returns_coroutine, id="s")
+    assert isinstance(said, list)
+    error_type, message = said
+    assert error_type == "loom_runtime.errors.NotJsonError"
+    assert "a coroutine (" in message
+    assert "which nothing awaited: put await before it" in message
+    assert await kinds(app, "r") == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_FAILED]
+    assert sorted(await check_replay(app)) == ["r", "s"]
