@@ -199,7 +199,15 @@ class Durable(Generic[T]):
             self._coro.close()
             branch.peek()  # raises ContextOutsideBodyError, naming where
             raise ContextOutsideBodyError("other")
-        return self._coro.__await__()
+        return self._watched()
+
+    def _watched(self) -> Generator[Any, None, T]:
+        try:
+            return (yield from self._coro.__await__())
+        except asyncio.CancelledError:
+            # The run stops at the body's next call if this was not the run's own doing.
+            self._run.cut(self.position)
+            raise
 
     def close(self) -> None:
         self._coro.close()

@@ -38,6 +38,7 @@ from loom_runtime import records
 from loom_runtime.clock import LATEST_DEADLINE
 from loom_runtime.context import BRANCH, Branch, Context, ContinueAsNew, Durable, InStep
 from loom_runtime.errors import (
+    DurableCallCancelledError,
     NotJsonError,
     ReplayDivergedError,
     RunStoppedError,
@@ -134,6 +135,7 @@ class Run:
         "_beyond",
         "_blocked",
         "_consumed",
+        "_cut",
         "_cut_by_cancel",
         "_deadline",
         "_fn",
@@ -208,6 +210,8 @@ class Run:
         self._parked_at = -1  # the park this run wrote and could not go on from, if any
         # Branches waiting out a retry's interval on the app's clock (see settled).
         self._held = 0
+        # The position of a durable call the body's own code cancelled (see cut).
+        self._cut: Position | None = None
 
     def _start_from(self, view: View, visited: set[Position]) -> None:
         """Take ``view`` as the log this run goes on from: a new run's, or the view past
@@ -309,6 +313,7 @@ class Run:
         exc = ending.exception if isinstance(ending, _Raised) else None
         if isinstance(exc, _Stop | _Park):
             return self._outcome("stopped", reason=self._stop_reason)
+        self._check_cut()  # however the body ended, it went on past a call it cancelled
         if isinstance(exc, ContinueAsNew):
             self._check_all_visited("no call: the body continues as new")
             if self._replay_only:
@@ -794,6 +799,7 @@ class Run:
         try:
             await done
         except asyncio.CancelledError:
+            self.cut(position)
             for task in tasks:
                 task.cancel()
             raise
@@ -1082,9 +1088,24 @@ class Run:
         self._stopped = True
         self._release()
 
+    def cut(self, position: Position) -> None:
+        """Note that the durable call at ``position`` was cancelled in a task that is being
+        cancelled while the run goes on (not stopped, not parking): by the body's own code
+        (``asyncio.timeout``, a ``TaskGroup``), since the run cancels only once it stops or
+        parks. The call's effects may have happened, unrecorded, and a replay makes it
+        again where this run went on without it: the run writes nothing more."""
+        if self._cut is None and not (self._stopped or self._quiet) and _being_cancelled():
+            self._cut = position
+
+    def _check_cut(self) -> None:
+        if self._cut is not None:
+            self._halt(DurableCallCancelledError(self.execution_id, position_text(self._cut)))
+
     def _check_alive(self) -> None:
         if self._stopped or self._quiet:
             raise _Stop
+        if self._cut is not None:
+            self._check_cut()
         if self._deadline is not None:
             self._check_deadline()
 
@@ -1120,6 +1141,8 @@ class Run:
     async def _append_now(self, events: Sequence[NewEvent]) -> tuple[Event, ...]:
         if self._stopped:
             raise _Stop
+        if self._cut is not None:
+            self._check_cut()
         if self._deadline is not None:
             self._check_deadline()
         app = self.app

@@ -20,6 +20,7 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     ├── RedriveExhaustedError              a contended timer wake gave up; recover() it
     ├── RecoveryLimitError                 recovered too often in a row with nothing written
     ├── RunStoppedError                    a body raised a BaseException: nothing recorded
+    │   └── DurableCallCancelledError      ... or went on past a durable call it cancelled
     ├── AppNotRunningError                 a call that needs ``async with app`` outside it
     ├── ContextOutsideBodyError (RuntimeError)  a ctx call in a step, a task, or after the body
     └── LogFormatError                     a runtime event without the shape it must have
@@ -38,6 +39,7 @@ __all__ = [
     "ActionDeniedError",
     "AppNotRunningError",
     "ContextOutsideBodyError",
+    "DurableCallCancelledError",
     "ExecutionCancelledError",
     "ExecutionTimedOutError",
     "InvalidDurationError",
@@ -339,6 +341,29 @@ class RunStoppedError(LoomError):
             "BaseException that is not an Exception, so nothing was recorded and the "
             "execution stays running as after a crash; this node's next start, or "
             "app.recover(), carries it on. Raise an Exception to fail the execution"
+        )
+
+
+class DurableCallCancelledError(RunStoppedError):
+    """A run stopped without writing anything more because a durable call of its body was
+    cancelled by the body's own code (``asyncio.timeout``, ``asyncio.wait_for``, a
+    ``TaskGroup`` that cancelled the body, a ``CancelledError`` caught) and the body went
+    on: a replay makes that call again, where this run went on without it, so what the
+    body does next is not what a replay would do. The execution stays ``running``, as
+    after a crash; ``position`` is the call's, written with dots."""
+
+    def __init__(self, execution_id: str, position: str) -> None:
+        self.execution_id = execution_id
+        self.position = position
+        LoomError.__init__(
+            self,
+            f"the run of {execution_id!r} stopped: the durable call at position {position} "
+            "was cancelled by the body's own code (asyncio.timeout or wait_for around it, "
+            "a TaskGroup, a CancelledError caught) and the body went on, which a replay, "
+            "making that call again, would not; nothing more was recorded and the "
+            "execution stays running as after a crash. Bound a step with ctx.step(..., "
+            "timeout=...) and a wait with ctx.receive(topic, timeout=...), then carry the "
+            "execution on (app.recover())",
         )
 
 

@@ -10,7 +10,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from loom_runtime import Context, Loom, StepFailedError, WorkflowFailedError
+from loom_runtime import (
+    Context,
+    DurableCallCancelledError,
+    Loom,
+    StepFailedError,
+    WorkflowFailedError,
+)
 from loom_runtime.testing import check_replay
 
 from loom_core import EventKind
@@ -181,3 +187,88 @@ async def test_a_result_left_unawaited_is_refused_saying_to_await_it(app: Loom) 
     assert "which nothing awaited: put await before it" in message
     assert await kinds(app, "r") == [EventKind.EXECUTION_STARTED, EventKind.EXECUTION_FAILED]
     assert sorted(await check_replay(app)) == ["r", "s"]
+
+
+# -- a durable call the body's own code cancelled ---------------------------------------------
+
+
+async def test_a_body_that_goes_on_past_a_call_its_timeout_cancelled_stops_writing_nothing(
+    app: Loom,
+) -> None:
+    """``asyncio.timeout`` around a step cancels it unrecorded; a body that catches the
+    TimeoutError and goes on would record its next calls where a replay, making the step
+    again, does not (it ran the next step and completed, and no replay matched). The run
+    stops instead, before any other call or write, with DurableCallCancelledError; once
+    the step no longer outlasts the timeout, a recovery carries the execution on."""
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    async def slow() -> str:
+        ran.append("slow")
+        await release.wait()  # never set in the first run: the timeout always fires first
+        return "slow"
+
+    async def after() -> str:
+        ran.append("after")
+        return "after"
+
+    @app.workflow()
+    async def bounded(ctx: Context) -> list[object]:
+        said: list[object] = []
+        try:
+            async with asyncio.timeout(0.01):
+                said.append(await ctx.step(slow))
+        except TimeoutError:
+            said.append("timed out")
+        said.append(await ctx.step(after))
+        return said
+
+    handle = await app.start(bounded, id="b")
+    with pytest.raises(DurableCallCancelledError) as stopped:
+        await handle.result(timeout=5)
+    assert stopped.value.position == "0"
+    assert "ctx.step(..., timeout=...)" in str(stopped.value)
+    assert app.reported == [stopped.value]  # type: ignore[attr-defined]
+    assert ran == ["slow"]
+    assert await kinds(app, "b") == [EventKind.EXECUTION_STARTED]
+    assert await handle.status() == "running"
+    assert await check_replay(app) == ["b"]
+
+    release.set()
+    await app.recover()
+    assert await handle.result(timeout=5) == ["slow", "after"]
+    assert ran == ["slow", "slow", "after"]
+    assert await check_replay(app) == ["b"]
+    app.reported.clear()  # type: ignore[attr-defined]
+
+
+async def test_a_gather_its_timeout_cancelled_stops_the_run_at_the_next_call(
+    app: Loom,
+) -> None:
+    """A gather cancelled by the body's timeout while one branch waits for a message and
+    another runs a step: the body's next call stops the run, and nothing the cancelled
+    branches did, nor a park, is written."""
+    ran: list[str] = []
+
+    async def hold() -> str:
+        ran.append("hold")
+        await asyncio.Event().wait()
+        return "held"
+
+    @app.workflow()
+    async def races(ctx: Context) -> object:
+        try:
+            async with asyncio.timeout(0.01):
+                await ctx.gather(ctx.receive("go"), ctx.step(hold))
+        except TimeoutError:
+            pass
+        return await ctx.step(echo, "after")
+
+    handle = await app.start(races, id="g")
+    with pytest.raises(DurableCallCancelledError) as stopped:
+        await handle.result(timeout=5)
+    assert stopped.value.position == "2"  # the gather's: its calls took 0 and 1
+    assert ran == ["hold"]
+    assert await kinds(app, "g") == [EventKind.EXECUTION_STARTED]
+    assert await check_replay(app) == ["g"]
+    app.reported.clear()  # type: ignore[attr-defined]
