@@ -313,7 +313,7 @@ class Run:
         exc = ending.exception if isinstance(ending, _Raised) else None
         if isinstance(exc, _Stop | _Park):
             return self._outcome("stopped", reason=self._stop_reason)
-        self._check_cut()  # however the body ended, it went on past a call it cancelled
+        self._check_cut(exc)  # however the body ended, it went on past a call it cancelled
         if isinstance(exc, ContinueAsNew):
             self._check_all_visited("no call: the body continues as new")
             if self._replay_only:
@@ -1097,9 +1097,13 @@ class Run:
         if self._cut is None and not (self._stopped or self._quiet) and _being_cancelled():
             self._cut = position
 
-    def _check_cut(self) -> None:
+    def _check_cut(self, raised: BaseException | None = None) -> None:
+        """Stop the run if the body cancelled one of its calls (see :meth:`cut`); ``raised``,
+        what the body ended by raising (a TaskGroup's error, say), is the stop's cause."""
         if self._cut is not None:
-            self._halt(DurableCallCancelledError(self.execution_id, position_text(self._cut)))
+            stopped = DurableCallCancelledError(self.execution_id, position_text(self._cut))
+            stopped.__cause__ = raised
+            self._halt(stopped)
 
     def _check_alive(self) -> None:
         if self._stopped or self._quiet:

@@ -272,3 +272,34 @@ async def test_a_gather_its_timeout_cancelled_stops_the_run_at_the_next_call(
     assert await kinds(app, "g") == [EventKind.EXECUTION_STARTED]
     assert await check_replay(app) == ["g"]
     app.reported.clear()  # type: ignore[attr-defined]
+
+
+async def test_a_taskgroup_that_cancels_the_body_in_a_step_stops_the_run_with_its_error(
+    app: Loom,
+) -> None:
+    """A task of the body's TaskGroup that fails cancels the body in the middle of a step:
+    the body ends with the group's error, and the run stops rather than record that end
+    (a replay would run the step again), the group's error as the stop's cause (it was
+    recorded as the execution's failure)."""
+
+    async def hold() -> None:
+        await asyncio.Event().wait()
+
+    async def heartbeat() -> None:
+        raise ConnectionError("heartbeat lost")
+
+    @app.workflow()
+    async def beats(ctx: Context) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(heartbeat())
+            await ctx.step(hold)
+
+    handle = await app.start(beats, id="t")
+    with pytest.raises(DurableCallCancelledError) as stopped:
+        await handle.result(timeout=5)
+    cause = stopped.value.__cause__
+    assert isinstance(cause, ExceptionGroup)
+    assert [type(e) for e in cause.exceptions] == [ConnectionError]
+    assert await kinds(app, "t") == [EventKind.EXECUTION_STARTED]
+    assert await check_replay(app) == ["t"]
+    app.reported.clear()  # type: ignore[attr-defined]
