@@ -559,9 +559,7 @@ class Loom:
 
         def register(fn: F) -> F:
             if not inspect.iscoroutinefunction(fn):
-                raise InvalidOptionError(
-                    f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r}"
-                )
+                raise InvalidOptionError(_not_a_body(fn))
             workflow_name = name if name is not None else getattr(fn, "__qualname__", None)
             if workflow_name is None:
                 raise InvalidOptionError(
@@ -3400,3 +3398,25 @@ def _arity(fn: Callable[..., Any]) -> tuple[int, int | None]:
 
 # Context is re-exported here for type checkers reading ``app.workflow`` bodies.
 _ = (Context, INBOX_PREFIX)
+
+
+def _not_a_body(fn: object) -> str:
+    """Why ``fn`` cannot be registered as a workflow body, naming the likely mistake."""
+    if inspect.isasyncgenfunction(fn):
+        return (
+            f"@app.workflow() needs an 'async def' that returns its result, not an async "
+            f"generator ({fn!r} yields): return the items in a list, or publish each with "
+            "ctx.set_event"
+        )
+    try:
+        wrapped = inspect.unwrap(fn) if callable(fn) else fn
+    except ValueError:  # a chain of __wrapped__ that loops
+        wrapped = fn
+    if wrapped is not fn and inspect.iscoroutinefunction(wrapped):
+        return (
+            f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r}, a sync "
+            f"wrapper of the async def {wrapped!r} (a decorator's): make the wrapper "
+            "'async def' (return await fn(*args)), or mark it with "
+            "inspect.markcoroutinefunction (Python 3.12+)"
+        )
+    return f"@app.workflow() needs an 'async def' taking ctx first, not {fn!r}"

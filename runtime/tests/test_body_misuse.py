@@ -5,8 +5,9 @@ body")."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from loom_runtime import (
 )
 from loom_runtime.testing import check_replay
 
-from loom_core import EventKind
+from loom_core import EventKind, InvalidOptionError
 
 
 async def kinds(app: Loom, execution_id: str) -> list[str]:
@@ -303,3 +304,40 @@ async def test_a_taskgroup_that_cancels_the_body_in_a_step_stops_the_run_with_it
     assert await kinds(app, "t") == [EventKind.EXECUTION_STARTED]
     assert await check_replay(app) == ["t"]
     app.reported.clear()  # type: ignore[attr-defined]
+
+
+
+# -- what is registered as a body -------------------------------------------------------------
+
+
+def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A decorator of the kind tracing and retry libraries write: a sync wrapper."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        return fn(*args)
+
+    return wrapper
+
+
+def test_a_body_registered_in_a_form_it_cannot_run_in_is_refused_naming_the_mistake(
+    app: Loom,
+) -> None:
+    """An async generator, or an async def behind a decorator's sync wrapper, is an
+    ``async def`` as the user wrote it: the refusal says which it is and what to do (it
+    asked for an 'async def' of them alike)."""
+
+    async def yields(ctx: Context) -> AsyncIterator[int]:
+        yield 1
+
+    @traced
+    async def wrapped(ctx: Context) -> str:
+        return "ran"
+
+    with pytest.raises(InvalidOptionError, match="not an async generator") as generator:
+        app.workflow()(yields)  # type: ignore[type-var]  # the mistake under test
+    assert "return the items in a list" in str(generator.value)
+    with pytest.raises(InvalidOptionError, match="a sync wrapper of the async def") as wrapper:
+        app.workflow()(wrapped)
+    assert "make the wrapper 'async def'" in str(wrapper.value)
+    assert dict(app.workflows) == {}
