@@ -223,9 +223,10 @@ class Handle(Generic[R]):
 
         Raises WorkflowFailedError, ExecutionCancelledError, ReplayDivergedError or
         RunStoppedError (when the run in this process diverged, or its body raised a
-        BaseException) or ResultTimeoutError after ``timeout`` (seconds or a timedelta);
-        AppNotRunningError when the app is left while it waits (a storage the caller
-        opened stays open, but nothing of this process drives the execution any more).
+        BaseException or went on past a durable call it cancelled) or ResultTimeoutError
+        after ``timeout`` (seconds or a timedelta); AppNotRunningError when the app is
+        left while it waits (a storage the caller opened stays open, but nothing of this
+        process drives the execution any more).
         """
         timeout = _check_timeout(timeout)
         loop = asyncio.get_running_loop()
