@@ -18,7 +18,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, MutableMa
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import CodeType
-from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, final, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    Literal,
+    NoReturn,
+    TypeVar,
+    final,
+    overload,
+)
 
 from loom_core import InvalidInputError, JsonValue
 from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION, shown
@@ -198,7 +208,7 @@ class Durable(Generic[T]):
             # another execution's body, whose log this call's is not.
             self._coro.close()
             branch.peek()  # raises ContextOutsideBodyError, naming where
-            raise ContextOutsideBodyError("other")
+            raise ContextOutsideBodyError(_elsewhere(branch, self._run))
         return self._watched()
 
     def _watched(self) -> Generator[Any, None, T]:
@@ -211,6 +221,15 @@ class Durable(Generic[T]):
 
     def close(self) -> None:
         self._coro.close()
+
+
+def _elsewhere(branch: Branch, run: Run) -> Literal["other", "earlier"]:
+    """Where a call made for ``run`` on another body's ``branch`` was made: in another
+    execution's body, or in a later run of the same execution's."""
+    current = branch.run
+    if current is not None and current.execution_id == run.execution_id:
+        return "earlier"
+    return "other"
 
 
 class _ReplayQuiet(logging.LoggerAdapter[logging.Logger]):
@@ -248,7 +267,7 @@ class Context:
         branch = BRANCH.get()
         if branch.run is not self._run:
             branch.peek()  # outside every body, in a step: raises, naming where
-            raise ContextOutsideBodyError("other")
+            raise ContextOutsideBodyError(_elsewhere(branch, self._run))
         return branch
 
     @property

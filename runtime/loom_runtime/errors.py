@@ -288,11 +288,12 @@ class ContextOutsideBodyError(LoomError, RuntimeError):
     """A durable call through a ``ctx`` outside the workflow body it was handed to:
     ``where`` is ``"outside"`` (a ``ctx`` kept after its body ended, or used by code no
     body runs), ``"step"`` (inside a step's function), ``"task"`` (made or awaited in a task
-    or thread the body started itself, rather than through ``ctx.gather``) or ``"other"``
-    (in the body of another execution)."""
+    or thread the body started itself, rather than through ``ctx.gather``), ``"other"``
+    (in the body of another execution) or ``"earlier"`` (a ``ctx`` kept from an earlier
+    run of the same execution, one that parked or died)."""
 
     def __init__(
-        self, where: Literal["outside", "step", "task", "other"] = "outside"
+        self, where: Literal["outside", "step", "task", "other", "earlier"] = "outside"
     ) -> None:
         self.where = where
         super().__init__(_OUTSIDE[where])
@@ -316,6 +317,12 @@ _OUTSIDE: Final = {
         "runs its awaitable in a task of its own): the run cannot tell when such a task "
         "waits, its calls' positions would depend on the order the tasks happen to run "
         "in, and it can outlive the body; run concurrent durable calls through ctx.gather"
+    ),
+    "earlier": (
+        "a ctx call was made through a ctx kept from an earlier run of this execution's "
+        "body (each run gets a ctx of its own, and the body runs again from the top after "
+        "a park, a resume or a recovery): make durable calls through the ctx the body is "
+        "given in this run, passing it down rather than keeping it between runs"
     ),
     "other": (
         "a ctx call was made in the body of another execution, through a ctx kept from "

@@ -7,18 +7,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
 from loom_runtime import (
     Context,
+    ContextOutsideBodyError,
+    Durable,
     DurableCallCancelledError,
     Loom,
     StepFailedError,
     WorkflowFailedError,
 )
-from loom_runtime.testing import check_replay
+from loom_runtime.testing import VirtualClock, check_replay
 
 from loom_core import EventKind, InvalidOptionError
 
@@ -345,3 +347,52 @@ def test_a_body_registered_in_a_form_it_cannot_run_in_is_refused_naming_the_mist
         app.workflow()(wrapped)
     assert "make the wrapper 'async def'" in str(wrapper.value)
     assert dict(app.workflows) == {}
+
+
+
+# -- a ctx kept from an earlier run ------------------------------------------------------------
+
+
+async def test_a_ctx_kept_from_an_earlier_run_of_the_execution_is_refused_as_such(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """The body runs again from the top after a park, with a ctx of its own: a ctx (or a
+    durable call) kept from the run before is refused with ``where="earlier"``, whose
+    message says to use the ctx this run is given (it said the call was made in "the body
+    of another execution"), and nothing is recorded for it."""
+    kept: dict[str, Context] = {}
+    made: dict[str, Durable[object]] = {}
+    said: list[str] = []
+
+    @app.workflow()
+    async def keeps(ctx: Context) -> list[str]:
+        first = kept.setdefault(ctx.execution_id, ctx)
+        call = ctx.step(echo, "made in every run, never awaited by it")
+        if made.setdefault("call", call) is not call:
+            call.close()
+        await ctx.sleep(5)
+        refused: list[str] = []
+        attempts: list[Callable[[], Awaitable[object]]] = [
+            lambda: first.step(echo, "through the kept ctx"),
+            lambda: made["call"],
+        ]
+        for attempt in attempts:
+            try:
+                await attempt()
+            except ContextOutsideBodyError as exc:
+                refused.append(exc.where)
+                said.append(str(exc))
+        return [*refused, str(await ctx.step(echo, "own ctx"))]
+
+    handle = await app.start(keeps, id="k")
+    await app.drain()
+    await clock.advance(5)
+    assert await handle.result(timeout=5) == ["earlier", "earlier", "own ctx"]
+    assert "through the ctx the body is given in this run" in said[0]
+    steps = [
+        e.payload["result"]  # type: ignore[call-overload,index]
+        for e in await app.storage.events.read("k")
+        if e.kind == EventKind.STEP_COMPLETED and e.payload["call"] == "step"  # type: ignore[call-overload,index]
+    ]
+    assert steps == ["own ctx"]  # the refused calls recorded nothing
+    made["call"].close()
