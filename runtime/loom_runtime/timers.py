@@ -9,7 +9,9 @@ Each poll asks the store for due rows and decides each one from the execution's 
 - the execution is running (its driver will park again and re-schedule what it still
   waits for, or is being recovered): the row is left, and looked at again after a
   backoff of its own (as a contended one grows), or once this process writes it again;
-  rows waiting out that backoff do not count against ``batch``;
+  rows waiting out that backoff do not count against ``batch``, and each poll goes on
+  from the row after the last one the poll before tried, so no number of them hides the
+  due rows behind them;
 - the execution is parked: it is resumed through the conditional fence
   (``fence_if_parked_at``), answering a waiting message first, else the wait this row was
   written for, else another due wait; when nothing in the park can be answered the row is
@@ -96,6 +98,11 @@ def _seconds(name: str, value: object, *, most: float, positive: bool = False) -
     return float(value)
 
 
+def _order(row: TimerRecord) -> tuple[datetime, str]:
+    """Where ``row`` comes in the order ``TimerStore.due`` returns rows in."""
+    return (row.wake_at, row.execution_id)
+
+
 @dataclass(slots=True)
 class _Backoff:
     attempt: int
@@ -143,6 +150,8 @@ class TimerService:
         self._left: OrderedDict[tuple[str, datetime], _Backoff] = OrderedDict()
         self.last_fired: dict[TimerRecord, Fired] = {}
         """What the last poll of :meth:`run` did with each row it looked at."""
+        # Where the next poll goes on from: the order of the last row a poll tried.
+        self._after: tuple[datetime, str] | None = None
 
     def register_redriver(self, redriver: Redriver) -> None:
         self.redrivers.append(redriver)
@@ -199,7 +208,11 @@ class TimerService:
         Rows of an execution that is backing off, and rows left recently (their execution
         was running), are passed over without counting against ``batch``: the store
         returns due rows oldest first, so a batch of them would otherwise hide every due
-        row behind it, on every poll, for as long as they stay."""
+        row behind it, on every poll, for as long as they stay. Each poll goes on from the
+        row after the last one the poll before tried, and round to the oldest from the
+        newest: more such rows than the service remembers (``capacity``) are tried in
+        turn, a batch a poll, rather than the oldest of them, forgotten and tried again,
+        taking every batch and hiding the due rows behind them."""
         if not self.app.running:
             raise AppNotRunningError("app.timer_service.poll_once()")
         now = self.app.clock.now()
@@ -208,16 +221,23 @@ class TimerService:
         seen: set[TimerRecord] = set()
         exhausted: set[str] = set()
         tried = 0
+        after = self._after
         limit = self.batch
+        rows: tuple[TimerRecord, ...] = ()
+        read_to_end = False
         while True:
-            rows = await timers.due(now, limit=limit, redrive=bool(self.redrivers))
-            fresh = [row for row in rows if row not in seen]
-            for row in fresh:
+            if not read_to_end:
+                rows = await timers.due(now, limit=limit, redrive=bool(self.redrivers))
+                read_to_end = len(rows) < limit
+            for row in rows:
+                if row in seen or (after is not None and _order(row) <= after):
+                    continue
                 if tried >= self.batch:
                     return fired
                 seen.add(row)
                 if row.redrive is not None:
                     tried += 1
+                    self._after = _order(row)
                     await self._redrive(row)
                     continue
                 backoff = self._backoff.get(row.execution_id)
@@ -232,13 +252,23 @@ class TimerService:
                     fired[row] = "exhausted"  # retired with the row that gave up
                     continue
                 tried += 1
+                self._after = _order(row)
                 fired[row] = await self.fire(row)
                 if fired[row] == "exhausted":
                     exhausted.add(row.execution_id)
-            if not fresh or tried >= self.batch or len(rows) < limit:
+            if tried >= self.batch:
                 return fired
-            # Rows already seen are either retired or still due: ask past all of them.
-            limit = len(seen) + self.batch
+            if read_to_end:
+                if after is None:
+                    # Round from the oldest, and every due row looked at: the next poll
+                    # starts from the oldest again.
+                    self._after = None
+                    return fired
+                after = None  # past the newest: round to the oldest, in the rows in hand
+                continue
+            # Every row read is passed over or tried: read past them. The limit doubles,
+            # so however many there are, a poll reads each at most about twice.
+            limit = min(2 * limit, _MOST)
 
     async def fire(self, row: TimerRecord) -> Fired:
         timers = self.app.storage.timers

@@ -13,7 +13,15 @@ from typing import Final
 from loom_runtime import Authorize, Context, Loom
 from loom_runtime.testing import VirtualClock
 
-from loom_core import Event, EventStore, FenceNotIssuedError, NewEvent, Storage, open_storage
+from loom_core import (
+    Event,
+    EventStore,
+    FenceNotIssuedError,
+    NewEvent,
+    Storage,
+    TimerStore,
+    open_storage,
+)
 from loom_core.decorating import FORWARD, Decisions, EventStoreDecorator, Implement
 from loom_core.spi import DEFAULT_LIST_LIMIT, ConditionalFence, OptionalMethod
 
@@ -213,13 +221,16 @@ async def wired(
     authorize: Authorize | None = None,
     node: str = "n1",
     seed: int = 7,
+    timers: Callable[[TimerStore], TimerStore] | None = None,
 ) -> AsyncIterator[Wired]:
     """An entered app (no background timer service, no recovery on entry: the tests call
-    ``poll_once`` and ``recover`` themselves) over ``url`` behind a probe."""
+    ``poll_once`` and ``recover`` themselves) over ``url`` behind a probe; ``timers``
+    wraps the timer store the app is given (the base one stays beneath)."""
     options: dict[str, object] = {} if offer is None else {"offer": tuple(offer)}
     base = await open_storage(url, options=options)
     probe = ProbedEventStore(base.events)
-    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+    timer_store = base.timers if timers is None else timers(base.timers)
+    storage = Storage(probe, timer_store, base.leases, url=base.url, on_close=base.close)
     clock = VirtualClock()
     errors: list[BaseException] = []
     app = Loom(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -23,6 +25,7 @@ from loom_core import (
     Redrive,
     StorageUnavailableError,
     TimerRecord,
+    TimerStore,
     open_storage,
 )
 
@@ -265,9 +268,9 @@ async def test_rows_of_executions_backing_off_do_not_hide_the_due_rows_behind_th
         first = await service.poll_once()
         assert sorted(r.execution_id for r in first) == ["a", "b"]
         assert set(first.values()) == {"backing-off"}
-        second = await service.poll_once()  # a and b are passed over, not counted
+        second = await service.poll_once()  # goes on after b: c and z, then a full batch
         assert {r.execution_id: what for r, what in second.items()} == {
-            "a": "backing-off", "b": "backing-off", "c": "backing-off", "z": "resumed"
+            "c": "backing-off", "z": "resumed"
         }
         assert late in second
         await w.app.drain()
@@ -440,15 +443,16 @@ async def test_the_backoff_memory_holds_1024_executions_and_forgets_the_oldest_f
             assert polls < 11, "the plain wake was never reached"
         backing_off = service.backing_off()
         assert len(backing_off) == 1024
-        assert set(backing_off) == set(ids[1:])  # the oldest, e0000, is forgotten
         assert {r.execution_id for r, what in fired.items() if what == "backing-off"} >= set(
             ids[1000:]
         )
+        # e0000, the oldest, was forgotten when e1024 came; past the plain row the poll
+        # went round to it, and forgotten means a fresh start: tried as attempt 1, which
+        # forgets the next oldest, tried in turn, until the batch is full.
+        assert backing_off["e0000"][0] == 1
+        assert len(set(ids) - set(backing_off)) == 1
         await w.app.drain()
         assert await w.app.get("plain").result() == "awake"
-        # Forgotten means a fresh start: its next wake is tried now, as attempt 1.
-        await service.poll_once()
-        assert service.backing_off()["e0000"][0] == 1
         assert await kinds(w.base.events, "e0000") == [
             EventKind.EXECUTION_STARTED, EventKind.EXECUTION_SUSPENDED
         ]
@@ -602,6 +606,102 @@ async def test_rows_left_for_running_executions_do_not_hide_a_due_row_behind_the
         assert await w.app.get("n").result(timeout=5) == "awake"
         release.set()
         await w.app.drain()
+
+
+class CountedTimers:
+    """Forwards to a timer store, counting the ``due`` calls and the rows they return."""
+
+    def __init__(self, inner: TimerStore) -> None:
+        self.inner = inner
+        self.due_calls = 0
+        self.rows_read = 0
+
+    async def schedule(self, record: TimerRecord) -> None:
+        await self.inner.schedule(record)
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        got = await self.inner.due(now, limit=limit, redrive=redrive)
+        self.due_calls += 1
+        self.rows_read += len(got)
+        return got
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        return await self.inner.pending(execution_id)
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        return await self.inner.complete(execution_id, wake_at)
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        return await self.inner.cancel(execution_id, wake_at)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@asynccontextmanager
+async def held_rows(url: str, count: int) -> AsyncIterator[tuple[Wired, CountedTimers]]:
+    """``count`` executions in a step that waits for the test, each with a due row, older
+    than the due row of "n", parked on a sleep; the app's timers counted."""
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        await release.wait()
+
+    async def held(ctx: Context) -> None:
+        await ctx.step(hold)
+
+    counted: list[CountedTimers] = []
+
+    def counting(inner: TimerStore) -> TimerStore:
+        counted.append(CountedTimers(inner))
+        return counted[0]
+
+    async with wired(url, timers=counting) as w:
+        w.app.workflow(name="held")(held)
+        await parked(w)  # its row falls due 60 s on
+        for i in range(count):
+            await w.app.start("held", id=f"h-{i:03}")
+            await w.base.timers.schedule(TimerRecord(f"h-{i:03}", w.clock.now()))
+        await w.clock.advance(60)
+        yield w, counted[0]
+        release.set()
+        await w.app.drain()
+
+
+async def test_more_left_rows_than_the_service_remembers_are_tried_in_turn_not_hiding_a_row(
+    url: str,
+) -> None:
+    """Twelve rows left (their executions run), a service that remembers three and tries
+    two a poll: each poll goes on where the one before stopped, so the row behind them
+    is resumed by the seventh poll. (Before, the oldest rows, forgotten, were tried
+    again on every poll, which never got past them.)"""
+    async with held_rows(url, 12) as (w, _):
+        service = TimerService(w.app, batch=2, capacity=3)
+        (nap_row,) = await rows(w)
+        for _ in range(7):
+            if (await service.poll_once()).get(nap_row) == "resumed":
+                break
+        else:
+            raise AssertionError("the row behind the left rows was never reached")
+        assert await w.app.get("n").result(timeout=5) == "awake"
+
+
+async def test_a_poll_reads_past_rows_it_passes_over_in_few_store_calls(url: str) -> None:
+    """Sixty left rows, all remembered, then the row behind them: the poll that reaches
+    it reads past them asking for twice as many rows each time, in 6 calls (2, 4, ...,
+    64 rows asked for), not in one call per batch, each reading every row before it again
+    (31 calls, 991 rows)."""
+    async with held_rows(url, 60) as (w, counted):
+        service = TimerService(w.app, batch=2)
+        (nap_row,) = await rows(w)
+        for _ in range(30):
+            assert set((await service.poll_once()).values()) == {"left"}
+        counted.due_calls = counted.rows_read = 0
+        assert (await service.poll_once())[nap_row] == "resumed"
+        assert (counted.due_calls, counted.rows_read) == (6, 2 + 4 + 8 + 16 + 32 + 61)
+        assert await w.app.get("n").result(timeout=5) == "awake"
 
 
 async def test_a_row_the_store_fails_to_retire_is_reported_once_and_the_poll_goes_on() -> None:
