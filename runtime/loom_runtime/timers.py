@@ -241,11 +241,11 @@ class TimerService:
                     await self._redrive(row)
                     continue
                 backoff = self._backoff.get(row.execution_id)
-                if backoff is not None and backoff.next_try > now:
+                if backoff is not None and self._waiting(backoff, now):
                     fired[row] = "backing-off"
                     continue
                 left = self._left.get((row.execution_id, row.wake_at))
-                if left is not None and left.next_try > now:
+                if left is not None and self._waiting(left, now):
                     fired[row] = "left"
                     continue
                 if row.execution_id in exhausted:
@@ -269,6 +269,13 @@ class TimerService:
             # Every row read is passed over or tried: read past them. The limit doubles,
             # so however many there are, a poll reads each at most about twice.
             limit = min(2 * limit, _MOST)
+
+    def _waiting(self, entry: _Backoff, now: datetime) -> bool:
+        """Whether ``entry``'s wait is still to run out at ``now``. A next try further off
+        than ``backoff_cap`` (the longest wait drawn) was drawn before the clock stepped
+        back (NTP, an operator): the wait has run, or the row would be passed over for as
+        long as the step, an hour for an hour, not at most ``backoff_cap`` seconds."""
+        return now < entry.next_try <= now + timedelta(seconds=self.backoff_cap)
 
     async def fire(self, row: TimerRecord) -> Fired:
         timers = self.app.storage.timers

@@ -8,14 +8,14 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, RedriveExhaustedError, TimerService
 from loom_runtime.testing import VirtualClock
-from store_probes import Wired, kinds, nap, token_of, wired
+from store_probes import ProbedEventStore, Wired, kinds, nap, token_of, wired
 
 from loom_core import (
     EventKind,
@@ -23,6 +23,7 @@ from loom_core import (
     FenceStale,
     InvalidOptionError,
     Redrive,
+    Storage,
     StorageUnavailableError,
     TimerRecord,
     TimerStore,
@@ -321,6 +322,52 @@ async def test_a_contended_wake_backs_off_with_full_jitter_then_reports_exhausti
         assert view.park is not None
         assert view.park.sequence == park
         assert await token_of(w.base.events, "n") == 8 * 3
+
+
+class SteppedClock:
+    """A wall clock the test sets, backwards too, as NTP or an operator steps one."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.Event().wait()  # nothing in these tests waits on it to return
+
+
+async def test_a_wake_backing_off_is_tried_again_once_the_clock_steps_back(url: str) -> None:
+    """A contended wake backs off at most ``backoff_cap`` seconds; the clock then steps
+    back an hour (the row is still due): the next poll tries it and resumes the park,
+    rather than passing it over until the clock has made up the hour."""
+    base = await open_storage(url)
+    probe = ProbedEventStore(base.events)
+    clock = SteppedClock(datetime(2030, 1, 1, tzinfo=UTC))
+    app = Loom(
+        Storage(probe, base.timers, base.leases, url=base.url), node="n1", clock=clock,
+        random=random.Random(SEED), timers=False, recover=False,
+    )
+    app.workflow(name="nap")(nap)
+    try:
+        async with app:
+            await app.start("nap", id="n")
+            await app.drain()
+            (row,) = await base.timers.pending("n")
+            clock.at += timedelta(hours=2)
+
+            async def dead_acquirer(execution_id: str) -> None:
+                await base.events.acquire_fence(execution_id)
+
+            probe.before_acquire = dead_acquirer
+            assert await app.timer_service.poll_once() == {row: "backing-off"}
+            probe.before_acquire = None
+            clock.at -= timedelta(hours=1)
+            assert await app.timer_service.poll_once() == {row: "resumed"}
+            await app.drain()
+            assert await app.get("n").result() == "awake"
+    finally:
+        await base.close()
 
 
 async def test_a_contended_park_with_two_due_rows_gives_up_once_for_both(url: str) -> None:
