@@ -190,19 +190,30 @@ class VirtualClock:
     async def _fire(self) -> None:
         """Let what woke run; then have every timer service on this clock poll at this
         instant, again while a poll resumes something (a body woken here may set a timer
-        due here), and let what each poll woke run."""
+        due here, and a backlog of rows due here takes a poll a batch), and let what each
+        poll woke run. Polls that resume only executions already resumed at this instant
+        (a body that sets a timer due at once, again and again) stop after
+        ``_POLLS_PER_INSTANT``: a backlog of any size is fired before the clock moves on."""
         await self._quiet()
-        for _ in range(_POLLS_PER_INSTANT):
+        woken: set[str] = set()
+        repeats = 0
+        while repeats < _POLLS_PER_INSTANT:
             ticking, self._ticking = self._ticking, {}
             for future in ticking.values():
                 if not future.done():
                     future.set_result(None)
             await self._quiet()
-            if not any(
-                "resumed" in fired or "timed-out" in fired
-                for fired in (service.last_fired.values() for service in ticking)
-            ):
+            resumed = {
+                row.execution_id
+                for service in ticking
+                for row, what in service.last_fired.items()
+                if what in ("resumed", "timed-out")
+            }
+            if not resumed:
                 return
+            if resumed <= woken:
+                repeats += 1
+            woken |= resumed
 
     async def _quiet(self) -> None:
         """Wait until nothing on this clock makes progress (see the class docstring): the
@@ -235,8 +246,9 @@ class VirtualClock:
 
 
 _POLLS_PER_INSTANT: Final = 100
-"""How often an advance polls at one instant while each poll resumes something: a body
-that sets a timer due at once, again and again, stops holding the clock after these."""
+"""How often an advance polls at one instant while each poll resumes only executions it
+resumed there already: a body that sets a timer due at once, again and again, stops
+holding the clock after these."""
 
 
 def _start(start: object) -> datetime:

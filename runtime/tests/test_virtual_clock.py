@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from loom_runtime import Context, Loom, Retry, StepFailedError
+from loom_runtime import Context, Loom, Retry, StepFailedError, TimerService
 from loom_runtime.testing import VirtualClock
 from loom_runtime.timers import Fired
 
@@ -166,3 +166,22 @@ async def test_a_retry_waits_on_the_apps_clock(app: Loom) -> None:
     assert await handle.status() == "running"  # the retry waits 30 s of this clock
     await clock_of(app).advance(30)
     assert await handle.result() == "2 attempts"
+
+
+async def test_a_backlog_due_at_one_instant_has_all_fired_when_the_advance_returns(
+    url: str,
+) -> None:
+    """250 sleeps due at one instant, a service that fires one row a poll: the advance
+    polls until every one is resumed, rather than stopping after a hundred polls at each
+    instant it stops at (two here: the rows' instant and the advance's end) with fifty
+    parked still."""
+    loom = Loom(url, node="n", clock=VirtualClock(START), random=random.Random(5))
+    loom.timer_service = TimerService(loom, batch=1)
+    loom.workflow(name="nap")(nap)
+    async with loom:
+        ids = [f"e{i:03}" for i in range(250)]
+        for execution_id in ids:
+            await loom.start("nap", id=execution_id)
+        await clock_of(loom).advance(101)
+        statuses = [(await loom.inspect(execution_id)).status for execution_id in ids]
+        assert statuses.count("completed") == 250
