@@ -15,6 +15,7 @@ from typing import Literal
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, RedriveExhaustedError, TimerService
 from loom_runtime.testing import VirtualClock
+from loom_runtime.timers import Fired
 from store_probes import ProbedEventStore, Wired, kinds, nap, token_of, wired
 
 from loom_core import (
@@ -838,3 +839,55 @@ async def test_a_poll_after_the_app_left_is_refused_and_one_under_way_drives_not
             due = await w.base.timers.pending(other)
             assert await again.timer_service.poll_once() == dict.fromkeys(due, "resumed")
             assert await again.get(other).result(timeout=5) == "awake"
+
+
+@pytest.mark.parametrize("window", ["before-acquire", "before-append", "after-read"])
+async def test_two_services_on_one_sqlite_file_fire_each_row_once_and_the_loser_is_quiet(
+    tmp_path: Path, window: str
+) -> None:
+    """Two apps (two nodes) on one SQLite file, each with its timer service, both after
+    the same due rows. The other service fires a row in the window the test picks in
+    this one's wake of it: before its acquire, between its acquire and its answer, or
+    after it read the rows and before it fires any. Each park is answered once, by one of
+    them; the other leaves the row or retires it as obsolete, reports nothing, and gives
+    up on nothing."""
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    async with wired(url, node="a") as a, wired(url, node="b") as b:
+        for i in range(3):
+            await parked(a, execution_id=f"e{i}")
+        await a.clock.advance(60)
+        await b.clock.advance(60)
+        rival: dict[str, Fired] = {}
+
+        async def other_fires(execution_id: str) -> None:
+            if execution_id not in rival:
+                (row,) = await b.base.timers.pending(execution_id)
+                rival[execution_id] = await b.app.timer_service.fire(row)
+                await b.app.drain()
+
+        if window == "before-acquire":
+            a.probe.before_acquire = other_fires
+        elif window == "before-append":
+
+            async def before_answer(execution_id: str, kinds: tuple[str, ...]) -> None:
+                if EventKind.EXECUTION_RESUMED in kinds:
+                    await other_fires(execution_id)
+
+            a.probe.before_append = before_answer
+        stale = await a.base.timers.due(a.clock.now())
+        if window == "after-read":
+            for execution_id in ("e0", "e1", "e2"):
+                await other_fires(execution_id)
+            mine = [await a.app.timer_service.fire(row) for row in stale]
+        else:
+            mine = list((await a.app.timer_service.poll_once()).values())
+        await a.app.drain()
+        assert rival == {"e0": "resumed", "e1": "resumed", "e2": "resumed"}
+        assert set(mine) <= {"left", "obsolete"}
+        for i in range(3):
+            assert await answers(a, f"e{i}") == ["timer"]
+            assert (await b.app.inspect(f"e{i}")).status == "completed"
+        assert await a.base.timers.due(a.clock.now()) == ()
+        for service in (a.app.timer_service, b.app.timer_service):
+            assert service.backing_off() == {}
+        assert a.errors == b.errors == []
