@@ -891,3 +891,53 @@ async def test_two_services_on_one_sqlite_file_fire_each_row_once_and_the_loser_
         for service in (a.app.timer_service, b.app.timer_service):
             assert service.backing_off() == {}
         assert a.errors == b.errors == []
+
+
+async def two_naps_and_the_times(ctx: Context) -> list[str]:
+    await ctx.sleep(60)
+    woke = ctx.now()
+    await ctx.sleep(60)
+    return [woke.isoformat(), ctx.now().isoformat()]
+
+
+async def test_each_timer_fires_once_at_its_instant_however_the_clock_steps(url: str) -> None:
+    """A deadline is an instant, computed once: a clock stepped back before it makes the
+    row wait for the instant again, one stepped forward past it fires it, and one stepped
+    back after it fired fires nothing again; the second sleep's deadline is counted from
+    the time the body read when it woke."""
+    base = await open_storage(url)
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    clock = SteppedClock(start)
+    app = Loom(base, node="n1", clock=clock, random=random.Random(SEED), timers=False,
+               recover=False)
+    app.workflow(name="two")(two_naps_and_the_times)
+    try:
+        async with app:
+            service = app.timer_service
+            await app.start("two", id="t")
+            await app.drain()
+            clock.at = start - timedelta(hours=1)
+            assert await service.poll_once() == {}
+            clock.at = start + timedelta(seconds=59)
+            assert await service.poll_once() == {}
+            clock.at = start + timedelta(hours=2)
+            assert list((await service.poll_once()).values()) == ["resumed"]
+            await app.drain()
+            (second,) = await base.timers.pending("t")
+            assert second.wake_at == start + timedelta(hours=2, seconds=60)
+            clock.at = start + timedelta(seconds=30)  # back before both deadlines
+            assert await service.poll_once() == {}
+            clock.at = second.wake_at
+            assert await service.poll_once() == {second: "resumed"}
+            await app.drain()
+            assert await app.get("t").result() == [
+                (start + timedelta(hours=2)).isoformat(), second.wake_at.isoformat()
+            ]
+            clock.at = start  # back again: nothing is left to fire
+            assert await service.poll_once() == {}
+            resumed = [
+                e for e in await base.events.read("t") if e.kind == EventKind.EXECUTION_RESUMED
+            ]
+            assert len(resumed) == 2
+    finally:
+        await base.close()
