@@ -174,14 +174,14 @@ class TimerService:
 
         On a clock that moves only when told (one with ``tick``: the test kit's virtual
         clock), each poll after the first waits for the clock's next instant instead of
-        ``poll_interval``; the first also tells the clock of the rows already written
+        ``poll_interval``; the first also tells the clock of every row already written
         (``note_wake``), so that it stops when they fall due."""
         clock = self.app.clock
         tick = getattr(clock, "tick", None)
         note = getattr(clock, "note_wake", None)
         if note is not None:
             try:
-                for row in await self.app.storage.timers.due(LATEST_DEADLINE, limit=1000):
+                for row in await self._every_row():
                     note(row.wake_at)
             except LoomError as exc:
                 self.app.hooks.error(exc)
@@ -191,6 +191,16 @@ class TimerService:
                 await tick(self)
             else:
                 await clock.sleep(self.poll_interval)
+
+    async def _every_row(self) -> tuple[TimerRecord, ...]:
+        """Every row the store holds (for a clock that moves only when told: a test's),
+        asking for twice as many each time until it has them all."""
+        limit = 1000
+        while True:
+            rows = await self.app.storage.timers.due(LATEST_DEADLINE, limit=limit)
+            if len(rows) < limit or limit == _MOST:
+                return rows
+            limit = min(2 * limit, _MOST)
 
     async def poll_reporting(self) -> dict[TimerRecord, Fired]:
         """:meth:`poll_once`, with a failure reported to ``on_error`` rather than raised."""

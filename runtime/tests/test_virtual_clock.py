@@ -15,7 +15,7 @@ from loom_runtime import Context, Loom, Retry, StepFailedError, TimerService
 from loom_runtime.testing import VirtualClock
 from loom_runtime.timers import Fired
 
-from loom_core import TimerRecord
+from loom_core import TimerRecord, open_storage
 
 START = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 
@@ -185,3 +185,36 @@ async def test_a_backlog_due_at_one_instant_has_all_fired_when_the_advance_retur
         await clock_of(loom).advance(101)
         statuses = [(await loom.inspect(execution_id)).status for execution_id in ids]
         assert statuses.count("completed") == 250
+
+
+async def wake_time(ctx: Context, seconds: int) -> str:
+    await ctx.sleep(seconds)
+    return ctx.now().isoformat()
+
+
+async def test_an_app_entering_on_a_fresh_clock_stops_at_every_row_already_written(
+    url: str,
+) -> None:
+    """1001 sleeps parked by an app that has left (on a clock of its own), due a second
+    apart: an app entering on a fresh clock over the same storage tells the clock of
+    every row, so each body wakes at its own instant, the last too (the clock was told
+    of the first 1000 rows only, and the last body read the advance's end)."""
+    storage = await open_storage(url)
+    try:
+        before = Loom(storage, node="n", clock=VirtualClock(START), timers=False,
+                      recover=False)
+        before.workflow(name="wake_time")(wake_time)
+        async with before:
+            for i in range(1, 1002):
+                await before.start("wake_time", i, id=f"w{i:04}")
+            await before.drain()
+        clock = VirtualClock(START)
+        app = Loom(storage, node="n", clock=clock, random=random.Random(5))
+        app.workflow(name="wake_time")(wake_time)
+        async with app:
+            await clock.advance(2000)
+            for i in (1, 1000, 1001):
+                woke = await app.get(f"w{i:04}").result()
+                assert woke == (START + timedelta(seconds=i)).isoformat()
+    finally:
+        await storage.close()
