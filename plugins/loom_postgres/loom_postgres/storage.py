@@ -29,6 +29,14 @@ __all__ = ["SCHEMES", "check_url", "open_postgres", "redact"]
 
 SCHEMES = ("postgresql", "postgres")
 
+RECONNECT_SPAN: Final = 5.0
+"""Seconds one of the pool's reconnection series lasts before it gives up. psycopg_pool
+waits 1 s after a failed connection, then twice as long after each, for as long as the
+series lasts; a series as long as the outage would leave the store waiting about as long
+after the server's return as the server was away. Short series keep the longest wait
+between tries at 2 s: once one gives up, the next call that finds no connection starts a
+new series, whose first try is at once."""
+
 # libpq parameters whose value libpq itself refuses when it connects ("invalid port
 # number", "invalid sslmode value"): checked here, so such a typo is an InvalidURLError at
 # once instead of a connection retried for connect_timeout. Every entry of a multi-host
@@ -195,7 +203,7 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
         configure=configure,
         open=False,
         timeout=opts.reconnect_timeout,
-        reconnect_timeout=max(60.0, opts.reconnect_timeout),
+        reconnect_timeout=RECONNECT_SPAN,
         name="loom-postgres",
     )
     try:

@@ -20,6 +20,7 @@ from loom_core.errors import (
     LoomError,
     SequenceConflictError,
     StorageError,
+    StorageUnavailableError,
     StorageWriteError,
 )
 
@@ -285,3 +286,24 @@ async def test_a_write_whose_outcome_cannot_be_learned_is_a_storage_write_error(
     async with open_storage(url) as storage:
         assert await storage.events.head("u") == 1
         assert await storage.events.acquire_fence("u") == 2
+
+
+async def test_after_a_long_outage_a_call_made_once_the_server_is_back_is_answered(
+    crash_cluster: ThrowawayCluster,
+) -> None:
+    # The pool's tries to reconnect wait twice as long after each failure; over a long
+    # outage those waits outgrow reconnect_timeout, and a call made after the server's
+    # return found no connection, though the server answered. Each series of tries is
+    # now short, and a call that finds none starts the next, at once.
+    url = _db_url(crash_cluster)
+    async with open_storage(url, options={"reconnect_timeout": 10.0}) as storage:
+        assert await storage.events.head("x") == 0
+        await asyncio.to_thread(crash_cluster.stop, "fast")
+        try:
+            # Down for as long as four calls took to give up: about 40 s.
+            for _ in range(4):
+                with pytest.raises(StorageUnavailableError):
+                    await storage.events.head("x")
+        finally:
+            await asyncio.to_thread(crash_cluster.start)
+        assert await storage.events.head("x") == 0
