@@ -12,7 +12,8 @@ carried on by themselves), and each step's effect (traced outside Loom) ran once
 a run's record could not be written while the server was down, ran again only after a run
 that left no record. Whatever the worker's hooks heard meanwhile is a LoomError, the worker
 is still alive and stops cleanly, and each ``handle.result()`` caller got the result or a
-typed error.
+typed error. A worker stopped (SIGTERM) while the database is down leaves cleanly, and the
+next worker of its node, started once the database is back, finishes what it ran.
 
 The server is a cluster of this module's own (``ThrowawayCluster``), since the tests stop
 and restart it; every test gets a database of its own on it.
@@ -128,21 +129,19 @@ class Scene:
         )
 
 
-async def _scene(
-    cluster: ThrowawayCluster, tmp_path: Path, reconnect: float, query: str = ""
-) -> Scene:
-    url = PostgresServer(cluster.url, cluster).fresh_database("loom_outage") + query
+async def _worker(url: str, directory: Path, reconnect: float, name: str) -> ChildProcess:
+    """``loom worker --app outage_app:app`` on ``url``, once it serves."""
     here = str(Path(outage_app.__file__).parent)
     env = {
         **os.environ,
         "LOOM_OUTAGE_URL": url,
-        "LOOM_OUTAGE_DIR": str(tmp_path),
+        "LOOM_OUTAGE_DIR": str(directory),
         "LOOM_OUTAGE_RECONNECT": str(reconnect),
         "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     worker = await ChildProcess.spawn(
         sys.executable, "-m", "loom_runtime", "worker", "--app", "outage_app:app",
-        stderr=tmp_path / "worker.err", env=env,
+        stderr=directory / f"{name}.err", env=env,
     )
 
     async def serving() -> bool:
@@ -151,6 +150,14 @@ async def _scene(
         return "loom worker: node" in worker.stderr_tail()
 
     await _until("serving", serving)
+    return worker
+
+
+async def _scene(
+    cluster: ThrowawayCluster, tmp_path: Path, reconnect: float, query: str = ""
+) -> Scene:
+    url = PostgresServer(cluster.url, cluster).fresh_database("loom_outage") + query
+    worker = await _worker(url, tmp_path, reconnect, "worker")
     client = outage_app.build(
         url, str(tmp_path), reconnect_timeout=reconnect, node="client", timers=False,
         recover=False,
@@ -207,9 +214,13 @@ async def _results(scene: Scene, waiting: dict[str, asyncio.Task[Any]]) -> dict[
     return results
 
 
-async def _check(scene: Scene, results: dict[str, Any], *, strict: bool) -> None:
-    """Every execution completed once, each step recorded once by the worker, each effect
-    run once (``strict``) or run again only after a run that left no record."""
+async def _check(
+    scene: Scene, results: dict[str, Any], *, strict: bool, workers: set[int] | None = None
+) -> None:
+    """Every execution completed once, each step recorded once by the worker (one of
+    ``workers``, the pids of the workers that served in turn), each effect run once
+    (``strict``) or run again only after a run that left no record."""
+    pids = workers if workers is not None else {scene.worker.pid}
     traces = scene.traces()
     for execution_id in scene.ids:
         log = await scene.client.storage.events.read(execution_id)
@@ -225,7 +236,7 @@ async def _check(scene: Scene, results: dict[str, Any], *, strict: bool) -> None
         assert result["note"] == NOTE
         for step in ("a", "b"):
             value = result[step]
-            assert value["pid"] == scene.worker.pid, (execution_id, step, value)
+            assert value["pid"] in pids, (execution_id, step, value)
             runs = [t for t in traces if t[1:3] == [execution_id, step]]
             tokens = [t[4] for t in runs]
             # The recorded run is the last one: nothing ran the step again after its record.
@@ -356,6 +367,37 @@ async def test_terminated_sessions_lose_and_repeat_nothing(
             await _send_all(scene)
             results = await _results(scene, waiting)
             await _check(scene, results, strict=True)
+        await _stop(scene)
+    finally:
+        scene.worker.kill()
+
+
+async def test_a_worker_stopped_while_the_database_is_down_leaves_and_its_successor_finishes(
+    cluster: ThrowawayCluster, tmp_path: Path
+) -> None:
+    scene = await _scene(cluster, tmp_path, GIVES_UP, "?connect_timeout=1")
+    first = scene.worker.pid
+    try:
+        async with scene.client, scene.sender:
+            handles = await _hold_everywhere(scene)
+            await asyncio.to_thread(cluster.stop, "fast")
+            try:
+                scene.open_gate(scene.held, "a")
+                await _until(
+                    "reported the held step's lost record",
+                    lambda: scene.reported("on_storage_error", scene.held),
+                )
+                # SIGTERM while its calls fail: it leaves, exit code 0, nothing hung.
+                await _stop(scene)
+            finally:
+                await asyncio.to_thread(cluster.start)
+            # The next worker of the same node carries on what the first was running.
+            scene.worker = await _worker(scene.url, tmp_path, GIVES_UP, "worker-2")
+            await _send_all(scene)
+            results = await _results(
+                scene, {i: asyncio.create_task(h.result()) for i, h in handles.items()}
+            )
+            await _check(scene, results, strict=False, workers={first, scene.worker.pid})
         await _stop(scene)
     finally:
         scene.worker.kill()
