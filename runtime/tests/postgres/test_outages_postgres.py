@@ -295,15 +295,17 @@ async def _terminate_sessions(cluster: ThrowawayCluster, url: str) -> int:
     return int(row[0])
 
 
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
 async def test_a_restart_mid_step_sleep_and_receive_loses_and_repeats_nothing(
-    cluster: ThrowawayCluster, tmp_path: Path
+    cluster: ThrowawayCluster, tmp_path: Path, mode: str
 ) -> None:
+    # fast: pg_ctl restart -m fast, sessions ended; immediate: the server crashes.
     scene = await _scene(cluster, tmp_path, WITHSTANDS)
     try:
         async with scene.client, scene.sender:
             handles = await _hold_everywhere(scene)
             waiting = {i: asyncio.create_task(h.result()) for i, h in handles.items()}
-            await asyncio.to_thread(cluster.stop, "fast")
+            await asyncio.to_thread(cluster.stop, mode)
             await asyncio.to_thread(cluster.start)
             scene.open_gate(scene.held, "a")
             await _send_all(scene)
