@@ -2837,8 +2837,7 @@ class Loom:
             return False
         if all(not wait.topics for wait in view.pending_waits()):
             return False  # nothing in this park could take a message
-        messages = await self.inbox.messages(view.execution_id)
-        return all(m.wake_at != row.wake_at for m in messages)
+        return not await self.inbox.names(view.execution_id, row.wake_at)
 
     async def _message_waiting(self, view: View) -> bool:
         """Whether a receive of the open park has a message in the inbox."""

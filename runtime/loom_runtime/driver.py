@@ -45,6 +45,7 @@ from loom_runtime.errors import (
     StepFailedError,
 )
 from loom_runtime.fold import Recorded, View, advance, describe_any
+from loom_runtime.inbox import Cursor
 from loom_runtime.records import (
     Position,
     Received,
@@ -135,6 +136,7 @@ class Run:
         "_beyond",
         "_blocked",
         "_consumed",
+        "_cursor",
         "_cut",
         "_cut_by_cancel",
         "_deadline",
@@ -220,6 +222,7 @@ class Run:
         self._view = view
         self._head = view.head
         self._consumed = set(view.consumed)
+        self._cursor = Cursor()  # for this set of consumed messages, which only grows
         self._visited = visited
         self._gathered: frozenset[Position] | None = None
         self._waits: dict[Position, Wait] = {}
@@ -714,7 +717,9 @@ class Run:
         if self._replay_only:  # what the inbox holds is a live run's to consume
             return await self._wait(wait)
         try:
-            message = await self.app.inbox.next(self.execution_id, topics, self._consumed)
+            message = await self.app.inbox.next(
+                self.execution_id, topics, self._consumed, self._cursor
+            )
         except LoomError as exc:  # the store's failure, never the body's to catch
             self.app.hooks.storage_error(self.execution_id, exc)
             self._halt(exc)

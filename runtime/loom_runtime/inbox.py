@@ -9,8 +9,9 @@ receiver's log, written under the receiver's fence, and a message is delivered o
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, final
@@ -25,11 +26,12 @@ from loom_core import (
 )
 from loom_runtime.records import MESSAGE_KIND, inbox_of, message
 
-__all__ = ["Inbox", "Message"]
+__all__ = ["Cursor", "Inbox", "Message"]
 
 _CACHE_SIZE: Final = 1024
 _PUT_ATTEMPTS: Final = 32
 _TICK: Final = timedelta(microseconds=1)
+_READS: Final = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,69 @@ def _message(event: Event) -> Message | None:
 
 
 @final
+class _Read:
+    """What was read of one inbox stream, with its messages indexed by topic, by key and
+    by the wake instant each names, so that a receive, a keyed send and a sender's claim
+    each cost what they find rather than a pass over every message stored."""
+
+    __slots__ = ("head", "keys", "last_at", "messages", "named", "serial", "stepped", "topics")
+
+    def __init__(self) -> None:
+        self.head = 0
+        self.last_at: datetime | None = None
+        self.messages: list[Message] = []
+        self.topics: dict[str, list[Message]] = {}
+        self.keys: dict[str, Message] = {}
+        self.named: set[datetime] = set()
+        # For an instant a sender asked for and found named: the instant it was given,
+        # every instant between being named too (named only grows), so the next sender
+        # asking for it steps on from there rather than past every one again.
+        self.stepped: dict[datetime, datetime] = {}
+        self.serial = next(_READS)
+
+    def add(self, events: Sequence[Event]) -> None:
+        """Take in ``events``, read from the stream in order; those it already holds (a
+        concurrent read took them in first) are skipped."""
+        for event in events:
+            if event.sequence < self.head:
+                continue
+            self.head = event.sequence + 1
+            self.last_at = event.recorded_at
+            m = _message(event)
+            if m is None:
+                continue
+            self.messages.append(m)
+            self.topics.setdefault(m.topic, []).append(m)
+            if m.key is not None:
+                self.keys.setdefault(m.key, m)  # a key names the first message stored with it
+            if m.wake_at is not None:
+                self.named.add(m.wake_at)
+
+    def free_before(self, at: datetime) -> datetime:
+        """The nearest instant at or before ``at`` that no message names."""
+        asked = at
+        at = self.stepped.get(asked, at)
+        while at in self.named:
+            at -= _TICK
+        self.stepped[asked] = at
+        return at
+
+
+@final
+class Cursor:
+    """How far one receiver has gone through its inbox: for each topic, how many of its
+    messages, oldest first, it has found among those it consumed. It serves one set of
+    consumed messages that only grows (a run's own), and starts over when the inbox is
+    read anew (deleted since); for any other set, pass none."""
+
+    __slots__ = ("_passed", "_serial")
+
+    def __init__(self) -> None:
+        self._serial = 0
+        self._passed: dict[str, int] = {}
+
+
+@final
 class Inbox:
     """Reads and writes inbox streams; keeps what it read. A stream only grows, unless it
     is deleted (an execution pruned) and its id used again: each read takes the last event
@@ -71,35 +136,47 @@ class Inbox:
 
     def __init__(self, events: EventStore) -> None:
         self._events = events
-        self._cache: OrderedDict[str, tuple[int, list[Message], datetime | None]] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[str, _Read] = OrderedDict()
         # One put at a time per inbox in this process, and how many wait for it: the
         # senders of one process queue rather than race each other for the next sequence
         # (only other processes' senders make a put try again).
         self._putting: dict[str, tuple[asyncio.Lock, int]] = {}
 
-    async def messages(self, execution_id: str) -> list[Message]:
-        """Every message sent to ``execution_id``, in the order they were stored."""
-        stream = inbox_of(execution_id)
-        head, known, last_at = self._cache.pop(stream, (0, [], None))
-        if head:
+    async def _read(self, stream: str) -> _Read:
+        """What is stored in ``stream``, brought up to date by reading what was appended
+        since the last read. What was known stays in the cache while the tail is read, so
+        a read beside it (a receive beside a send) reads a tail too, not the stream whole."""
+        known = self._cache.get(stream)
+        if known is not None and known.head:
+            head, last_at = known.head, known.last_at
             tail = await self._events.read(stream, from_sequence=head - 1)
             if tail and tail[0].sequence == head - 1 and tail[0].recorded_at == last_at:
-                tail = tail[1:]
-            else:  # deleted since (and perhaps written again): what was known is gone
-                head, known = 0, []
-                tail = await self._events.read(stream)
-        else:
-            tail = await self._events.read(stream)
-        if tail:
-            known = [*known, *(m for e in tail if (m := _message(e)) is not None)]
-            head = tail[-1].sequence + 1
-            last_at = tail[-1].recorded_at
-        self._cache[stream] = (head, known, last_at)
+                current = self._cache.get(stream)
+                if current is None or current is known:
+                    known.add(tail[1:])
+                    current = known
+                # else another read found the stream anew meanwhile: its view is the later
+                self._keep(stream, current)
+                return current
+            # Deleted since (and perhaps written again): what was known is gone.
+        read = _Read()
+        read.add(await self._events.read(stream))
+        self._keep(stream, read)
+        return read
+
+    def _keep(self, stream: str, read: _Read) -> None:
+        self._cache[stream] = read
+        self._cache.move_to_end(stream)
         while len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
-        return known
+
+    async def messages(self, execution_id: str) -> list[Message]:
+        """Every message sent to ``execution_id``, in the order they were stored."""
+        return list((await self._read(inbox_of(execution_id))).messages)
+
+    async def names(self, execution_id: str, wake_at: datetime) -> bool:
+        """Whether a message sent to ``execution_id`` names the wake row at ``wake_at``."""
+        return wake_at in (await self._read(inbox_of(execution_id))).named
 
     def forget(self, execution_id: str) -> None:
         """Drop what was read of ``execution_id``'s inbox: its execution ended, and no
@@ -108,13 +185,34 @@ class Inbox:
             self._cache.pop(inbox_of(execution_id), None)
 
     async def next(
-        self, execution_id: str, topics: tuple[str, ...], consumed: Set[int]
+        self,
+        execution_id: str,
+        topics: tuple[str, ...],
+        consumed: Set[int],
+        cursor: Cursor | None = None,
     ) -> Message | None:
-        """The oldest message on any of ``topics`` that is not in ``consumed``."""
-        for candidate in await self.messages(execution_id):
-            if candidate.topic in topics and candidate.sequence not in consumed:
-                return candidate
-        return None
+        """The oldest message on any of ``topics`` that is not in ``consumed``. With
+        ``cursor`` (the receiver's own, for a ``consumed`` that only grows), the messages
+        it found consumed before are not looked at again."""
+        read = await self._read(inbox_of(execution_id))
+        passed: dict[str, int] = {}
+        if cursor is not None:
+            if cursor._serial != read.serial:
+                cursor._serial, cursor._passed = read.serial, {}
+            passed = cursor._passed
+        found: Message | None = None
+        for topic in topics:
+            listed = read.topics.get(topic)
+            if listed is None:
+                continue
+            i = passed.get(topic, 0)
+            while i < len(listed) and listed[i].sequence in consumed:
+                i += 1
+            if cursor is not None:
+                passed[topic] = i
+            if i < len(listed) and (found is None or listed[i].sequence < found.sequence):
+                found = listed[i]
+        return found
 
     async def put(
         self,
@@ -158,18 +256,15 @@ class Inbox:
         claim: Callable[[datetime], Awaitable[None]] | None,
     ) -> Message:
         for _ in range(_PUT_ATTEMPTS):
-            known = await self.messages(execution_id)
-            head = self._cache[stream][0]
+            read = await self._read(stream)
+            head = read.head
             if key is not None:
-                for existing in known:
-                    if existing.key == key:
-                        return existing
-            if claim is not None and wake_at is not None:
-                named = {m.wake_at for m in known}
-                if wake_at in named:
-                    while wake_at in named:
-                        wake_at -= _TICK
-                    await claim(wake_at)
+                existing = read.keys.get(key)
+                if existing is not None:
+                    return existing
+            if claim is not None and wake_at is not None and wake_at in read.named:
+                wake_at = read.free_before(wake_at)
+                await claim(wake_at)
             try:
                 written = await self._events.append(
                     stream, [message(topic, value, key, wake_at)], expected_sequence=head

@@ -5,6 +5,7 @@ controls), a token read that writes nothing, and apps built over them."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -78,8 +79,10 @@ class ProbedEventStore(EventStoreDecorator):
     put a rival or an audit write in the window before the acquire, and
     ``after_append(execution_id, kinds)`` (when set) after an append is written and before
     its caller hears of it, to act in the window a slow reply leaves; ``before_append``
-    likewise before an append reaches the store, ``after_read(execution_id)`` after a read
-    answered, and ``after_list()`` after a ``list_executions`` answered."""
+    likewise before an append reaches the store, ``before_read(execution_id)`` before a
+    read reaches it, ``after_read(execution_id)`` after a read answered, and
+    ``after_list()`` after a ``list_executions`` answered. It counts the reads of each
+    stream (``reads``) and the events they returned (``events_read``)."""
 
     def __init__(self, inner: EventStore) -> None:
         super().__init__(inner)
@@ -88,7 +91,10 @@ class ProbedEventStore(EventStoreDecorator):
         self.after_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
         self.before_append: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None
         self.after_list: Callable[[], None] | None = None
+        self.before_read: Callable[[str], Awaitable[None]] | None = None
         self.after_read: Callable[[str], None] | None = None
+        self.reads: Counter[str] = Counter()
+        self.events_read: Counter[str] = Counter()
 
     def of(self, *methods: str) -> list[StoreCall]:
         return [c for c in self.calls if c.method in methods]
@@ -127,9 +133,13 @@ class ProbedEventStore(EventStoreDecorator):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
+        if self.before_read is not None:
+            await self.before_read(execution_id)
         got = await self.inner.read(
             execution_id, from_sequence=from_sequence, to_sequence=to_sequence, limit=limit
         )
+        self.reads[execution_id] += 1
+        self.events_read[execution_id] += len(got)
         if self.after_read is not None:
             self.after_read(execution_id)
         return got
