@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from loom_runtime import Context, Loom, Retry
 from loom_runtime.schedules import Schedule, tick_id
-from loom_runtime.testing import VirtualClock
+from loom_runtime.testing import VirtualClock, check_replay
 
 from loom_core import EventKind, InvalidOptionError, LoomError, Storage, open_storage
 
@@ -500,3 +501,126 @@ async def test_a_name_check_that_meets_a_bug_is_reported_and_asked_again() -> No
         ]
     await storage.close()
     assert [(type(e), str(e)) for e in errors] == [(RuntimeError, "a decorator's bug")]
+
+
+async def test_a_run_slower_than_the_interval_overlaps_the_next_instants(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.scheduled(every=60, name="slow")
+    @app.workflow()
+    async def slow(ctx: Context, scheduled_at: str) -> str:
+        await ctx.sleep(150)  # longer than two intervals
+        return scheduled_at
+
+    await clock.advance(180)
+    assert await started(app) == [
+        ("slow@2030-01-01T00:01:00Z", ["2030-01-01T00:01:00+00:00"], "suspended"),
+        ("slow@2030-01-01T00:02:00Z", ["2030-01-01T00:02:00+00:00"], "suspended"),
+        ("slow@2030-01-01T00:03:00Z", ["2030-01-01T00:03:00+00:00"], "suspended"),
+    ]
+    await clock.advance(150)
+    assert [s for _, _, s in await started(app)][:3] == ["completed"] * 3
+    assert await check_replay(app) == [e for e, _, _ in await started(app)]
+
+
+async def test_two_apps_on_one_sqlite_file_start_each_instant_once(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    runs: list[tuple[str, str]] = []
+
+    def app(node: str) -> Loom:
+        loom = Loom(url, node=node, clock=clock)
+
+        async def note(at: str) -> None:
+            runs.append((node, at))
+
+        @loom.scheduled(cron="*/10 * * * *", name="sweep")
+        @loom.workflow(name="sweep")
+        async def sweep(ctx: Context, scheduled_at: str) -> None:
+            await ctx.step(note, scheduled_at)
+
+        return loom
+
+    async with app("a") as a, app("b"):
+        await clock.advance(timedelta(hours=1))
+        ids = [e for e, _, _ in await started(a)]
+        assert ids == [f"sweep@2030-01-01T00:{m}0:00Z" for m in range(1, 6)] + [
+            "sweep@2030-01-01T01:00:00Z"
+        ]
+        for execution_id in ids:
+            kinds = [e.kind for e in await a.storage.events.read(execution_id)]
+            assert kinds.count(EventKind.EXECUTION_STARTED) == 1
+            assert kinds.count(EventKind.STEP_COMPLETED) == 1
+    assert sorted(at for _, at in runs) == sorted(
+        (START + timedelta(minutes=m)).isoformat() for m in range(10, 61, 10)
+    )
+
+
+async def test_a_renamed_schedule_runs_an_instant_under_each_name_while_both_serve(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+
+    async def report(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    old = Loom(storage, node="old", clock=clock)
+    old.scheduled(every=3600, name="report")(old.workflow(name="report")(report))
+    new = Loom(storage, node="new", clock=clock)
+    new.scheduled(every=3600, name="daily-report")(new.workflow(name="report")(report))
+    async with old, new:  # a rolling deploy: nodes on both codes serve
+        await clock.advance(3600)
+        assert [e for e, _, _ in await started(old)] == [
+            "daily-report@2030-01-01T01:00:00Z",
+            "report@2030-01-01T01:00:00Z",
+        ]
+
+
+async def test_a_renamed_workflow_keeping_its_schedules_name_runs_each_instant_once(
+    storage: Storage,
+) -> None:
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+
+    async def report(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    old = Loom(storage, node="old", clock=clock)
+    old.scheduled(every=3600, name="report")(old.workflow(name="report")(report))
+    new = Loom(storage, node="new", clock=clock, on_error=errors.append)
+    new.scheduled(every=3600, name="report")(new.workflow(name="report-v2")(report))
+    async with old:
+        await clock.advance(3600)  # the old code started this instant
+        async with new:
+            await clock.advance(3600)
+            assert [(e, s) for e, _, s in await started(old)] == [
+                ("report@2030-01-01T01:00:00Z", "completed"),
+                ("report@2030-01-01T02:00:00Z", "completed"),
+            ]
+    # Whichever node came second met the other code's workflow at the id.
+    assert [type(e).__name__ for e in errors] in ([], ["ExecutionAlreadyExistsError"])
+
+
+async def test_a_schedule_removed_between_deploys_starts_nothing_and_its_runs_stay(
+    tmp_path: Path,
+) -> None:
+    clock = VirtualClock()
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+
+    async def tick(ctx: Context, scheduled_at: str) -> str:
+        return scheduled_at
+
+    first = Loom(url, node="n", clock=clock)
+    first.scheduled(every=60)(first.workflow(name="tick")(tick))
+    async with first:
+        await clock.advance(120)
+    again = Loom(url, node="n", clock=clock)  # the next deploy: no @app.scheduled
+    again.workflow(name="tick")(tick)
+    async with again:
+        await clock.advance(600)
+        assert await started(again) == [
+            ("tick@2030-01-01T00:01:00Z", ["2030-01-01T00:01:00+00:00"], "completed"),
+            ("tick@2030-01-01T00:02:00Z", ["2030-01-01T00:02:00+00:00"], "completed"),
+        ]
+        assert again.schedules == {}
+        assert len(await check_replay(again)) == 2
