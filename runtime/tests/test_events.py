@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, NotJsonError, ReplayDivergedError
@@ -207,3 +208,54 @@ async def test_a_get_event_waiting_as_an_app_on_a_url_is_left_says_it_was_cut_sh
         await asyncio.sleep(0)  # it waits now
     with pytest.raises(AppNotRunningError, match=r"app\.get_event was cut short"):
         await asyncio.wait_for(reader, 10)  # a bound, never reached: it ends at once
+
+
+async def test_a_value_outlives_a_restart_and_a_cancel_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+
+    def app() -> Loom:
+        loom = Loom(url, node="n")
+
+        @loom.workflow(name="checkout")
+        async def checkout(ctx: Context) -> object:
+            await ctx.set_event("stage", "awaiting payment")
+            await ctx.set_event("stage", "paid")
+            return await ctx.receive("ship")
+
+        return loom
+
+    async with app() as first:
+        await first.start("checkout", id="o")
+        await first.drain()  # parked on the receive
+        assert await first.get_event("o", "stage") == "paid"
+    async with app() as again:
+        assert await again.get_event("o", "stage", timeout=0) == "paid"
+        reader = asyncio.create_task(again.get_event("o", "shipped"))
+        await asyncio.sleep(0)  # it waits now
+        await again.cancel("o")
+        assert await asyncio.wait_for(reader, 10) is None  # ended without the key
+        assert await again.get_event("o", "stage") == "paid"  # a cancel keeps the value
+        assert await events_of(again, "o") == [
+            ("stage", "awaiting payment"), ("stage", "paid")
+        ]
+        assert await check_replay(again) == ["o"]
+
+
+async def test_a_reader_in_another_app_on_the_file_gets_the_value_when_it_is_set(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    worker = Loom(url, node="worker")
+    client = Loom(url, node="client", timers=False)
+
+    @worker.workflow(name="job")
+    async def job(ctx: Context) -> None:
+        stage = await ctx.receive("go")
+        await ctx.set_event("stage", stage)
+
+    async with worker, client:
+        await worker.start(job, id="j")
+        reader = asyncio.create_task(client.get_event("j", "stage"))
+        await asyncio.sleep(0)  # it waits now, polling the file
+        await client.send("j", "go", {"reached": 2})
+        assert await asyncio.wait_for(reader, 30) == {"reached": 2}
