@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from loom_runtime import (
@@ -417,3 +418,69 @@ async def test_a_fork_that_would_not_fit_one_append_is_refused(app: Loom) -> Non
     fork = await app.fork("src", at=9_999, id="copy")
     assert await fork.result(timeout=30) == 0
     assert len(await log(app, "copy")) == 10_000 + 2  # the last uuid, drawn again
+
+
+async def test_a_wait_the_original_was_still_in_runs_anew_counted_from_the_fork(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.workflow()
+    async def waits(ctx: Context) -> object:
+        await ctx.sleep(100)
+        return await ctx.receive("answer", timeout=100)
+
+    await app.start(waits, id="src")
+    await clock.advance(50)  # half its sleep gone
+    await app.cancel("src")
+    fork = await app.fork("src", id="copy")
+    await clock.advance(99)
+    assert (await app.inspect("copy")).records == {}  # its sleep is 100 s of its own
+    await clock.advance(1)
+    assert [r.call for r in (await app.inspect("copy")).records.values()] == ["sleep"]
+    await clock.advance(99)
+    assert await fork.status() == "suspended"  # so is the receive's timeout
+    await clock.advance(1)
+    assert await fork.result(timeout=5) is None
+    assert await check_replay(app) == ["copy", "src"]
+
+
+async def test_a_fork_on_sqlite_is_carried_on_after_a_restart(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    steps = Steps()
+    steps.broken.add("ship")
+    holding = {"on": False}
+    began = asyncio.Event()
+    never = asyncio.Event()  # the first process leaves with the fork mid-step
+
+    async def ship(label: str) -> str:
+        if holding["on"]:
+            steps.ran.append(label)
+            began.set()
+            await never.wait()
+        return steps(label)
+
+    def app() -> Loom:
+        loom = Loom(url, node="n")
+
+        @loom.workflow(name="fulfil")
+        async def fulfil(ctx: Context) -> list[str]:
+            charged = await ctx.step(steps, "charge")
+            await ctx.set_event("stage", "charged")
+            shipped = await ctx.step(ship, "ship")
+            return [charged, shipped]
+
+        return loom
+
+    async with app() as first:
+        with pytest.raises(WorkflowFailedError):
+            await first.execute("fulfil", id="src")
+        steps.broken.clear()  # the fix is deployed
+        holding["on"] = True
+        await first.fork("src", at=2, id="again")
+        await began.wait()
+    holding["on"] = False
+    async with app() as again:  # the same node starts again
+        assert await again.get("again").result(timeout=10) == ["CHARGE", "SHIP"]
+        assert await again.get_event("again", "stage") == "charged"
+        assert await again.get("src").status() == "failed"
+        assert await check_replay(again) == ["again", "src"]
+    assert steps.ran == ["charge", "ship", "ship", "ship"]  # charged once
