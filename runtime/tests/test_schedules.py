@@ -5,6 +5,8 @@ executions it starts."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import textwrap
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from loom_runtime import Context, Loom, Retry
 from loom_runtime.schedules import Schedule, tick_id
-from loom_runtime.testing import VirtualClock, check_replay
+from loom_runtime.testing import ChildProcess, VirtualClock, check_replay
 
 from loom_core import EventKind, InvalidOptionError, LoomError, Storage, open_storage
 
@@ -624,3 +626,69 @@ async def test_a_schedule_removed_between_deploys_starts_nothing_and_its_runs_st
         ]
         assert again.schedules == {}
         assert len(await check_replay(again)) == 2
+
+
+NODE = textwrap.dedent(
+    """
+    import asyncio, sys
+    from loom_runtime import Context, Loom
+
+    node = sys.argv[2]
+    app = Loom(sys.argv[1], node=node, poll_interval=0.05)
+
+    def ran_on() -> str:
+        return node
+
+    @app.scheduled(every=1, name="tick")
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> str:
+        return await ctx.step(ran_on)
+
+    async def main() -> None:
+        async with app:
+            print("up", flush=True)
+            while True:  # until three instants have run, whichever node ran them
+                done = [v async for v in app.executions(status="completed")]
+                if len(done) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            await app.drain()
+        print("done", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_two_processes_on_one_sqlite_file_start_each_instant_once(
+    tmp_path: Path,
+) -> None:
+    """Real processes on the wall clock, each serving the schedule: every instant either
+    of them reached is one execution, started once, its step run once."""
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    nodes = [
+        await ChildProcess.spawn(
+            sys.executable, str(script), url, name, stderr=tmp_path / f"{name}.err"
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        for node in nodes:
+            assert await node.line() == "up", node.stderr_tail()
+        for node in nodes:
+            assert await node.finish() == 0, node.stderr_tail()
+            assert node.lines == ["up", "done"]
+    finally:
+        for node in nodes:
+            node.kill()
+    async with open_storage(url) as storage:
+        completed = 0
+        for execution_id in await storage.events.list_executions(limit=1000):
+            assert execution_id.startswith("tick@")
+            kinds = [e.kind for e in await storage.events.read(execution_id)]
+            assert kinds.count(EventKind.EXECUTION_STARTED) == 1, execution_id
+            assert kinds.count(EventKind.STEP_COMPLETED) <= 1, execution_id
+            completed += EventKind.EXECUTION_COMPLETED in kinds
+        assert completed >= 3
