@@ -1029,6 +1029,9 @@ class Loom:
         self.check_arguments(view.workflow, len(view.input), "app.fork")
         reach = max((position[0] + 1 for position in view.records), default=0)
         every_call = at is None
+        # Kept as asked, for a retried call (see below); an at= no body reaches is kept
+        # as the largest int every store and JSON reader takes.
+        asked = None if at is None else min(at, _FARTHEST_AT)
         at = reach if at is None else min(at, reach)  # what it takes is what it records
         taken = sorted(
             (r for r in view.records.values() if r.position[0] < at),
@@ -1052,6 +1055,7 @@ class Loom:
                 root=new_id,
                 deadline=deadline,
                 forked_from=(source, at),
+                fork_asked=asked if asked is not None and asked != at else None,
             ),
             *(
                 records.copied(
@@ -1073,8 +1077,12 @@ class Loom:
             existing = await self.inspect(new_id)
             # Without at=, the call made before took every call recorded then, which may
             # be fewer than now (a running original goes on): any fork of it is that one.
+            # An at= past the calls recorded then was kept as where they ended, which a
+            # running original has since gone past: the fork keeps the at= it was asked.
             if existing.forked_from != source or (
-                not every_call and existing.forked_at != at
+                not every_call
+                and existing.forked_at != at
+                and await self._fork_asked(new_id) != asked
             ):
                 _explained(
                     refused,
@@ -1086,6 +1094,15 @@ class Loom:
             return Handle(self, new_id)
         self._spawn(Run(self, fold(written), token, fn))
         return Handle(self, new_id)
+
+    async def _fork_asked(self, execution_id: str) -> int | None:
+        """The ``at`` the call that made the fork ``execution_id`` passed, when it was past
+        the calls recorded then (None otherwise, or in a log written before it was kept)."""
+        first = await self.storage.events.read(execution_id, limit=1)
+        payload = first[0].payload if first else None
+        edge = payload.get("forked_from") if isinstance(payload, dict) else None
+        asked = edge.get("asked") if isinstance(edge, dict) else None
+        return asked if isinstance(asked, int) and not isinstance(asked, bool) else None
 
     async def _check_derived_ids(self, execution_id: str) -> None:
         """Refuse a long id whose inbox or successors' ids the store would refuse: a
@@ -3238,6 +3255,9 @@ def _deadline(timeout: object, now: datetime, what: str) -> datetime:
 _MAX_WAIT: Final = MAX_DURATION.total_seconds()
 _LOCAL_LOOK: Final = 1.0
 """How often those waiting for a run of this process are woken to read the log."""
+_FARTHEST_AT: Final = 2**53 - 1
+"""The largest fork ``at`` kept as asked: no body makes that many calls, and every JSON
+reader takes it as an exact int."""
 _KEPT_FROM: Final = 64
 """From how many events and waits a log's view is kept, for the next look to fold only
 the tail."""

@@ -326,12 +326,15 @@ def started(
     parent: JsonValue = None,
     deadline: datetime | None = None,
     forked_from: tuple[str, int] | None = None,
+    fork_asked: int | None = None,
 ) -> NewEvent:
     """The first event of every execution. ``parent`` is the edge a child execution will
     carry (``None`` for a top-level one); ``deadline``, when the execution has one, the
     instant it is cancelled at if it has not ended (absent from the payload otherwise);
     ``forked_from``, for a fork, the execution it was forked from and how many of the
-    body's calls it copied (absent otherwise)."""
+    body's calls it copied (absent otherwise), and ``fork_asked`` the ``at`` its call
+    passed when that was past the calls recorded then (kept as ``asked``, so that a
+    retried call, made once the original has recorded more, finds the fork it made)."""
     payload: dict[str, JsonValue] = {
         "workflow": workflow,
         "input": list(args),
@@ -345,7 +348,10 @@ def started(
     if deadline is not None:
         payload["deadline"] = _iso(deadline)
     if forked_from is not None:
-        payload["forked_from"] = {"execution": forked_from[0], "at": forked_from[1]}
+        edge: dict[str, JsonValue] = {"execution": forked_from[0], "at": forked_from[1]}
+        if fork_asked is not None:
+            edge["asked"] = fork_asked
+        payload["forked_from"] = edge
     return build_new_event(EventKind.EXECUTION_STARTED, payload, {})
 
 

@@ -362,6 +362,36 @@ async def test_a_retried_fork_of_every_call_attaches_after_a_running_original_we
         await app.fork("other", id="copy", if_exists="attach")
 
 
+async def test_a_retried_fork_at_a_position_past_the_end_attaches_after_the_original_went_on(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """A fork at an at= past what a running original had recorded is kept as where its
+    calls ended; retried with if_exists='attach' once the original recorded more, it gets
+    the fork the first call made (it was refused: 'not a fork at' the new end), and a
+    call asking another at= is still refused."""
+
+    @app.workflow()
+    async def flow(ctx: Context) -> object:
+        await ctx.step(lambda: 1, name="a")
+        await ctx.sleep(10)
+        await ctx.step(lambda: 2, name="b")
+        return await ctx.receive("go")
+
+    await app.start(flow, id="src")
+    await clock.advance(0)
+    first = await app.fork("src", at=50, id="copy", if_exists="attach")
+    await clock.advance(10)  # the original records its sleep and step b
+    again = await app.fork("src", at=50, id="copy", if_exists="attach")
+    assert again.execution_id == first.execution_id == "copy"
+    view = await app.inspect("copy")
+    assert (view.forked_from, view.forked_at) == ("src", 1)
+    at_one = await app.fork("src", at=1, id="copy", if_exists="attach")  # where it is
+    assert at_one.execution_id == "copy"
+    with pytest.raises(ExecutionAlreadyExistsError, match="not a fork of 'src' at 2"):
+        await app.fork("src", at=2, id="copy", if_exists="attach")
+    assert [e.kind for e in await log(app, "copy")].count(EventKind.EXECUTION_STARTED) == 1
+
+
 async def test_authorize_decides_on_the_execution_forked_from() -> None:
     asked: list[tuple[object, str, str]] = []
 
