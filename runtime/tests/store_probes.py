@@ -1,6 +1,7 @@
 """Stores for the resume tests: a probe that records (and can interfere with) the calls the
 runtime makes, a conditional acquire that ignores the park (a broken store, for negative
-controls), a token read that writes nothing, and apps built over them."""
+controls), a token read that writes nothing, a timer store that forwards every call (for a
+test to override one), and apps built over them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Final
 
 from loom_runtime import Authorize, Context, Loom
@@ -20,6 +22,7 @@ from loom_core import (
     FenceNotIssuedError,
     NewEvent,
     Storage,
+    TimerRecord,
     TimerStore,
     open_storage,
 )
@@ -28,6 +31,7 @@ from loom_core.spi import DEFAULT_LIST_LIMIT, ConditionalFence, OptionalMethod
 
 __all__ = [
     "PROBE_FENCE",
+    "ForwardingTimers",
     "ProbedEventStore",
     "StoreCall",
     "TokenOnlyEventStore",
@@ -253,3 +257,31 @@ async def wired(
             yield Wired(app, probe, base, clock, errors)
     finally:
         await storage.close()
+
+
+class ForwardingTimers:
+    """A timer store that forwards every call to ``inner``: a test subclasses it to count
+    or hold the one call it is about."""
+
+    def __init__(self, inner: TimerStore) -> None:
+        self.inner = inner
+
+    async def schedule(self, record: TimerRecord) -> None:
+        await self.inner.schedule(record)
+
+    async def due(
+        self, now: datetime, *, limit: int = DEFAULT_LIST_LIMIT, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        return await self.inner.due(now, limit=limit, redrive=redrive)
+
+    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
+        return await self.inner.pending(execution_id)
+
+    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        return await self.inner.complete(execution_id, wake_at)
+
+    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        return await self.inner.cancel(execution_id, wake_at)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -25,7 +25,7 @@ from loom_runtime import (
     WorkflowNotFoundError,
 )
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
-from store_probes import kinds, wired
+from store_probes import ForwardingTimers, kinds, wired
 
 from loom_core import (
     Event,
@@ -542,18 +542,15 @@ async def test_drain_waits_for_a_parked_run_that_answers_its_own_park_and_drives
         assert await handle.status() == "completed"
 
 
-class _SwallowingTimers:
+class _SwallowingTimers(ForwardingTimers):
     """A timer store whose first ``due`` waits, and swallows the cancellation that reaches
     it there and returns, as Python 3.11's ``asyncio.wait_for`` does when the result it
     waits for (a free pooled connection, say) arrives together with the cancellation."""
 
     def __init__(self, inner: TimerStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.waiting = asyncio.Event()
         self.swallowed = 0
-
-    async def schedule(self, record: TimerRecord) -> None:
-        await self.inner.schedule(record)
 
     async def due(
         self, now: datetime, *, limit: int = 100, redrive: bool = True
@@ -565,18 +562,6 @@ class _SwallowingTimers:
             except asyncio.CancelledError:
                 self.swallowed += 1
         return await self.inner.due(now, limit=limit, redrive=redrive)
-
-    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
-        return await self.inner.pending(execution_id)
-
-    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
-        return await self.inner.complete(execution_id, wake_at)
-
-    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
-        return await self.inner.cancel(execution_id, wake_at)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 async def test_leaving_the_app_stops_a_service_that_swallowed_its_cancellation() -> None:

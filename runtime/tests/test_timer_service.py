@@ -16,7 +16,7 @@ import pytest
 from loom_runtime import AppNotRunningError, Context, Loom, RedriveExhaustedError, TimerService
 from loom_runtime.testing import VirtualClock
 from loom_runtime.timers import Fired
-from store_probes import ProbedEventStore, Wired, kinds, nap, token_of, wired
+from store_probes import ForwardingTimers, ProbedEventStore, Wired, kinds, nap, token_of, wired
 
 from loom_core import (
     EventKind,
@@ -656,16 +656,13 @@ async def test_rows_left_for_running_executions_do_not_hide_a_due_row_behind_the
         await w.app.drain()
 
 
-class CountedTimers:
+class CountedTimers(ForwardingTimers):
     """Forwards to a timer store, counting the ``due`` calls and the rows they return."""
 
     def __init__(self, inner: TimerStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.due_calls = 0
         self.rows_read = 0
-
-    async def schedule(self, record: TimerRecord) -> None:
-        await self.inner.schedule(record)
 
     async def due(
         self, now: datetime, *, limit: int = 100, redrive: bool = True
@@ -674,18 +671,6 @@ class CountedTimers:
         self.due_calls += 1
         self.rows_read += len(got)
         return got
-
-    async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
-        return await self.inner.pending(execution_id)
-
-    async def complete(self, execution_id: str, wake_at: datetime) -> bool:
-        return await self.inner.complete(execution_id, wake_at)
-
-    async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
-        return await self.inner.cancel(execution_id, wake_at)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @asynccontextmanager
