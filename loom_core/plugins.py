@@ -106,6 +106,15 @@ class PluginHost:
 
     def register(self, plugin: object, *, name: str, source: str | None = None) -> None:
         """Add a plugin in-process (as an entry point would)."""
+        unmarked = _unmarked_hooks(plugin)
+        if unmarked:
+            # pluggy skips a function that lacks the marker, so the plugin would register
+            # nothing and the user would meet only an unknown scheme.
+            self._fail(PluginLoadError(name, source, PluginError(
+                f"{', '.join(unmarked)} is not marked as a hook implementation: decorate "
+                "it with @hookimpl (from loom_core.spi, or loom_core.decorating)"
+            )))
+            return
         try:
             self.manager.register(plugin, name=name)
         except Exception as exc:
@@ -182,6 +191,15 @@ class PluginHost:
                 return error
         return None
 
+    def _failures(self) -> str | None:
+        """Every plugin that failed to load, for an error about a name none of the loaded
+        plugins serves: a plugin's name (its entry point's) need not be the scheme or
+        decorator it would have registered, so any of them may be the one missing."""
+        failed = [str(e) for e in self.errors if isinstance(e, PluginLoadError)]
+        if not failed:
+            return None
+        return f"plugins that failed to load (one of them may provide it): {'; '.join(failed)}"
+
     def backend_for(self, scheme: str) -> Callable[..., Any]:
         registry = self.backends
         blame = self._blame(scheme)
@@ -192,6 +210,8 @@ class PluginHost:
             hint = None
             if blame is not None:
                 hint = f"the plugin that serves it failed to load: {blame}"
+            elif (failures := self._failures()) is not None:
+                hint = failures
             elif (distribution := self.backend_distribution(scheme)) is not None:
                 hint = f"install it: {_install_hint(distribution)}"
             raise UnknownSchemeError(scheme, registry.factories, hint)
@@ -208,10 +228,26 @@ class PluginHost:
             message = f"no decorator named {name!r} is installed; installed: {installed}"
             if blame is not None:
                 message += f"; the plugin that provides it failed to load: {blame}"
+            elif (failures := self._failures()) is not None:
+                message += f"; {failures}"
             elif (distribution := self.decorator_distribution(name)) is not None:
                 message += f"; install it: {_install_hint(distribution)}"
             raise InvalidOptionError(message)
         return decorator
+
+
+_HOOK_NAMES: Final = tuple(
+    name for name in vars(LoomHookSpecs) if name.startswith(f"{PROJECT}_")
+)
+
+
+def _unmarked_hooks(plugin: object) -> list[str]:
+    """The hooks ``plugin`` defines by name but without the ``@hookimpl`` marker."""
+    return [
+        name for name in _HOOK_NAMES
+        if callable(getattr(plugin, name, None))
+        and not hasattr(getattr(plugin, name), f"{PROJECT}_impl")
+    ]
 
 
 _default: PluginHost | None = None

@@ -183,6 +183,41 @@ async def test_a_misspelled_hook_is_reported_by_plugin_and_hook() -> None:
     assert "typo" not in host.backends.factories
 
 
+async def test_a_hook_without_the_hookimpl_marker_is_reported_not_skipped() -> None:
+    def loom_register_backends(registry: BackendRegistry) -> None:  # no @hookimpl
+        registry.add_backend("unmarked", _open_dummy)
+
+    host = PluginHost(entry_points=False)
+    with pytest.warns(RuntimeWarning, match="decorate it with @hookimpl"):
+        host.register(
+            types.SimpleNamespace(loom_register_backends=loom_register_backends),
+            name="loom-unmarked", source="loom-unmarked",
+        )
+    [failure] = [e for e in host.errors if isinstance(e, PluginLoadError)]
+    assert failure.plugin == "loom-unmarked"
+    assert "loom_register_backends" in str(failure)
+    with pytest.raises(UnknownSchemeError, match="not marked as a hook implementation"):
+        await open_storage("unmarked://", plugins=host)
+
+
+async def test_an_unknown_scheme_names_the_plugins_that_failed_whatever_their_names() -> None:
+    @hookimpl
+    def loom_register_backends(registry: BackendRegistry) -> None:
+        raise ModuleNotFoundError("No module named 'jsonl_driver'")
+
+    host = PluginHost(entry_points=False)
+    host.register(
+        types.SimpleNamespace(loom_register_backends=loom_register_backends),
+        name="loom-jsonl", source="loom-jsonl",  # not the scheme it would register
+    )
+    with pytest.raises(UnknownSchemeError) as caught:
+        await open_storage("jsonl:///tmp/x", plugins=host)
+    assert "plugin 'loom-jsonl' (from loom-jsonl) failed" in str(caught.value)
+    assert "jsonl_driver" in str(caught.value)
+    with pytest.raises(InvalidOptionError, match="jsonl_driver"):
+        await open_storage("memory://", decorators=["metrics"], plugins=host)
+
+
 async def test_decorators_apply_innermost_first_with_their_options() -> None:
     log: list[str] = []
     host = PluginHost(entry_points=False)
