@@ -8,7 +8,14 @@ import pytest
 from loom_conformance import StorageFactory, explore, memory_factory
 from loom_conformance.explorer import main, schedules
 
-from loom_core import FenceAcquired, FenceStale, Storage, Unsupported
+from loom_core import (
+    FenceAcquired,
+    FenceStale,
+    InvalidOptionError,
+    NewEvent,
+    Storage,
+    Unsupported,
+)
 from loom_core.memory import MemoryEventStore, MemoryLeaseStore, MemoryTimerStore
 from loom_core.spi import ConditionalFence, check_execution_id
 
@@ -85,6 +92,22 @@ async def test_explorer_catches_a_conditional_acquire_that_ignores_the_park() ->
 async def test_explorer_refuses_a_store_without_the_method() -> None:
     with pytest.raises(Unsupported, match="acquire_fence_if"):
         await explore(memory_factory(offer=("acquire_fence",)))
+
+
+@asyncio_test
+async def test_store_isolation_refuses_a_factory_whose_storage_keeps_what_it_held() -> None:
+    # One file or database opened again on every call: each schedule finds the one
+    # before's execution, as this store does from the start.
+    async def open_the_same() -> Storage:
+        events = MemoryEventStore()
+        await events.append("explored", [NewEvent("k")], expected_sequence=0)
+        return Storage(events, MemoryTimerStore(), MemoryLeaseStore())
+
+    with pytest.raises(InvalidOptionError) as refused:
+        await explore(open_the_same, max_steps=2, isolation="store")
+    assert "already holds executions ('explored')" in str(refused.value)
+    assert "loom_explorer_isolation" in str(refused.value)
+    assert "isolation='execution'" in str(refused.value)
 
 
 def test_command_prints_the_counts_and_succeeds(capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,6 +71,7 @@ from loom_core import (
     EventStore,
     ExecutionAlreadyExistsError,
     FenceAcquired,
+    InvalidOptionError,
     LoomError,
     NewEvent,
     StaleFenceError,
@@ -363,6 +364,7 @@ async def explore(
             if isolation == "store":
                 storage = await factory()
                 try:
+                    await _refuse_a_used_storage(storage)
                     found, did_resume, did_retry = await _run_schedule(
                         storage.events, "explored", schedule, acquire
                     )
@@ -379,6 +381,23 @@ async def explore(
     finally:
         await shared.close()
     return ExplorationReport(acquire, max_steps, count, resumed, retried, tuple(violations))
+
+
+async def _refuse_a_used_storage(storage: Storage) -> None:
+    """Refuse, saying what to change, a storage that ``isolation="store"`` was handed
+    already holding logs: each schedule starts the same execution, so on a store that
+    keeps what the schedule before wrote the second schedule would fail with an
+    ExecutionAlreadyExistsError that names neither the factory nor the isolation."""
+    held = await storage.events.list_executions(limit=3)
+    if held:
+        raise InvalidOptionError(
+            "isolation='store' runs each schedule on a fresh storage from the factory, but "
+            f"it returned one that already holds executions ({', '.join(map(repr, held))}): "
+            "make each call open a new, empty storage (a new file, schema or database), or "
+            "explore with isolation='execution' (in pytest, override the "
+            "loom_explorer_isolation fixture to return 'execution'; from a shell, "
+            "--isolation execution)"
+        )
 
 
 def _factory_for(url: str | None) -> StorageFactory:
