@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -136,11 +136,45 @@ def _new_events(drawn: list[tuple[int, int]]) -> list[NewEvent]:
     return [NewEvent(_KINDS[k][0], {"n": n}, dict(_KINDS[k][1])) for k, n in drawn]
 
 
+class _SeenEvent(NamedTuple):
+    """An event as the comparison sees it, each field named in a failure's message (a
+    bare tuple left a store author to guess that its last item was the fence)."""
+
+    execution_id: str
+    sequence: int
+    kind: str
+    payload: object
+    fence: int
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(execution_id={self.execution_id!r}, sequence={self.sequence}, "
+            f"kind={self.kind!r}, payload={self.payload!r}, fence={self.fence})"
+        )
+
+
+class _SeenLog(NamedTuple):
+    """One execution as the final comparison sees it, each part named."""
+
+    execution_id: str
+    head: int
+    events: object
+    token: int
+
+    def __repr__(self) -> str:
+        return (
+            f"Log(execution_id={self.execution_id!r}, head={self.head}, "
+            f"events={self.events!r}, token={self.token})"
+        )
+
+
 def _seen(value: object) -> object:
     """What a call's answer says, with what a store may word or stamp its own way left
     out: an event's ``recorded_at`` and any metadata beside ``fence``."""
     if isinstance(value, Event):
-        return (value.execution_id, value.sequence, value.kind, value.payload, value.fence)
+        return _SeenEvent(
+            value.execution_id, value.sequence, value.kind, value.payload, value.fence
+        )
     if isinstance(value, tuple | list):
         return tuple(_seen(item) for item in value)
     if isinstance(value, FenceAcquired | FenceStale):
@@ -264,8 +298,10 @@ async def _answer(store: EventStore, call: Call) -> object:
 
 async def _state(store: EventStore, pair: _Pair) -> object:
     return [
-        (await store.head(pair.id(i)), _seen(await store.read(pair.id(i))),
-         await token_of(store, pair.id(i)))
+        _SeenLog(
+            pair.id(i), await store.head(pair.id(i)), _seen(await store.read(pair.id(i))),
+            await token_of(store, pair.id(i)),
+        )
         for i in range(len(IDS))
     ]
 
@@ -307,7 +343,10 @@ class EventStoreReferenceContract:
                     f"call {step} {call!r}: the store answered {answered!r}, "
                     f"the reference {expected!r}"
                 )
-            assert await _state(loom_events, pair) == await _state(reference, pair)
+            ended, expected_end = await _state(loom_events, pair), await _state(reference, pair)
+            assert ended == expected_end, (
+                f"after the program the store holds {ended!r}, the reference {expected_end!r}"
+            )
         finally:
             await reference.close()
 
