@@ -2,6 +2,7 @@
 store that breaks the contract."""
 
 import pytest
+from loom_conformance.requirements import REFUSAL_TEST
 
 SUITES = """
 from loom_conformance.suites import (
@@ -156,6 +157,26 @@ def test_the_summary_shows_the_refused_branch_for_a_bare_store(
         "*append_many*not offered, Unsupported checked (1 store(s))",
         "*subscribe*offered, contract run (1 store(s))",
     ])
+
+
+def test_every_skip_for_an_unoffered_method_names_the_refusal_test_that_ran(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        "import pytest\n"
+        "from loom_conformance import memory_factory\n"
+        "@pytest.fixture\n"
+        "def loom_storage_factory():\n"
+        "    return memory_factory(offer=('acquire_fence',))\n"
+    )
+    pytester.makepyfile(test_store=SUITES)
+    result = pytester.runpytest_subprocess(
+        "-q", "-rs", "-p", "no:cacheprovider", "-k", "TestEventStoreContract"
+    )
+    skips = [line for line in result.stdout.lines if line.startswith("SKIPPED")]
+    assert skips, result.stdout.str()[-3000:]
+    unexplained = [line for line in skips if REFUSAL_TEST not in line]
+    assert not unexplained, unexplained
 
 
 def test_a_conditional_acquire_that_ignores_the_park_fails_the_kit(

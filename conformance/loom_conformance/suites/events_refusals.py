@@ -16,7 +16,7 @@ from typing import Final
 
 import pytest
 
-from loom_conformance.requirements import requires
+from loom_conformance.requirements import missing, requires
 from loom_conformance.suites._support import (
     Snapshot,
     app,
@@ -247,9 +247,9 @@ class EventStoreRefusalContract:
     async def test_a_refused_write_leaves_the_whole_store_as_it_was(
         self, loom_events: EventStore, refusal: Refusal
     ) -> None:
-        absent = [m for m in refusal.needs if m not in loom_events.capabilities]
-        if absent:
-            pytest.skip(f"the store does not offer {', '.join(absent)}")
+        reason = missing(frozenset(loom_events.capabilities), tuple(refusal.needs), ())
+        if reason is not None:
+            pytest.skip(reason)
         await _build(loom_events)
         before = await _state(loom_events)
         assert before.tokens == (1, 0, 0, 0)

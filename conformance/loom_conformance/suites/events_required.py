@@ -13,7 +13,7 @@ from typing import Any, Final
 import pytest
 
 from loom_conformance.factory import StorageFactory
-from loom_conformance.requirements import COVERAGE_PROPERTY
+from loom_conformance.requirements import COVERAGE_PROPERTY, missing
 from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     SAME_VALUES,
@@ -699,8 +699,9 @@ class EventStoreRequiredContract:
     async def test_subscribe_past_64_bits_is_refused(
         self, loom_events: EventStore, value: int
     ) -> None:
-        if "subscribe" not in loom_events.capabilities:
-            pytest.skip("the store does not offer subscribe")
+        reason = missing(frozenset(loom_events.capabilities), ("subscribe",), ())
+        if reason is not None:
+            pytest.skip(reason)
         # Refused when called, or at the latest on the first item.
         with pytest.raises(InvalidSequenceError):
             await _first_item(loom_events, "exec-ok", value)
