@@ -122,15 +122,19 @@ def missing(
     unknown = [m for m in (*all_of, *(m for group in any_of for m in group)) if m not in known]
     if unknown:
         raise ValueError(f"loom_requires names unknown optional methods {unknown}")
+    # The refusal test is TestEventStoreContract's: a run of another suite alone (the
+    # runtime's, say) skips here without it, so the reason says where it lives rather
+    # than claim it ran.
     if absent:
         return (
             f"the store does not offer {', '.join(absent)} (absent from capabilities); "
-            f"{REFUSAL_TEST} checked that calling it raises Unsupported"
+            f"TestEventStoreContract's {REFUSAL_TEST} checks that calling it raises "
+            "Unsupported"
         )
     for group in any_of:
         if not any(m in offered for m in group):
             return (
                 f"the store offers none of {', '.join(group)} (absent from capabilities); "
-                f"{REFUSAL_TEST} checked that each raises Unsupported"
+                f"TestEventStoreContract's {REFUSAL_TEST} checks that each raises Unsupported"
             )
     return None

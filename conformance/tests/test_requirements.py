@@ -26,6 +26,17 @@ def test_a_missing_method_explains_itself_and_names_the_refusal_test() -> None:
     assert REFUSAL_TEST in reason
 
 
+def test_a_skip_reason_names_the_suite_whose_refusal_test_checks_the_method() -> None:
+    # A run of the runtime suite alone has no refusal test: the reason must not say it ran.
+    for reason in (
+        missing(frozenset(), ("subscribe",), ()),
+        missing(frozenset(), (), (("acquire_fence", "acquire_fence_if"),)),
+    ):
+        assert reason is not None
+        assert f"TestEventStoreContract's {REFUSAL_TEST} checks" in reason
+        assert "checked" not in reason
+
+
 def test_any_of_is_satisfied_by_one_method() -> None:
     group = (("acquire_fence", "acquire_fence_if"),)
     assert missing(frozenset({"acquire_fence_if"}), (), group) is None
