@@ -210,10 +210,13 @@ class PluginHost:
             hint = None
             if blame is not None:
                 hint = f"the plugin that serves it failed to load: {blame}"
-            elif (failures := self._failures()) is not None:
-                hint = failures
-            elif (distribution := self.backend_distribution(scheme)) is not None:
-                hint = f"install it: {_install_hint(distribution)}"
+            else:
+                hints = []
+                if (distribution := self.backend_distribution(scheme)) is not None:
+                    hints.append(f"install it: {_install_hint(distribution)}")
+                if (failures := self._failures()) is not None:
+                    hints.append(failures)
+                hint = "; ".join(hints) or None
             raise UnknownSchemeError(scheme, registry.factories, hint)
         return factory
 
@@ -228,10 +231,11 @@ class PluginHost:
             message = f"no decorator named {name!r} is installed; installed: {installed}"
             if blame is not None:
                 message += f"; the plugin that provides it failed to load: {blame}"
-            elif (failures := self._failures()) is not None:
-                message += f"; {failures}"
-            elif (distribution := self.decorator_distribution(name)) is not None:
-                message += f"; install it: {_install_hint(distribution)}"
+            else:
+                if (distribution := self.decorator_distribution(name)) is not None:
+                    message += f"; install it: {_install_hint(distribution)}"
+                if (failures := self._failures()) is not None:
+                    message += f"; {failures}"
             raise InvalidOptionError(message)
         return decorator
 

@@ -216,6 +216,14 @@ async def test_an_unknown_scheme_names_the_plugins_that_failed_whatever_their_na
     assert "jsonl_driver" in str(caught.value)
     with pytest.raises(InvalidOptionError, match="jsonl_driver"):
         await open_storage("memory://", decorators=["metrics"], plugins=host)
+    # A scheme of a distribution of ours that is not loaded here: both are said, the
+    # install first (the failed plugin may serve something else).
+    with pytest.raises(UnknownSchemeError) as ours:
+        await open_storage("postgresql://localhost/x", plugins=host)
+    said = str(ours.value)
+    assert "install it" in said
+    assert "jsonl_driver" in said
+    assert said.index("install it") < said.index("jsonl_driver")
 
 
 async def test_decorators_apply_innermost_first_with_their_options() -> None:
