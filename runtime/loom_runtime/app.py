@@ -177,6 +177,16 @@ class _Strand:
     then. The execution is carried on only if it is still there (nothing written since)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Unheard:
+    """A write of this process whose outcome was not learned: ``batch`` appended at
+    ``sequence`` under ``fence``, maybe."""
+
+    sequence: int
+    fence: int
+    batch: tuple[NewEvent, ...]
+
+
 @final
 class Handle(Generic[R]):
     """A started execution, wherever it runs. Waiting follows continue-as-new chains."""
@@ -473,6 +483,7 @@ class Loom:
         self._ended_unspawned: set[str] = set()
         # Executions a task of the app is taking back after a cancelled call (_take_back).
         self._taking_back: set[str] = set()
+        self._unheard: dict[str, list[_Unheard]] = {}
         # Executions whose run stopped on a failed store call, to carry on (_strand).
         self._stranded: dict[str, _Strand] = {}
         # Quiet rivals' takeovers in a row per execution (see _watch_quiet_rival).
@@ -1325,6 +1336,7 @@ class Loom:
                     await self._recover_one(current, limited=limited)
                 view = await self.inspect(current)
                 current = view.successor if view.status == "continued" else None
+            await self._report_landed(execution_id)
         finally:
             self._taking_back.discard(execution_id)
 
@@ -1944,10 +1956,16 @@ class Loom:
         if view.park is not None:
             try:
                 written = (
-                    await answer_park(events, view, view.park.sequence, _constant([cancel_event]))
+                    await answer_park(
+                        events, view, view.park.sequence, _constant([cancel_event]),
+                        lost=functools.partial(self.lost_reply, execution_id),
+                    )
                 )[2]
             except LoomError:
                 view = await self.inspect(execution_id)  # answered or contended: fence it
+                if await self._report_landed(execution_id):
+                    await self._cancelled(execution_id)  # its reply was lost, not its write
+                    return True
             else:
                 self._reported(written)
                 await self._cancelled(execution_id)
@@ -1997,6 +2015,8 @@ class Loom:
                 )
             raise
         except StorageError as exc:
+            if isinstance(exc, WriteOutcomeUnknownError) and token is not None:
+                self.lost_reply(execution_id, view.head, token, [event])
             if fencing and not isinstance(exc, StoreClosedError) and (
                 token is not None or isinstance(exc, WriteOutcomeUnknownError)
             ):
@@ -2439,6 +2459,9 @@ class Loom:
         try:
             written = await events.append(execution_id, batch, expected_sequence=0, fence=0)
             token = 0
+        except WriteOutcomeUnknownError:
+            self.lost_reply(execution_id, 0, 0, batch)
+            raise
         except StaleFenceError:
             # The id was used before and deleted; its token outlived the log.
             async with _Answering(self._reusing, execution_id):  # one starter at a time here
@@ -2531,8 +2554,10 @@ class Loom:
         await self._stopped_here(execution_id)
         try:
             if (await self.inspect(execution_id)).terminal or self._owned(execution_id):
+                await self._report_landed(execution_id)
                 return
             token = await self.storage.events.acquire_fence(execution_id)
+            await self._report_landed(execution_id)
         except StoreClosedError:
             raise
         except StorageError as exc:
@@ -2926,7 +2951,8 @@ class Loom:
         async with self._answering(view.execution_id):
             try:
                 token, resumed, written = await answer_park(
-                    events, view, park_seq, answer, writing=self._writing
+                    events, view, park_seq, answer, writing=self._writing,
+                    lost=functools.partial(self.lost_reply, view.execution_id),
                 )
             except asyncio.CancelledError:
                 self._take_back_later(
@@ -3106,6 +3132,40 @@ class Loom:
         view = await self.inspect(execution_id)
         if not view.terminal:
             await self._cancel(view, _TIMED_OUT, timed_out=True)
+
+    def lost_reply(
+        self, execution_id: str, sequence: int, fence: int, batch: Sequence[NewEvent]
+    ) -> None:
+        """An append of this process whose outcome was not learned (its reply lost with
+        the connection): :meth:`_report_landed` tells ``on_durable_event`` of its events
+        if the take-back that follows finds them in the log, so a write that landed
+        unheard is still heard of, once."""
+        if self.hooks.on_durable_event is not None:
+            self._unheard.setdefault(execution_id, []).append(
+                _Unheard(sequence, fence, tuple(batch))
+            )
+
+    async def _report_landed(self, execution_id: str) -> bool:
+        """Tell ``on_durable_event`` of the writes of this process to ``execution_id``
+        whose outcome was not learned and that the log shows landed. Called once the
+        take-back has settled the log (its token, a takeover's, an end), so none can land
+        later. True when one had landed."""
+        landed_any = False
+        for unheard in self._unheard.get(execution_id, ()):
+            landed = await self.storage.events.read(
+                execution_id, from_sequence=unheard.sequence, limit=len(unheard.batch)
+            )
+            # A token is one writer's: the batch at its place under our token is ours.
+            if len(landed) == len(unheard.batch) and all(
+                event.fence == unheard.fence
+                and event.kind == new.kind
+                and event.payload == new.payload
+                for event, new in zip(landed, unheard.batch, strict=True)
+            ):
+                self._reported(landed)
+                landed_any = True
+        self._unheard.pop(execution_id, None)
+        return landed_any
 
     def _reported(self, written: Sequence[Event]) -> None:
         """Tell ``on_durable_event`` of events the app itself wrote (a run reports its

@@ -31,6 +31,7 @@ from loom_core import (
     SequenceConflictError,
     StaleFenceError,
     TimerRecord,
+    WriteOutcomeUnknownError,
     is_answering,
 )
 from loom_core.spi import MAX_EVENTS_PER_APPEND
@@ -1187,6 +1188,8 @@ class Run:
                 except InvalidInputError:
                     raise  # refused before anything was written: the body sees it
                 except LoomError as exc:
+                    if isinstance(exc, WriteOutcomeUnknownError):
+                        app.lost_reply(self.execution_id, self._head, self.token, batch)
                     hooks.storage_error(self.execution_id, exc)
                     self._halt(exc)
             if pending:

@@ -4,7 +4,9 @@
   a failed write it may report an event the log never recorded. Never page, bill or audit
   from it.
 - ``on_durable_event(event)`` fires after the write: what it reports is in the log. It is
-  at most once: a process that dies just after a write never delivers that event.
+  at most once: a process that dies just after a write never delivers that event. A write
+  whose reply was lost is reported once a take-back finds it in the log, so the order may
+  differ from the log's.
 - ``on_storage_error(execution_id, error)``: a store call failed under a run.
 - ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
   background, an exhausted re-drive, a failing poll).

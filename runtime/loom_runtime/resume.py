@@ -21,6 +21,7 @@ from loom_core import (
     NewEvent,
     SequenceConflictError,
     StaleFenceError,
+    WriteOutcomeUnknownError,
 )
 from loom_runtime.errors import ResumeContendedError, ResumeRefusedError
 from loom_runtime.fold import View, advance, fold
@@ -79,6 +80,7 @@ async def answer_park(
     *,
     checked: Callable[[View], Awaitable[None]] | None = None,
     writing: Callable[[View, Sequence[NewEvent]], None] | None = None,
+    lost: Callable[[int, int, Sequence[NewEvent]], None] | None = None,
 ) -> tuple[int, View, tuple[Event, ...]]:
     """Answer the park at ``park_seq`` of ``view``'s execution; return the token now held,
     the view advanced past the answer, and the events written.
@@ -86,7 +88,8 @@ async def answer_park(
     ``checked`` runs after every check that can refuse without writing (the authorisation
     hook goes there), just before the first acquire; ``writing`` is told of each batch
     just before it is appended (``answer`` builds one more, to refuse early, that is
-    never written). Raises ResumeRefusedError (nothing
+    never written); ``lost`` of the sequence, token and batch of an append whose outcome
+    was not learned (WriteOutcomeUnknownError, raised on). Raises ResumeRefusedError (nothing
     appended, no token taken) or ResumeContendedError (after ACQUIRE_ATTEMPTS stale
     acquisitions with the park still unanswered).
     """
@@ -149,6 +152,10 @@ async def answer_park(
                     ) from None
                 view = moved  # an unfenced audit append: step over it
                 continue
+            except WriteOutcomeUnknownError:
+                if lost is not None:
+                    lost(view.head, token, batch)
+                raise
             except StaleFenceError as exc:
                 # A rival acquired between our acquire and our append: a clean refusal;
                 # re-read, and if the park is still open try again under its token.

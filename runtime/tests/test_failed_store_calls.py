@@ -12,6 +12,7 @@ does. Time is the app's virtual clock, moved by the tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -181,6 +182,8 @@ class Failing:
     clock: VirtualClock
     storage_errors: list[tuple[str, BaseException]]
     errors: list[BaseException]
+    heard: list[Event]
+    """What ``on_durable_event`` was told, in order."""
 
     async def wait_out(self, seconds: float) -> None:
         """Move the clock on by ``seconds`` and let what woke run to its end or park."""
@@ -205,14 +208,15 @@ async def failing() -> AsyncIterator[Failing]:
     clock = VirtualClock()
     storage_errors: list[tuple[str, BaseException]] = []
     errors: list[BaseException] = []
+    heard: list[Event] = []
     app = Loom(
         storage, node="n1", clock=clock, random=random.Random(7), timers=False, recover=False,
-        on_error=errors.append,
+        on_error=errors.append, on_durable_event=heard.append,
         on_storage_error=lambda execution_id, exc: storage_errors.append((execution_id, exc)),
     )
     try:
         async with app:
-            yield Failing(app, switch, base, clock, storage_errors, errors)
+            yield Failing(app, switch, base, clock, storage_errors, errors, heard)
     finally:
         await storage.close()
 
@@ -684,3 +688,51 @@ async def test_an_execution_whose_carry_ons_keep_failing_holds_back_no_other() -
         assert await handle.status() == "completed"
         assert await handle.result(timeout=5) == [1, 2]
         assert f.app.stranded == {"a"}
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        EventKind.EXECUTION_STARTED,  # a start's first write
+        EventKind.STEP_COMPLETED,  # a run's own write
+        EventKind.EXECUTION_COMPLETED,  # a run's last write: nothing runs after it
+        EventKind.EXECUTION_RESUMED,  # an answer a send wrote, with its MESSAGE_CONSUMED
+    ],
+)
+async def test_a_write_that_landed_unheard_is_reported_to_on_durable_event_once(
+    lost: str,
+) -> None:
+    """A write whose reply was lost, in a process that lives on: once the take-back
+    settles the log, on_durable_event hears of each event the write put there, once, as
+    of every other event of the log."""
+    async with failing() as f:
+
+        @f.app.workflow()
+        async def order(ctx: Context) -> object:
+            await ctx.step(lambda: 1, name="charge")
+            return await ctx.receive("go")
+
+        f.switch.unknown = {lost}
+        with contextlib.suppress(WriteOutcomeUnknownError):
+            await f.app.start(order, id="o")
+        await f.app.drain()
+        await f.wait_out(CARRY_ON_AFTER)
+        await f.app.send("o", "go", 1)
+        await f.app.drain()
+        await f.wait_out(CARRY_ON_AFTER)
+        assert await f.app.get("o").result(timeout=5) == 1
+        assert not f.switch.unknown  # the reply was lost
+        log = await f.base.events.read("o")
+        assert lost in [e.kind for e in log]
+        assert sorted(f.heard, key=lambda e: e.sequence) == list(log)
+
+
+async def test_a_cancel_whose_answer_landed_unheard_is_reported_and_returns_true() -> None:
+    async with failing() as f:
+        await parked_listener(f.app)
+        f.switch.unknown = {EventKind.EXECUTION_CANCELLED}
+        assert await f.app.cancel("l", reason="done with it")
+        log = await f.base.events.read("l")
+        assert [e.kind for e in log][-1] == EventKind.EXECUTION_CANCELLED
+        assert f.heard == list(log)
+        assert await f.base.timers.pending("l") == ()  # its timeout's row went with it
