@@ -3139,11 +3139,9 @@ class Loom:
         """An append of this process whose outcome was not learned (its reply lost with
         the connection): :meth:`_report_landed` tells ``on_durable_event`` of its events
         if the take-back that follows finds them in the log, so a write that landed
-        unheard is still heard of, once."""
-        if self.hooks.on_durable_event is not None:
-            self._unheard.setdefault(execution_id, []).append(
-                _Unheard(sequence, fence, tuple(batch))
-            )
+        unheard is still heard of, once (and a cancel whose answer landed so is one that
+        cancelled, hook or no hook)."""
+        self._unheard.setdefault(execution_id, []).append(_Unheard(sequence, fence, tuple(batch)))
 
     async def _report_landed(self, execution_id: str) -> bool:
         """Tell ``on_durable_event`` of the writes of this process to ``execution_id``
