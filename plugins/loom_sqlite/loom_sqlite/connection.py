@@ -51,6 +51,14 @@ SYNCHRONOUS: Final = {
 }
 # The loop connection's: it leaves checkpoints to the thread (see loom_sqlite.transactions).
 NO_AUTOCHECKPOINT: Final = "PRAGMA wal_autocheckpoint = 0"
+WAL_SIZE_LIMIT: Final = 16 * 1024 * 1024
+"""Bytes of ``-wal`` file kept when a checkpoint starts it over; beyond this it is cut back.
+
+SQLite reuses a ``-wal`` file from its start after a checkpoint and never shrinks it, so
+one grown large (a reader held open elsewhere pins it for as long as it reads) would keep
+its size on the disk until the last connection closes. Four times the 1 000 pages at which
+SQLite checkpoints, so a file of the usual size is reused, not cut and grown again."""
+JOURNAL_SIZE_LIMIT: Final = f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}"  # a constant
 MIN_SQLITE: Final = (3, 35, 0)  # RETURNING and UPSERT with DO UPDATE
 CACHED_STATEMENTS: Final = 256
 
@@ -225,6 +233,8 @@ def _configure_loop(
     """
     _while_busy(lambda: raw.execute(SYNCHRONOUS[settings.synchronous]), settings, pause)
     _while_busy(lambda: raw.execute(NO_AUTOCHECKPOINT), settings, pause)
+    # The loop's commit can be the first after a checkpoint, the one that starts the file over.
+    _while_busy(lambda: raw.execute(JOURNAL_SIZE_LIMIT), settings, pause)
 
 
 def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
@@ -236,6 +246,7 @@ def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
             "loom-sqlite needs WAL, which needs a local file system with shared memory",
         )
     raw.execute(SYNCHRONOUS[settings.synchronous])
+    raw.execute(JOURNAL_SIZE_LIMIT)
 
 
 def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
