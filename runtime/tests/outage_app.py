@@ -2,7 +2,9 @@
 
 An operator's app module, configured from the environment: ``LOOM_OUTAGE_URL`` (the
 storage), ``LOOM_OUTAGE_DIR`` (where the steps leave their traces and the hooks their
-reports) and ``LOOM_OUTAGE_RECONNECT`` (the store's ``reconnect_timeout``, seconds).
+reports), and the store's option: ``LOOM_OUTAGE_RECONNECT`` (PostgreSQL's
+``reconnect_timeout``, seconds) or ``LOOM_OUTAGE_BUSY_MS`` (SQLite's ``busy_timeout_ms``).
+The SQLite tests of several processes on one file serve it too.
 
 The workflow (:data:`WORKFLOW`) parks on a short sleep first, so that a client that
 starts it (and registers it, with its timers off) hands it to the worker's timer service;
@@ -78,16 +80,22 @@ def build(
     url: str,
     directory: str,
     *,
-    reconnect_timeout: float,
+    reconnect_timeout: float | None = None,
+    busy_timeout_ms: int | None = None,
     node: str = NODE,
     timers: bool = True,
     recover: bool = True,
 ) -> Loom:
     """The outage app on ``url``, its traces and reports in ``directory``."""
+    options: dict[str, object] = {}
+    if reconnect_timeout is not None:
+        options["reconnect_timeout"] = reconnect_timeout
+    if busy_timeout_ms is not None:
+        options["busy_timeout_ms"] = busy_timeout_ms
     app = Loom(
         url,
         node=node,
-        options={"reconnect_timeout": reconnect_timeout},
+        options=options,
         on_error=lambda error: _report(directory, "on_error", "-", error),
         on_storage_error=functools.partial(_report, directory, "on_storage_error"),
         poll_interval=0.05,
@@ -110,10 +118,13 @@ def build(
 
 @functools.cache
 def _from_environment() -> Loom:
+    reconnect = os.environ.get("LOOM_OUTAGE_RECONNECT")
+    busy = os.environ.get("LOOM_OUTAGE_BUSY_MS")
     return build(
         os.environ["LOOM_OUTAGE_URL"],
         os.environ["LOOM_OUTAGE_DIR"],
-        reconnect_timeout=float(os.environ["LOOM_OUTAGE_RECONNECT"]),
+        reconnect_timeout=None if reconnect is None else float(reconnect),
+        busy_timeout_ms=None if busy is None else int(busy),
     )
 
 
