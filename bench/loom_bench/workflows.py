@@ -279,7 +279,13 @@ def _suspended(wake_at: datetime) -> NewEvent:
 def _resumed(park_seq: int) -> NewEvent:
     return NewEvent(
         "EXECUTION_RESUMED",
-        {"park": park_seq, "position": [0], "answer": {"kind": "timer"}, "node": NODE},
+        {
+            "park": park_seq,
+            "position": [0],
+            "answer": {"kind": "timer"},
+            "node": NODE,
+            "fingerprint": _FINGERPRINT,
+        },
     )
 
 
