@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from typing_extensions import get_protocol_members
 
 from loom_core import LoomError
 from loom_crypto.errors import KeyStoreUnavailableError
@@ -100,6 +101,17 @@ class KeyStore(Protocol):
     async def destroy(self, key_id: str) -> bool: ...
 
     async def was_destroyed(self, key_id: str) -> bool: ...
+
+
+def key_store_lacks(value: object) -> list[str]:
+    """The :class:`KeyStore` methods ``value`` lacks, sorted; empty when it has them all.
+
+    hasattr, not isinstance: from Python 3.12 on, isinstance() of a protocol looks
+    attributes up statically, and so refuses a key store that forwards its methods through
+    ``__getattr__`` (a proxy around a KMS client, a test double), which it accepted before;
+    hasattr accepts it on every version.
+    """
+    return sorted(m for m in get_protocol_members(KeyStore) if not hasattr(value, m))
 
 
 async def ask_key_store(call: Awaitable[_T], operation: str, then: str | None = None) -> _T:

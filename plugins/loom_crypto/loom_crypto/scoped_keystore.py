@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from loom_core.errors import InvalidOptionError, LoomError
 from loom_core.spi import canonical_json, check_key
 from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
-from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore
+from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore, key_store_lacks
 
 __all__ = ["SCOPE_PREFIX", "ScopedKeyStore"]
 
@@ -52,9 +52,11 @@ class ScopedKeyStore:
     __slots__ = ("_derived", "_info", "_prefix", "inner", "scope")
 
     def __init__(self, inner: KeyStore, *, scope: str) -> None:
-        if not isinstance(inner, KeyStore):
+        lacking = key_store_lacks(inner)
+        if lacking:
             raise InvalidOptionError(
-                f"inner must implement loom_crypto.KeyStore, got {type(inner).__name__}"
+                f"inner must implement loom_crypto.KeyStore, got {type(inner).__name__}, "
+                f"which lacks {', '.join(lacking)}"
             )
         if not isinstance(scope, str):
             raise InvalidOptionError(f"scope must be a str (a tenant's name), not {scope!r}")

@@ -81,7 +81,7 @@ from loom_crypto.errors import (
     UnauthenticatedPayloadError,
 )
 from loom_crypto.incarnations import DEFAULT_INCARNATION_CACHE_SIZE, Incarnations
-from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore, ask_key_store
+from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore, ask_key_store, key_store_lacks
 from loom_crypto.sealing import (
     INCARNATION_FIELD,
     INTEGRITY_SUBJECT,
@@ -150,9 +150,11 @@ class CryptoEventStore(EventStoreDecorator):
         legacy_reads: bool = False,
         incarnation_cache_size: int = DEFAULT_INCARNATION_CACHE_SIZE,
     ) -> None:
-        if not isinstance(key_store, KeyStore):
+        lacking = key_store_lacks(key_store)
+        if lacking:
             raise InvalidOptionError(
-                f"key_store must implement loom_crypto.KeyStore, got {type(key_store).__name__}"
+                f"key_store must implement loom_crypto.KeyStore, got "
+                f"{type(key_store).__name__}, which lacks {', '.join(lacking)}"
             )
         if not callable(subject_of):
             raise InvalidOptionError("subject_of must be a callable (execution_id, event)")
