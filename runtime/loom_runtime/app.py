@@ -58,6 +58,7 @@ from loom_runtime.clock import (
     Clock,
     RandomSource,
     SystemClock,
+    lacking,
     shown,
 )
 from loom_runtime.code_digest import code_digest
@@ -391,7 +392,7 @@ class Loom:
         if authorize is not None and not callable(authorize):
             raise InvalidOptionError(f"Loom(authorize=...) must be callable, not {authorize!r}")
         if clock is not None:
-            if not isinstance(clock, Clock):
+            if lacking(clock, Clock):
                 raise InvalidOptionError(
                     f"Loom(clock=...) must have now() and sleep(), not {clock!r}"
                 )
@@ -401,7 +402,7 @@ class Loom:
                     f"Loom(clock=...)'s now() must give a timezone-aware datetime (UTC), "
                     f"not {now!r}: deadlines and recorded times are compared across nodes"
                 )
-        if random is not None and not isinstance(random, RandomSource):
+        if random is not None and lacking(random, RandomSource):
             raise InvalidOptionError(
                 f"Loom(random=...) must have random() and getrandbits(), not {random!r}"
             )

@@ -7,6 +7,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol, final, runtime_checkable
 
+from typing_extensions import get_protocol_members
+
 __all__ = ["LATEST_DEADLINE", "MAX_DURATION", "Clock", "RandomSource", "SystemClock"]
 
 MAX_DURATION: Final = timedelta(days=365_250)
@@ -44,6 +46,17 @@ class RandomSource(Protocol):
     def random(self) -> float: ...
 
     def getrandbits(self, k: int, /) -> int: ...
+
+
+def lacking(value: object, protocol: type[Clock] | type[RandomSource]) -> list[str]:
+    """The methods of ``protocol`` that ``value`` lacks, sorted; empty when it has them all.
+
+    hasattr, not isinstance: from Python 3.12 on, isinstance() of a protocol looks
+    attributes up statically, and so refuses a clock that forwards ``now`` and ``sleep``
+    through ``__getattr__`` (a proxy around another clock), which it accepted before;
+    hasattr accepts it on every version.
+    """
+    return sorted(m for m in get_protocol_members(protocol) if not hasattr(value, m))
 
 
 @final

@@ -572,3 +572,39 @@ async def test_an_empty_or_non_str_id_is_the_stores_invalid_execution_id_error(
     with pytest.raises(InvalidExecutionIdError):
         await app.storage.events.head(bad)  # type: ignore[arg-type]
     assert [v async for v in app.executions()] == []
+
+
+class _Forwarding:
+    """Forwards every attribute to another object, as a proxy does: it defines none of the
+    methods on its class."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_clock_and_a_random_source_that_forward_their_methods_are_accepted() -> None:
+    # Python 3.12 and 3.13 refused both ("Loom(clock=...) must have now() and sleep()"),
+    # 3.11 did not.
+    clock = VirtualClock()
+    forwarding = _Forwarding(clock)
+    drawn = _Forwarding(random.Random(7))
+    app = Loom("memory://", node="n", clock=forwarding, random=drawn)
+    async with app:
+
+        @app.workflow()
+        async def napping(ctx: Context) -> str:
+            await ctx.sleep(timedelta(seconds=5))
+            return "woke"
+
+        handle = await app.start(napping, id="nap")
+        await clock.advance(5)
+        assert await handle.result(timeout=5) == "woke"
+
+
+@pytest.mark.parametrize("argument", ["clock", "random"])
+def test_a_clock_or_random_source_lacking_its_methods_is_refused(argument: str) -> None:
+    with pytest.raises(InvalidOptionError, match=rf"Loom\({argument}=\.\.\.\) must have"):
+        Loom("memory://", node="n", **{argument: object()})  # type: ignore[arg-type]
