@@ -35,12 +35,15 @@ class Outcome(Generic[T]):
         self.error = error
 
 
+def _stop_job() -> None:
+    """The job that ends the thread, in place of running."""
+
+
 _Job = tuple[
     Callable[[], object],
     Callable[[Outcome[object]], None],
     asyncio.AbstractEventLoop,
 ]
-_STOP = None
 
 
 @final
@@ -50,7 +53,7 @@ class WriterThread:
     __slots__ = ("_jobs", "_stopped", "_thread")
 
     def __init__(self, name: str) -> None:
-        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._jobs: SimpleQueue[_Job] = SimpleQueue()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -83,21 +86,38 @@ class WriterThread:
         return await future
 
     async def stop(self, last: Callable[[], None]) -> None:
-        """Run ``last`` after every queued job, then end the thread. Idempotent."""
+        """Run ``last`` after every queued job, then end the thread and return once it has
+        ended. Idempotent.
+
+        It waits for the end because a thread left running, even idle, makes a fork
+        right after the close unsafe (Python 3.12 and later warn of it): the child
+        would get a copy of whatever lock that thread held.
+        """
         if self._stopped:
             return
         try:
             await self.call(last)
         finally:
             self._stopped = True
-            self._jobs.put(_STOP)
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[None] = loop.create_future()
+
+            def done(outcome: Outcome[object]) -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            self._jobs.put((_stop_job, done, loop))
+        await ended
+        # The thread's last act was to tell us: the join only waits for it to return.
+        self._thread.join()
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
-            if item is _STOP:
+            job, done, loop = self._jobs.get()
+            if job is _stop_job:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(done, Outcome(None, None))
                 return
-            job, done, loop = item
             try:
                 outcome: Outcome[object] = Outcome(job(), None)
             except BaseException as exc:  # handed to the caller, who raises it

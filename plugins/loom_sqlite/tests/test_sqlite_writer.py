@@ -280,6 +280,18 @@ async def test_close_lets_queued_appends_commit_then_refuses(db_path: Path) -> N
         assert await reopened.events.head("late") == 0
 
 
+async def test_close_returns_once_the_store_thread_has_ended(tmp_path: Path) -> None:
+    # It returned with the thread still running, so a fork right after the close (a
+    # server forking its workers) copied a live thread: Python 3.12 and later warn there
+    # that the child may deadlock.
+    db_path = tmp_path / "thread-ends.db"  # a name no other test's store thread has
+    name = f"loom-sqlite {db_path.name}"
+    async with open_storage(url_for(db_path)) as storage:
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        assert [t.name for t in threading.enumerate()].count(name) == 1
+    assert name not in [t.name for t in threading.enumerate()]
+
+
 async def test_a_lock_held_elsewhere_sends_the_append_to_the_thread_and_the_loop_runs_on(
     db_path: Path,
 ) -> None:
