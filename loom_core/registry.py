@@ -6,6 +6,8 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from typing_extensions import get_protocol_members
+
 from loom_core.errors import DuplicateRegistrationError, InvalidOptionError
 from loom_core.storage import Storage
 
@@ -94,9 +96,15 @@ class DecoratorRegistry(_Registry):
         self.decorators: dict[str, StorageDecorator] = {}
 
     def add_decorator(self, decorator: StorageDecorator) -> None:
-        if not isinstance(decorator, StorageDecorator):
+        # hasattr, not isinstance: from Python 3.12 on, isinstance() of a protocol looks
+        # attributes up statically, and so refuses a decorator that forwards what it does
+        # not define itself through __getattr__, which it accepted before.
+        lacking = sorted(
+            m for m in get_protocol_members(StorageDecorator) if not hasattr(decorator, m)
+        )
+        if lacking:
             raise InvalidOptionError(
                 f"{decorator!r} is not a StorageDecorator (needs name, decorate, "
-                "conformance_options)"
+                f"conformance_options; lacks {', '.join(lacking)})"
             )
         self.decorators[self._claim(decorator.name)] = decorator

@@ -7,6 +7,7 @@ import threading
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -418,3 +419,25 @@ def test_a_plugin_that_asks_for_the_host_as_it_loads_does_not_hang_discovery(
     discovery.join(60)  # a guard against hanging the run, not a measure
     assert not discovery.is_alive(), "discovery deadlocked on its own lock"
     assert len(found) == 1
+
+
+class _Forwarding:
+    """A decorator that forwards everything to another, as a proxy does."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_decorator_that_forwards_its_members_is_registered() -> None:
+    # Python 3.12 and 3.13 refused it ("is not a StorageDecorator"), 3.11 did not.
+    registry = DecoratorRegistry()
+    registry.add_decorator(_Forwarding(Tagging("tagging", [])))
+    assert list(registry.decorators) == ["tagging"]
+
+
+def test_something_that_is_not_a_decorator_is_refused_naming_what_it_lacks() -> None:
+    with pytest.raises(InvalidOptionError, match="lacks conformance_options, decorate, name"):
+        DecoratorRegistry().add_decorator(object())  # type: ignore[arg-type]
