@@ -73,26 +73,27 @@ VALUES (?, ?, ?, ?, ?, ?)
 """
 SELECT_EVENTS: Final = """
 SELECT sequence, kind, payload, metadata, recorded_at FROM loom_events
-WHERE execution_id = ?1 AND sequence >= ?2 AND sequence <= ?3
+WHERE execution_id = :id AND sequence >= :start AND sequence <= :end
 ORDER BY sequence
-LIMIT ?4
+LIMIT :limit
 """
 # The ids that have events, one primary-key seek each (the next id after the last one:
 # a log's events are never scanned), merged with those that have only a floor.
 LIST_EXECUTIONS: Final = """
 WITH RECURSIVE ids (execution_id) AS (
-    SELECT (SELECT min(execution_id) FROM loom_events WHERE execution_id > ?1)
+    SELECT (SELECT min(execution_id) FROM loom_events WHERE execution_id > :after)
     UNION ALL
     SELECT (SELECT min(execution_id) FROM loom_events WHERE execution_id > ids.execution_id)
     FROM ids WHERE ids.execution_id IS NOT NULL
-    LIMIT ?2
+    LIMIT :limit
 )
 SELECT execution_id FROM ids WHERE execution_id IS NOT NULL
 UNION
 SELECT execution_id FROM (
-    SELECT execution_id FROM loom_logs WHERE execution_id > ?1 ORDER BY execution_id LIMIT ?2
+    SELECT execution_id FROM loom_logs WHERE execution_id > :after
+    ORDER BY execution_id LIMIT :limit
 )
-ORDER BY execution_id LIMIT ?2
+ORDER BY execution_id LIMIT :limit
 """
 DELETE_EXECUTION: Final = "DELETE FROM loom_logs WHERE execution_id = ?"
 DELETE_EVENTS: Final = "DELETE FROM loom_events WHERE execution_id = ?"
@@ -274,7 +275,7 @@ def _read(
             from_micros(recorded_at),
         )
         for sequence, kind, payload, metadata, recorded_at in raw.execute(
-            SELECT_EVENTS, (execution_id, start, end, limit)
+            SELECT_EVENTS, {"id": execution_id, "start": start, "end": end, "limit": limit}
         )
     ])
 
@@ -285,7 +286,7 @@ def _head(raw: sqlite3.Connection, execution_id: str) -> int:
 
 
 def _list(raw: sqlite3.Connection, after: str, limit: int) -> tuple[str, ...]:
-    return tuple(row[0] for row in raw.execute(LIST_EXECUTIONS, (after, limit)))
+    return tuple(row[0] for row in raw.execute(LIST_EXECUTIONS, {"after": after, "limit": limit}))
 
 
 def _delete(raw: sqlite3.Connection, execution_id: str) -> bool:

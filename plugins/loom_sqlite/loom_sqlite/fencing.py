@@ -66,9 +66,9 @@ __all__ = [
 ]
 
 SELECT_STATE: Final = """
-SELECT max(coalesce((SELECT floor FROM loom_logs WHERE execution_id = ?1), 0),
-           coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = ?1), 0)),
-       (SELECT token FROM loom_fences WHERE execution_id = ?1)
+SELECT max(coalesce((SELECT floor FROM loom_logs WHERE execution_id = :id), 0),
+           coalesce((SELECT max(sequence) + 1 FROM loom_events WHERE execution_id = :id), 0)),
+       (SELECT token FROM loom_fences WHERE execution_id = :id)
 """
 SELECT_TOKEN: Final = "SELECT token FROM loom_fences WHERE execution_id = ?"
 BUMP_TOKEN: Final = """
@@ -78,9 +78,9 @@ RETURNING token
 """
 ANSWERED_AFTER: Final = """
 SELECT 1 FROM loom_events
-WHERE execution_id = ?1 AND sequence > ?2 AND sequence < ?3
-  AND (kind IN (SELECT value FROM json_each(?4))
-       OR (kind NOT IN (SELECT value FROM json_each(?5))
+WHERE execution_id = :id AND sequence > :park AND sequence < :head
+  AND (kind IN (SELECT value FROM json_each(:answering))
+       OR (kind NOT IN (SELECT value FROM json_each(:kernel))
            AND json_type(metadata, '$.kernel') = 'true'))
 LIMIT 1
 """
@@ -100,7 +100,7 @@ def state(raw: sqlite3.Connection, execution_id: str) -> tuple[int, int]:
 
     The head is one past the last event, or the log's floor when truncation removed every
     event (:mod:`loom_sqlite.schema`): two seeks of a primary key, no scan."""
-    head, token = raw.execute(SELECT_STATE, (execution_id,)).fetchone()
+    head, token = raw.execute(SELECT_STATE, {"id": execution_id}).fetchone()
     return int(head), (0 if token is None else int(token))
 
 
@@ -140,7 +140,13 @@ def acquire_if(
 
 
 def _answered_after(raw: sqlite3.Connection, execution_id: str, park_seq: int, head: int) -> bool:
-    params = (execution_id, park_seq, head, ANSWERING_KINDS_JSON, KERNEL_KINDS_JSON)
+    params = {
+        "id": execution_id,
+        "park": park_seq,
+        "head": head,
+        "answering": ANSWERING_KINDS_JSON,
+        "kernel": KERNEL_KINDS_JSON,
+    }
     return raw.execute(ANSWERED_AFTER, params).fetchone() is not None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -555,3 +556,22 @@ async def test_the_largest_positions_sqlite_stores_are_accepted(storage: Storage
     with pytest.raises(SequenceConflictError):
         await storage.events.append("e", [NewEvent("A")], expected_sequence=largest)
     assert await storage.timers.due(datetime(2030, 1, 1, tzinfo=UTC), limit=largest) == ()
+
+
+async def test_reads_lists_and_conditional_fences_bind_without_a_warning(db_url: str) -> None:
+    # Python 3.12.1 warned at each of these calls that numbered placeholders (?1) bound
+    # from a sequence would be an error in 3.14 (3.11 and 3.13.0 did not): the statements'
+    # placeholders are named now, bound from a mapping, which every version takes silently.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the store's thread sees this filter too
+        async with open_storage(db_url) as storage:
+            events = storage.events
+            token = await events.acquire_fence("e")
+            await events.append("e", [NewEvent("A"), NewEvent("EXECUTION_SUSPENDED")],
+                                expected_sequence=0, fence=token)
+            assert [e.kind for e in await events.read("e", from_sequence=1, limit=1)] == [
+                "EXECUTION_SUSPENDED"
+            ]
+            assert await events.list_executions(limit=5) == ("e",)
+            acquired = await events.acquire_fence_if("e", fence=token, park_seq=1)
+            assert isinstance(acquired, FenceAcquired)
