@@ -61,9 +61,9 @@ PRAGMAS: Final[dict[Synchronous, tuple[str, ...]]] = {
 }
 BUSY_TIMEOUT: Final = "PRAGMA busy_timeout = 5000"
 STATE: Final = (
-    "SELECT max(coalesce((SELECT floor FROM logs WHERE execution_id = ?1), 0), "
-    "coalesce((SELECT max(sequence) + 1 FROM events WHERE execution_id = ?1), 0)), "
-    "(SELECT token FROM fences WHERE execution_id = ?1)"
+    "SELECT max(coalesce((SELECT floor FROM logs WHERE execution_id = :id), 0), "
+    "coalesce((SELECT max(sequence) + 1 FROM events WHERE execution_id = :id), 0)), "
+    "(SELECT token FROM fences WHERE execution_id = :id)"
 )
 INSERT: Final = (
     "INSERT INTO events (execution_id, sequence, kind, payload, metadata, recorded_at) "
@@ -135,7 +135,7 @@ class RawSqliteFloor:
         execution_id, sequence = row[0], row[1]
         db.execute("BEGIN IMMEDIATE")
         try:
-            head, current = db.execute(STATE, (execution_id,)).fetchone()
+            head, current = db.execute(STATE, {"id": execution_id}).fetchone()
             if head != sequence or (fence is not None and (current or 0) != fence):
                 raise ScenarioError(f"raw append to {execution_id!r} at {sequence} refused")
             db.execute(INSERT, row)
