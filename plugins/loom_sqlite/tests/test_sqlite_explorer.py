@@ -27,10 +27,10 @@ def test_the_explorer_runs_every_schedule_on_one_file_by_default(tmp_path: Path)
 def test_the_explorer_says_why_a_file_cannot_be_explored_a_schedule_a_store(
     tmp_path: Path,
 ) -> None:
-    """Each schedule opens the URL again and starts the same execution, which the file
-    holds from the schedule before: one line saying so, not a traceback."""
+    """Each schedule opens the URL again, and finds the execution the schedule before
+    started in the file: one line saying so and what to do, not a traceback."""
     done = explore("--url", f"sqlite:///{tmp_path / 'explored.db'}", "--isolation", "store")
     assert done.returncode == 2, done.stderr
-    assert "execution 'explored' already exists" in done.stderr
-    assert "use --isolation execution" in done.stderr
+    assert "already holds executions ('explored')" in done.stderr
+    assert "--isolation execution" in done.stderr
     assert "Traceback" not in done.stderr
