@@ -644,10 +644,15 @@ class Run:
                 code is not None and code.co_flags & _CO_COROUTINE
             ) or inspect.iscoroutinefunction(fn):
                 return await fn(*args)
-            if own_thread:
-                result = await _in_own_thread(_sync_call, (fn, args))
-            else:
-                result = await asyncio.to_thread(_sync_call, fn, args)
+            try:
+                if own_thread:
+                    result = await _in_own_thread(_sync_call, (fn, args))
+                else:
+                    result = await asyncio.to_thread(_sync_call, fn, args)
+            except _StepExited as exc:
+                # Raised here, in the step's frame, it unwinds the run's coroutines as a
+                # BaseException the step raised does (see _StepExited).
+                raise exc.raised from None
             if inspect.isawaitable(result):
                 return await result
             return result
@@ -1263,13 +1268,27 @@ class _StepStopped(Exception):
         self.raised = raised
 
 
+class _StepExited(Exception):
+    """A GeneratorExit a sync step raised, carried out of its thread: set on a future, it
+    would be thrown into the task that awaits it, and a coroutine thrown a GeneratorExit
+    closes the coroutines it awaits instead of unwinding them (the run would end without
+    a word, its result never given). Raised again in the step's frame, it stops the run
+    as any BaseException a step raises."""
+
+    def __init__(self, raised: GeneratorExit) -> None:
+        super().__init__(raised)
+        self.raised = raised
+
+
 def _sync_call(fn: Callable[..., Any], args: tuple[object, ...]) -> Any:
     """``fn(*args)`` for a worker thread, a StopIteration it raises carried in a
-    :class:`_StepStopped`."""
+    :class:`_StepStopped`, a GeneratorExit in a :class:`_StepExited`."""
     try:
         return fn(*args)
     except StopIteration as exc:
         raise _StepStopped(exc) from None
+    except GeneratorExit as exc:
+        raise _StepExited(exc) from None
 
 
 def _being_cancelled() -> bool:

@@ -426,6 +426,37 @@ async def test_a_base_exception_stops_the_run_loudly_and_a_recovery_carries_it_o
     assert ran == ["charge", "charge"]  # at least once: the first attempt was not recorded
 
 
+@pytest.mark.parametrize("bound", [None, 3600])
+async def test_a_generator_exit_from_a_sync_step_stops_the_run_loudly(
+    app: Loom, bound: int | None
+) -> None:
+    """A sync step's GeneratorExit stops the run as any BaseException does, bounded or
+    not (handed out of its thread through a future, it closed the run's coroutines
+    instead: result() waited on, and on_error never heard)."""
+    exiting = [True]
+
+    def charge() -> str:
+        if exiting[0]:
+            raise GeneratorExit("the card reader's generator was closed")
+        return "charged"
+
+    @app.workflow()
+    async def exits(ctx: Context) -> object:
+        return await ctx.step(charge, timeout=bound)
+
+    handle = await app.start(exits, id="g")
+    with pytest.raises(RunStoppedError, match="raised GeneratorExit") as stopped:
+        await handle.result(timeout=5)
+    assert isinstance(stopped.value.__cause__, GeneratorExit)
+    assert reported(app) == [stopped.value]
+    assert await kinds(app, "g") == [EventKind.EXECUTION_STARTED]
+    reported(app).clear()
+
+    exiting[0] = False
+    await app.recover()
+    assert await handle.result(timeout=5) == "charged"
+
+
 async def test_what_stopped_a_run_is_kept_until_the_execution_ends_and_for_so_many(
     app: Loom, monkeypatch: pytest.MonkeyPatch
 ) -> None:
