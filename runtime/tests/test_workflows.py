@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextvars
+import copy
 import enum
 import gc
+import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -117,6 +119,39 @@ async def test_a_failing_step_is_retried_then_recorded_and_raised_into_the_body(
     assert len(attempts) == 3
     assert EventKind.STEP_FAILED in await kinds(app, "p")
     assert await check_replay(app) == ["p"]
+
+
+async def test_a_step_failure_pickles_and_copies_with_what_it_names(app: Loom) -> None:
+    """A StepFailedError caught in the body crosses a process (pickle) and is copied with
+    its fields and message (it needs all five to be made, and was remade from its
+    message alone: a TypeError)."""
+
+    def declined() -> str:
+        raise ConnectionError("card network down")
+
+    caught: list[StepFailedError] = []
+
+    @app.workflow()
+    async def pay(ctx: Context) -> str:
+        try:
+            await ctx.step(
+                declined, name="charge", retry=Retry(attempts=2, initial_interval=0)
+            )
+        except StepFailedError as exc:
+            exc.add_note("while paying")
+            caught.append(exc)
+        return "gave up"
+
+    assert await (await app.start(pay, id="p")).result(timeout=5) == "gave up"
+    (live,) = caught
+    for remade in (pickle.loads(pickle.dumps(live)), copy.copy(live), copy.deepcopy(live)):
+        assert type(remade) is StepFailedError
+        assert (remade.step, remade.position, remade.attempts) == ("charge", "0", 2)
+        assert (remade.error_type, remade.error_message) == (
+            "ConnectionError", "card network down"
+        )
+        assert str(remade) == str(live)
+        assert remade.__notes__ == ["while paying"]
 
 
 async def test_an_uncaught_failure_fails_the_execution(app: Loom) -> None:
