@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 
 from loom_core import InvalidInputError, InvalidOptionError
 from loom_runtime.clock import MAX_DURATION, shown
@@ -44,14 +45,16 @@ class Retry:
             raise InvalidOptionError(f"Retry(attempts=...) must be an int, not {self.attempts!r}")
         if self.attempts < 1:
             raise InvalidOptionError(
-                f"Retry(attempts={shown(self.attempts)}) must be at least 1 (1: no retry)"
+                f"Retry(attempts={shown(self.attempts)}) must be at least 1 (1: no retry); "
+                "to retry without end, give a large number (0 is no 'unlimited' here)"
             )
         for name in ("initial_interval", "max_interval"):
             value = getattr(self, name)
             if not _is_number(value) or not 0 <= value <= _MAX_SECONDS:
+                hint = "; pass timedelta.total_seconds()" if isinstance(value, timedelta) else ""
                 raise InvalidOptionError(
                     f"Retry({name}=...) must be a number of seconds from 0 to "
-                    f"{_MAX_SECONDS:.0f} (1000 years), not {shown(value)}"
+                    f"{_MAX_SECONDS:.0f} (1000 years), not {shown(value)}{hint}"
                 )
         if not _is_number(self.backoff) or not 1 <= self.backoff < math.inf:
             raise InvalidOptionError(

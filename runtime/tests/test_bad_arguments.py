@@ -182,6 +182,23 @@ def test_a_bad_retry_is_refused_where_it_is_written(options: dict[str, object], 
         Retry(**options)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        # Temporal's maximum_attempts=0 is "without end"; here it is refused.
+        ({"attempts": 0}, "to retry without end, give a large number"),
+        # Temporal's intervals are timedeltas; here they are seconds.
+        ({"initial_interval": timedelta(seconds=1)}, r"pass timedelta\.total_seconds\(\)"),
+        ({"max_interval": timedelta(minutes=1)}, r"pass timedelta\.total_seconds\(\)"),
+    ],
+)
+def test_a_retry_written_as_in_temporal_is_refused_saying_what_to_write(
+    options: dict[str, object], says: str
+) -> None:
+    with pytest.raises(InvalidOptionError, match=says):
+        Retry(**options)  # type: ignore[arg-type]
+
+
 async def test_retry_on_one_class_alone_is_taken_as_a_tuple_of_one(app: Loom) -> None:
     calls: list[str] = []
 
