@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from loom_runtime import (
@@ -14,8 +15,10 @@ from loom_runtime import (
     Loom,
     ReplayDivergedError,
     Retry,
+    RunStoppedError,
     StepFailedError,
     WorkflowFailedError,
+    step_info,
 )
 from loom_runtime.records import ATTEMPT_FAILED_KIND
 from loom_runtime.testing import VirtualClock, check_replay
@@ -321,3 +324,160 @@ async def test_an_advance_sees_a_run_settle_when_a_sibling_ends_during_a_retry_w
         assert charge.calls == 1
         await asyncio.wait_for(clock.advance(540), 10)
         assert await handle.result(timeout=5) == ["charged o-9", "sent"]
+
+
+# -- which failures are retried, on each embedded store ------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/loom.db"
+    async with open_storage(url) as opened:
+        yield opened
+
+
+async def test_non_retryable_wins_over_retry_on_and_subclasses_count(store: Storage) -> None:
+    """``retry_on=ConnectionError, non_retryable=ConnectionRefusedError``: a reset (a
+    ConnectionError) is retried, a refusal (one too) is not, a KeyError (neither) is not;
+    a replay raises the same StepFailedError, field for field."""
+    raising: dict[str, list[Exception | None]] = {
+        "reset": [ConnectionResetError("reset"), None],
+        "refused": [ConnectionRefusedError("refused"), None],
+        "missing": [KeyError("card"), None],
+    }
+    calls: dict[str, int] = {}
+
+    def charge(which: str) -> str:
+        calls[which] = calls.get(which, 0) + 1
+        error = raising[which][calls[which] - 1]
+        if error is not None:
+            raise error
+        return f"charged after {calls[which]}"
+
+    policy = Retry(
+        attempts=3, initial_interval=0, retry_on=ConnectionError,
+        non_retryable=ConnectionRefusedError,
+    )
+
+    async def checkout(ctx: Context, which: str) -> object:
+        try:
+            return await ctx.step(charge, which, name="charge", retry=policy)
+        except StepFailedError as exc:
+            return [exc.step, exc.position, exc.attempts, exc.error_type, exc.error_message]
+
+    app = node(store, VirtualClock(), checkout)
+    async with app:
+        for which in raising:
+            await app.start("checkout", which, id=which)
+        results = {which: await app.get(which).result(timeout=5) for which in raising}
+        assert sorted(await check_replay(app)) == sorted(raising)
+    assert results == {
+        "reset": "charged after 2",
+        "refused": ["charge", "0", 1, "ConnectionRefusedError", "refused"],
+        "missing": ["charge", "0", 1, "KeyError", "'card'"],
+    }
+    assert calls == {"reset": 2, "refused": 1, "missing": 1}
+
+
+@pytest.mark.parametrize("named", [False, True])
+async def test_a_steps_own_cancelled_error_is_retried_only_when_retry_on_names_it(
+    store: Storage, named: bool
+) -> None:
+    calls: list[int] = []
+
+    async def charge(order: str) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            await cancelled  # the step's own CancelledError: no one cancelled the run
+        return f"charged {order}"
+
+    retry_on = (Exception, asyncio.CancelledError) if named else (Exception,)
+
+    async def checkout(ctx: Context, order: str) -> object:
+        try:
+            return await ctx.step(
+                charge, order, retry=Retry(attempts=2, initial_interval=0, retry_on=retry_on)
+            )
+        except StepFailedError as exc:
+            return [exc.attempts, exc.error_type]
+
+    app = node(store, VirtualClock(), checkout)
+    async with app:
+        await app.start("checkout", "o-1", id="o-1")
+        result = await app.get("o-1").result(timeout=5)
+        assert await check_replay(app) == ["o-1"]
+    if named:
+        assert (result, len(calls)) == ("charged o-1", 2)
+    else:
+        assert (result, len(calls)) == ([1, "asyncio.exceptions.CancelledError"], 1)
+
+
+class Abort(BaseException):
+    """No Exception: a step that raises it stops its run, as a crash would."""
+
+
+async def test_a_base_exception_named_in_retry_on_is_never_retried(store: Storage) -> None:
+    """Attempt 1 fails and is recorded; attempt 2 raises a BaseException that ``retry_on``
+    names: the run stops with nothing more recorded, and the recovery makes attempt 2
+    again, under its number."""
+    seen: list[int] = []
+
+    def charge(order: str) -> str:
+        info = step_info()
+        assert info is not None
+        seen.append(info.attempt)
+        if len(seen) == 1:
+            raise ConnectionError("down")
+        if len(seen) == 2:
+            raise Abort
+        return f"charged {order}"
+
+    async def checkout(ctx: Context, order: str) -> object:
+        return await ctx.step(
+            charge, order, retry=Retry(attempts=3, initial_interval=0, retry_on=(Abort, Exception))
+        )
+
+    errors: list[BaseException] = []
+    app = Loom(store, node="n", clock=VirtualClock(), on_error=errors.append)
+    app.workflow(name="checkout")(checkout)
+    async with app:
+        handle = await app.start("checkout", "o-1", id="o-1")
+        with pytest.raises(RunStoppedError) as stopped:
+            await handle.result(timeout=5)
+        assert isinstance(stopped.value.__cause__, Abort)
+        assert seen == [1, 2]
+        assert [e.kind for e in await store.events.read("o-1")] == [
+            EventKind.EXECUTION_STARTED, ATTEMPT_FAILED_KIND,
+        ]
+        await app.recover()
+        assert await handle.result(timeout=5) == "charged o-1"
+    assert seen == [1, 2, 2]
+
+
+async def test_a_non_retryable_added_under_a_retried_step_applies_from_its_next_failure(
+    store: Storage,
+) -> None:
+    """The log names the recorded failure's type, which no class can be checked against:
+    the next attempt is made, and its failure, of a class now non-retryable, ends the
+    step though attempts are left."""
+    clock = VirtualClock()
+    charge = Flaky(failures=10)
+    await left_retrying(store, clock, charge, Retry(attempts=5, initial_interval=5), "o-1", 1)
+    assert charge.calls == 1
+
+    async def stricter(ctx: Context, order: str) -> object:
+        try:
+            return await ctx.step(
+                charge, order, name="charge",
+                retry=Retry(attempts=5, initial_interval=5, non_retryable=ConnectionError),
+            )
+        except StepFailedError as exc:
+            return [exc.attempts, exc.error_message]
+
+    again = node(store, clock, stricter)
+    async with again:
+        await clock.advance(5)
+        assert await again.get("o-1").result(timeout=5) == [2, "gateway down (call 2)"]
+    assert charge.calls == 2
