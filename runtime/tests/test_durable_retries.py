@@ -481,3 +481,32 @@ async def test_a_non_retryable_added_under_a_retried_step_applies_from_its_next_
         await clock.advance(5)
         assert await again.get("o-1").result(timeout=5) == [2, "gateway down (call 2)"]
     assert charge.calls == 2
+
+
+async def test_an_exception_group_is_matched_as_itself_not_by_what_it_holds(
+    store: Storage,
+) -> None:
+    calls: list[int] = []
+
+    async def call_gateway(order: str) -> None:
+        raise ConnectionError(f"gateway down for {order}")
+
+    async def charge(order: str) -> str:
+        calls.append(1)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(call_gateway(order))
+        return "unreached"
+
+    async def checkout(ctx: Context, order: str) -> object:
+        try:
+            return await ctx.step(
+                charge, order, retry=Retry(attempts=3, initial_interval=0, retry_on=ConnectionError)
+            )
+        except StepFailedError as exc:
+            return [exc.attempts, exc.error_type]
+
+    app = node(store, VirtualClock(), checkout)
+    async with app:
+        await app.start("checkout", "o-1", id="o-1")
+        assert await app.get("o-1").result(timeout=5) == [1, "ExceptionGroup"]
+    assert calls == [1]
