@@ -510,3 +510,38 @@ async def test_an_exception_group_is_matched_as_itself_not_by_what_it_holds(
         await app.start("checkout", "o-1", id="o-1")
         assert await app.get("o-1").result(timeout=5) == [1, "ExceptionGroup"]
     assert calls == [1]
+
+
+async def test_a_result_that_is_not_json_at_the_second_attempt_fails_the_step_there(
+    store: Storage,
+) -> None:
+    """Not retried though attempts are left (the step ran: again would repeat its
+    effects), recorded under the attempt that returned it, and replayed the same."""
+    calls: list[int] = []
+
+    def charge(order: str) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("gateway down")
+        return {order}  # a set: no JSON
+
+    caught: list[list[object]] = []
+
+    async def checkout(ctx: Context, order: str) -> object:
+        try:
+            return await ctx.step(charge, order, retry=Retry(attempts=5, initial_interval=0))
+        except StepFailedError as exc:
+            caught.append([exc.attempts, exc.error_type, exc.error_message, exc.__cause__])
+            return "gave up"
+
+    app = node(store, VirtualClock(), checkout)
+    async with app:
+        await app.start("checkout", "o-1", id="o-1")
+        assert await app.get("o-1").result(timeout=5) == "gave up"
+        assert await check_replay(app) == ["o-1"]
+        assert (await app.inspect("o-1")).records[(0,)].attempt == 2
+    assert calls == [1, 1]
+    live, replayed = caught
+    assert live == replayed
+    assert live[:2] == [2, "loom_runtime.errors.NotJsonError"]
+    assert live[3] is None
