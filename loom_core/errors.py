@@ -48,7 +48,7 @@ left unclassified raises ``loom_core.spi.UnclassifiedKindError`` (a ``LoomError`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 __all__ = [
@@ -85,7 +85,27 @@ __all__ = [
 
 
 class LoomError(Exception):
-    """Root of every error Loom raises."""
+    """Root of every error Loom raises.
+
+    Every one pickles and copies with its fields (a process pool, a task queue and
+    ``copy.deepcopy`` take it), though most take other arguments than the message they
+    hold: it is made again as it was, without calling its ``__init__``."""
+
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Callable[[type[LoomError], tuple[object, ...]], LoomError],
+        tuple[type[LoomError], tuple[object, ...]],
+        dict[str, object],
+    ]:
+        return _remade, (type(self), self.args), self.__dict__
+
+
+def _remade(cls: type[LoomError], args: tuple[object, ...]) -> LoomError:
+    """A :class:`LoomError` of ``cls`` holding ``args``, its fields set by pickle after."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
 
 
 # -- bad input --------------------------------------------------------------------------

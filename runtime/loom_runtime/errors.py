@@ -214,13 +214,6 @@ class StepFailedError(LoomError):
             f"{'s' if attempts != 1 else ''}: {error_type}: {error_message}"
         )
 
-    def __reduce__(
-        self,
-    ) -> tuple[type[StepFailedError], tuple[str, str, int, str, str], dict[str, object]]:
-        """Made again from its five fields, not from its message alone (a pickle, a copy)."""
-        fields = (self.step, self.position, self.attempts, self.error_type, self.error_message)
-        return type(self), fields, self.__dict__
-
 
 class WorkflowFailedError(LoomError):
     """The execution ended with EXECUTION_FAILED."""
