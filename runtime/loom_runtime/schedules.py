@@ -140,6 +140,13 @@ class Scheduler:
         self._working: set[asyncio.Task[None]] = set()
 
     def add(self, schedule: Schedule) -> None:
+        """Serve ``schedule`` (the app checked that no other schedule has its name). The
+        same schedule added again while its task runs keeps that task: a new one would
+        cancel an instant's start in flight and compute its first instant after now,
+        past the one cancelled, which would then never be started."""
+        running = self._tasks.get(schedule.name)
+        if running is not None and not running.done() and self.schedules[schedule.name] == schedule:
+            return
         self.schedules[schedule.name] = schedule
         if self.app.serves_timers:
             self._spawn(schedule)

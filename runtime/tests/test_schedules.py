@@ -692,3 +692,36 @@ async def test_two_processes_on_one_sqlite_file_start_each_instant_once(
             assert kinds.count(EventKind.STEP_COMPLETED) <= 1, execution_id
             completed += EventKind.EXECUTION_COMPLETED in kinds
         assert completed >= 3
+
+
+async def test_a_schedule_registered_again_keeps_the_instant_it_is_starting(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.workflow(name="job")
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    app.scheduled(every=60)(job)
+    start = app.start
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def held_start(*args: object, **kwargs: object) -> object:
+        entered.set()
+        await release.wait()  # the instant's start is in flight while the schedule is added
+        return await start(*args, **kwargs)  # type: ignore[call-overload]
+
+    app.start = held_start  # type: ignore[method-assign,assignment]
+    advancing = asyncio.create_task(clock.advance(60))
+    await entered.wait()
+    app.scheduled(every=60)(job)  # the same schedule again (a module imported twice)
+    with pytest.raises(InvalidOptionError, match="already registered"):
+        app.scheduled(every=30)(job)  # another under its name: refused, and nothing changes
+    release.set()
+    await advancing
+    await clock.advance(60)
+    assert [e for e, _, _ in await started(app)] == [
+        "job@2030-01-01T00:01:00Z",
+        "job@2030-01-01T00:02:00Z",
+    ]
+    assert app.schedules["job"].every == 60
