@@ -99,6 +99,7 @@ from loom_runtime.records import (
     Wait,
     check_text,
     fresh,
+    inbox_of,
     json_arguments,
     json_value,
 )
@@ -1728,17 +1729,23 @@ class Loom:
         if not await storage.events.read(execution_id, limit=1):
             raise ExecutionNotFoundError(execution_id)
         # Delivered, or left to its wake row; or the receiver finished, and if it continued
-        # as new, the delivery handed the message on to its successor (see _deliver).
-        stored, _ = await self._post(execution_id, [(topic, payload, key)])
+        # as new, the delivery handed the message on to its successor (see _deliver). A
+        # log deleted since it was found refuses the send (see _post).
+        stored, _ = await self._post(execution_id, [(topic, payload, key)], sending=True)
         return stored[0].sequence
 
     async def _post(
-        self, execution_id: str, messages: Sequence[_Outgoing]
+        self, execution_id: str, messages: Sequence[_Outgoing], *, sending: bool = False
     ) -> tuple[list[Message], Fired]:
         """Store ``messages`` (topic, value, key) in order, then wake the receiver; what
         was stored and how its wake went. When the receiver continued as new, what it left
         goes on to its successor, and so on down the chain: in a loop here, not a call per
-        generation, since a chain can be thousands of generations long."""
+        generation, since a chain can be thousands of generations long.
+
+        A receiver whose log the delivery finds deleted (pruned after the sender found it)
+        has its inbox, which the message may have made anew, deleted again, and, for
+        ``sending`` (app.send's own receiver), ExecutionNotFoundError is raised: the
+        message reaches no one."""
         result: tuple[list[Message], Fired] | None = None
         behind: TimerRecord | None = None  # the row of the hop before, until this one holds
         while True:
@@ -1772,13 +1779,20 @@ class Loom:
                         for row in (wake, *claimed):
                             await self.storage.timers.complete(row.execution_id, row.wake_at)
                 raise
+            first_row = wake
             if claimed:
                 wake = claimed[-1]
             if behind is not None:
                 await self._retire_row(behind)  # what it woke for is onward now
                 behind = None
             onward: list[_Hop] = []
-            outcome = await self._deliver_stored(wake, onward)
+            try:
+                outcome = await self._deliver_stored(wake, onward)
+            except ExecutionNotFoundError:
+                await self._drop_orphan(execution_id, {first_row, *claimed})
+                if result is None and sending:
+                    raise
+                return result if result is not None else (stored, "obsolete")
             if result is None:
                 result = (stored, outcome)
             if onward:
@@ -1797,6 +1811,20 @@ class Loom:
                 except StorageError as exc:
                     self.hooks.storage_error(execution_id, exc)  # the row is due still
             return result
+
+    async def _drop_orphan(self, execution_id: str, rows: Set[TimerRecord]) -> None:
+        """Delete the inbox a sender stored into after ``execution_id``'s log was deleted,
+        and ``rows`` (the sender's): a prune that deleted the inbox before the message was
+        stored would otherwise leave it for a new execution of that id to receive. Left
+        when the log was made anew meanwhile (the inbox is that execution's), or when the
+        store fails (a row left due finds the log gone, and comes here again)."""
+        events = self.storage.events
+        with contextlib.suppress(LoomError):
+            if await events.head(execution_id) == 0:
+                await events.delete_execution(inbox_of(execution_id))
+                self.inbox.forget(execution_id)
+            for row in rows:
+                await self.storage.timers.complete(row.execution_id, row.wake_at)
 
     async def _claim_row(
         self, claimed: list[TimerRecord], execution_id: str, wake_at: datetime
@@ -2407,6 +2435,13 @@ class Loom:
             if await self._cancel(view, _TIMED_OUT, timed_out=True):
                 return "timed-out"
             view = await self._look(row.execution_id)  # it ended meanwhile
+        if view.status is None:
+            if onward is not None:
+                # A sender's receiver, deleted since the sender found it: _post cleans up.
+                raise ExecutionNotFoundError(row.execution_id)
+            # A row of a deleted log: its sender may have died before it cleaned up.
+            await self._drop_orphan(row.execution_id, frozenset())
+            return "obsolete"
         if view.status is None or view.terminal:
             if view.status == "continued":
                 # A sender that died between storing its message here and handing it on

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from loom_runtime import Context, Handle, Loom, NotJsonError, ReservedExecutionIdError
 from loom_runtime.app import SENDER_GRACE
-from loom_runtime.inbox import Message
+from loom_runtime.inbox import Inbox, Message
 from loom_runtime.testing import VirtualClock, crash_at
 from loom_runtime.timers import Fired
 from store_probes import Wired, kinds, wired
@@ -641,3 +641,68 @@ async def test_the_messages_an_ended_execution_received_are_not_kept() -> None:
         assert await cancelled.cancel()
         await app.drain()
         assert messages_held() == 0
+
+
+@pytest.mark.parametrize("pruned", ["before its message is stored", "after"])
+async def test_a_send_that_a_prune_overtakes_is_refused_and_leaves_no_inbox(
+    app: Loom, monkeypatch: pytest.MonkeyPatch, pruned: str
+) -> None:
+    @app.workflow()
+    async def idle(ctx: Context) -> object:
+        return await ctx.receive("never")
+
+    await app.start(idle, id="p")
+    await app.drain()
+    await app.send("p", "other", 1)  # an inbox the prune deletes too
+    events = app.storage.events
+
+    async def prune() -> None:  # as docs/runtime.md says: the log, then its inbox
+        await events.delete_execution("p")
+        await events.delete_execution("$inbox:p")
+
+    # The send has found the log; the prune runs before the send stores its message (as
+    # its wake row is written), or right after.
+    if pruned == "after":
+        put = Inbox.put
+
+        async def put_then_prune(inbox: Inbox, *args: object, **kwargs: object) -> Message:
+            stored = await put(inbox, *args, **kwargs)  # type: ignore[arg-type]
+            await prune()
+            return stored
+
+        monkeypatch.setattr(Inbox, "put", put_then_prune)
+    else:
+        schedule_wake = app.schedule_wake
+
+        async def prune_then_wake(row: TimerRecord) -> None:
+            await prune()
+            await schedule_wake(row)
+
+        monkeypatch.setattr(app, "schedule_wake", prune_then_wake)
+    with pytest.raises(ExecutionNotFoundError, match="'p'"):
+        await app.send("p", "never", 2)
+    assert await events.head("$inbox:p") == 0
+    assert await events.head("p") == 0
+    assert await app.storage.timers.pending("p") == ()
+
+
+async def test_an_inbox_a_sender_left_after_a_prune_goes_with_its_wake_row(
+    app: Loom, clock: VirtualClock
+) -> None:
+    @app.workflow()
+    async def idle(ctx: Context) -> object:
+        return await ctx.receive("never")
+
+    await app.start(idle, id="p")
+    await app.drain()
+    events = app.storage.events
+    await events.delete_execution("p")
+    await events.delete_execution("$inbox:p")
+    # What a sender that found the log before the prune, and died once it had stored its
+    # message after it, leaves: its wake row and the inbox its message made anew.
+    row = TimerRecord("p", clock.now())
+    await app.storage.timers.schedule(row)
+    await app.inbox.put("p", "never", 2, None, wake_at=row.wake_at)
+    assert await app.timer_service.poll_once() == {row: "obsolete"}
+    assert await events.head("$inbox:p") == 0
+    assert await app.storage.timers.pending("p") == ()
