@@ -532,3 +532,49 @@ async def test_calls_cancelled_at_every_turn_on_sqlite_leave_nothing_undriven(
             if status not in (None, "completed")
         ][:5]
         assert statuses.count("completed") > 0
+
+
+@pytest.mark.parametrize("before", ["a step", "nothing"])
+async def test_a_cancel_by_another_process_between_two_calls_of_a_run(before: str) -> None:
+    """Another process cancels an execution this one drives, between two calls of its
+    body. The run hears of it at its next write: a step after another step writes that
+    one's result first, so it never runs; a step with nothing to write before it (the
+    first of a run) runs once, and its result is not recorded."""
+    async with open_storage("memory://") as storage:
+        ran: list[str] = []
+        between = asyncio.Event()
+        go_on = asyncio.Event()
+
+        def effect(name: str) -> str:
+            ran.append(name)
+            return name
+
+        async def relay(ctx: Context) -> None:
+            if before == "a step":
+                await ctx.step(effect, "first", name="first")
+            between.set()
+            await go_on.wait()  # the test's hold between two calls, not a durable wait
+            await ctx.step(effect, "second", name="second")
+
+        driving = Loom(storage, node="a", timers=False, recover=False)
+        cancelling = Loom(storage, node="b", timers=False, recover=False)
+        for app in (driving, cancelling):
+            app.workflow(name="relay")(relay)
+        async with driving, cancelling:
+            handle = await driving.start("relay", id="r")
+            await between.wait()
+            assert await cancelling.cancel("r") is True
+            go_on.set()
+            await driving.drain()
+            with pytest.raises(ExecutionCancelledError):
+                await handle.result(timeout=5)
+        log = await storage.events.read("r")
+        assert [e.kind for e in log][-1] == EventKind.EXECUTION_CANCELLED
+        recorded = [e.payload["name"] for e in log  # type: ignore[index,call-overload]
+                    if e.kind == EventKind.STEP_COMPLETED]
+        if before == "a step":
+            assert ran == ["first"]  # the second step's flush of the first's result is fenced
+            assert recorded == []  # the first's result was pending when the cancel landed
+        else:
+            assert ran == ["second"]  # run once, after the cancel landed
+            assert recorded == []
