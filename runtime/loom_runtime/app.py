@@ -2442,7 +2442,7 @@ class Loom:
             # A row of a deleted log: its sender may have died before it cleaned up.
             await self._drop_orphan(row.execution_id, frozenset())
             return "obsolete"
-        if view.status is None or view.terminal:
+        if view.terminal:
             if view.status == "continued":
                 # A sender that died between storing its message here and handing it on
                 # left this row: the message is the successor's (see _hand_on).

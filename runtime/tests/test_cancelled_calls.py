@@ -535,7 +535,7 @@ async def test_calls_cancelled_at_every_turn_on_sqlite_leave_nothing_undriven(
 
 
 @pytest.mark.parametrize("before", ["a step", "nothing"])
-async def test_a_cancel_by_another_process_between_two_calls_of_a_run(before: str) -> None:
+async def test_a_cancel_by_another_process_stops_the_run_at_its_next_write(before: str) -> None:
     """Another process cancels an execution this one drives, between two calls of its
     body. The run hears of it at its next write: a step after another step writes that
     one's result first, so it never runs; a step with nothing to write before it (the
