@@ -27,7 +27,18 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, final, overload
+from typing import (
+    Any,
+    Final,
+    Generic,
+    Literal,
+    TypeAlias,
+    TypeVar,
+    TypeVarTuple,
+    cast,
+    final,
+    overload,
+)
 
 from loom_core import (
     Event,
@@ -135,6 +146,7 @@ SENDER_GRACE: Final = timedelta(seconds=60)
 before it retires the row as having nothing to answer (docs/design.md, "Resuming a park")."""
 
 R = TypeVar("R")
+Args = TypeVarTuple("Args")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
@@ -843,11 +855,13 @@ class Loom:
 
     # -- the public verbs ------------------------------------------------------------------
 
+    # Typed from the function: its arguments are checked against its parameters after
+    # ctx, and the handle's result is what it returns. A name gives a JSON value.
     @overload
     async def start(
         self,
-        workflow: Callable[..., Awaitable[R]],
-        *args: object,
+        workflow: Callable[[Context, *Args], Awaitable[R]],
+        *args: *Args,
         id: str | None = None,
         if_exists: IfExists = "raise",
         execution_timeout: float | timedelta | None = None,
@@ -930,8 +944,8 @@ class Loom:
     @overload
     async def execute(
         self,
-        workflow: Callable[..., Awaitable[R]],
-        *args: object,
+        workflow: Callable[[Context, *Args], Awaitable[R]],
+        *args: *Args,
         id: str | None = None,
         if_exists: IfExists = "raise",
         execution_timeout: float | timedelta | None = None,

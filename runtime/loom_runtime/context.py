@@ -26,6 +26,7 @@ from typing import (
     Literal,
     NoReturn,
     TypeVar,
+    TypeVarTuple,
     final,
     overload,
 )
@@ -53,6 +54,7 @@ T1 = TypeVar("T1")
 T2 = TypeVar("T2")
 T3 = TypeVar("T3")
 T4 = TypeVar("T4")
+Args = TypeVarTuple("Args")
 
 
 @dataclass(slots=True)
@@ -294,12 +296,14 @@ class Context:
         replay by the test kit's ``check_replay``, which runs nothing live)."""
         return self._run.is_replaying()
 
+    # Typed as fn's own call: its arguments are checked against its parameters, and the
+    # step gives what fn returns (awaited, when it is async or returns an awaitable).
     @overload
     def step(
         self,
-        fn: Callable[..., Awaitable[T]],
+        fn: Callable[[*Args], Awaitable[T]],
         /,
-        *args: object,
+        *args: *Args,
         name: str | None = None,
         retry: Retry | None = None,
         timeout: float | timedelta | None = None,
@@ -307,9 +311,9 @@ class Context:
     @overload
     def step(
         self,
-        fn: Callable[..., T],
+        fn: Callable[[*Args], T],
         /,
-        *args: object,
+        *args: *Args,
         name: str | None = None,
         retry: Retry | None = None,
         timeout: float | timedelta | None = None,

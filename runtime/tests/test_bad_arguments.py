@@ -399,7 +399,7 @@ async def test_arguments_the_body_cannot_take_are_refused_before_anything_is_wri
     assert await app.storage.events.list_executions() == ()
     # The id is not used up: the same start with the arguments the body takes goes on.
     assert await app.execute(two, "a", "b", id="t") == "abc"
-    assert await app.execute(any_number, 1, 2, 3, id="n") == 3
+    assert await app.execute(any_number, "x", "y", "z", id="n") == 3
     # A successor's arguments are checked where continue_as_new is called.
     with pytest.raises(WorkflowFailedError, match="takes 2 to 3 arguments after ctx, not 1"):
         await app.execute(two, "again", "b", id="c")
@@ -576,8 +576,8 @@ async def test_an_empty_or_non_str_id_is_the_stores_invalid_execution_id_error(
         return "done"
 
     calls: list[Callable[[], Awaitable[object]]] = [
-        lambda: app.start(quick, id=bad),  # type: ignore[call-overload]
-        lambda: app.execute(quick, id=bad),  # type: ignore[call-overload]
+        lambda: app.start(quick, id=bad),  # type: ignore[call-overload, call-arg]
+        lambda: app.execute(quick, id=bad),  # type: ignore[call-overload, call-arg]
         lambda: app.send(bad, "topic", 1),  # type: ignore[arg-type]
         lambda: app.cancel(bad),  # type: ignore[arg-type]
         lambda: app.get(bad).status(),  # type: ignore[arg-type]

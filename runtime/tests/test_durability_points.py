@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -90,7 +91,7 @@ async def test_a_value_the_body_drew_is_durable_before_a_step_uses_it() -> None:
     async with probed() as (app, probe):
         recorded_when_charged: list[list[object]] = []
 
-        async def charge(key: str) -> str:
+        async def charge(key: uuid.UUID) -> str:
             log = await app.storage.events.read("e3")
             recorded_when_charged.append(
                 [e.payload.get("result") for e in log  # type: ignore[union-attr]

@@ -104,7 +104,7 @@ async def test_refusals_come_before_the_body_runs_and_write_nothing(app: Loom) -
     with pytest.raises(ExecutionAlreadyExistsError):
         await app.execute(once, 2, id="same")
     with pytest.raises(InvalidInputError):
-        await app.execute(once, object(), id="other")
+        await app.execute(once, object(), id="other")  # type: ignore[arg-type]
     assert await app.storage.events.read("same") == before
     assert await app.storage.events.read("other") == ()
     assert ran == [1]

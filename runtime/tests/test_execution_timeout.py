@@ -200,10 +200,10 @@ async def test_a_bad_timeout_is_refused_and_writes_nothing(app: Loom, bad: objec
         return None
 
     with pytest.raises(InvalidDurationError) as caught:
-        await app.start(noop, id="x", execution_timeout=bad)  # type: ignore[call-overload]
+        await app.start(noop, id="x", execution_timeout=bad)  # type: ignore[call-overload, call-arg]
     assert "execution_timeout" in str(caught.value)
     with pytest.raises(InvalidDurationError):
-        await app.execute(noop, id="x", execution_timeout=bad)  # type: ignore[call-overload]
+        await app.execute(noop, id="x", execution_timeout=bad)  # type: ignore[call-overload, call-arg]
     assert await app.storage.events.head("x") == 0
     assert await app.storage.timers.pending("x") == ()
 

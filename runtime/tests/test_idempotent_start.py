@@ -158,7 +158,7 @@ async def test_a_bad_if_exists_is_refused_and_nothing_is_written(
 
     for call in (app.start, app.execute):
         with pytest.raises(InvalidInputError, match=says):
-            await call(quick, id=id_, if_exists=if_exists)  # type: ignore[call-overload]
+            await call(quick, id=id_, if_exists=if_exists)  # type: ignore[call-overload, call-arg]
     assert [v async for v in app.executions()] == []
 
 

@@ -73,7 +73,7 @@ async def test_an_execution_recovered_without_progress_is_failed_at_the_limit(
 async def test_a_run_that_writes_between_recoveries_is_never_failed(app: Loom) -> None:
     @app.workflow(name="progress", max_recoveries=1)
     async def progress(ctx: Context) -> list[int]:
-        return [await ctx.step(lambda k=k: k, name=f"s{k}") for k in range(5)]
+        return [await ctx.step(lambda k: k, k, name=f"s{k}") for k in range(5)]
 
     # Each run records one step and dies: never two recoveries in a row.
     crash_at(app, position=0, when="after")

@@ -247,7 +247,7 @@ async def test_a_bad_timeout_is_refused_before_the_step_runs(
     @app.workflow()
     async def bad(ctx: Context) -> str:
         try:
-            await ctx.step(effect, timeout=limit)  # type: ignore[call-overload]
+            await ctx.step(effect, timeout=limit)  # type: ignore[call-overload, call-arg]
         except InvalidDurationError as exc:
             return str(exc)
         return "accepted"
