@@ -19,7 +19,7 @@ import inspect
 import re
 import threading
 import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeAlias, final
 from urllib.parse import urlsplit
@@ -36,7 +36,12 @@ from loom_core.errors import (
     UnknownSchemeError,
 )
 from loom_core.hookspecs import PROJECT, LoomHookSpecs
-from loom_core.registry import BackendRegistry, DecoratorRegistry, StorageDecorator
+from loom_core.registry import (
+    BackendFactory,
+    BackendRegistry,
+    DecoratorRegistry,
+    StorageDecorator,
+)
 from loom_core.storage import Storage
 
 __all__ = ["DecoratorSpec", "PluginHost", "default_plugins", "open_storage"]
@@ -200,7 +205,9 @@ class PluginHost:
             return None
         return f"plugins that failed to load (one of them may provide it): {'; '.join(failed)}"
 
-    def backend_for(self, scheme: str) -> Callable[..., Any]:
+    def backend_for(self, scheme: str) -> BackendFactory:
+        """The factory registered for ``scheme``; UnknownSchemeError naming the installed
+        schemes (and what to install) when none is."""
         registry = self.backends
         blame = self._blame(scheme)
         if isinstance(blame, DuplicateRegistrationError):
