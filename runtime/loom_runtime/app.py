@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import (
     Any,
+    Concatenate,
     Final,
     Generic,
     Literal,
@@ -147,7 +148,10 @@ before it retires the row as having nothing to answer (docs/design.md, "Resuming
 
 R = TypeVar("R")
 Args = TypeVarTuple("Args")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+# A body takes ctx first: a checker flags one that does not where it is registered.
+F = TypeVar("F", bound=Callable[Concatenate[Context, ...], Awaitable[Any]])
+# A scheduled body takes the instant, an ISO 8601 str, after ctx.
+S = TypeVar("S", bound=Callable[[Context, str], Awaitable[Any]])
 
 Authorize: TypeAlias = Callable[[object, str, str], "bool | Awaitable[bool]"]
 """``authorize(principal, action, execution_id)``: True allows ``action`` (``"resume"``,
@@ -616,7 +620,7 @@ class Loom:
         cron: str | None = None,
         every: float | timedelta | None = None,
         name: str | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[[S], S]:
         """Start the workflow below at each instant of ``cron`` (a five-field cron
         expression, in UTC) or every ``every`` seconds (counted from the Unix epoch),
         with the instant (an ISO 8601 str) as its one argument after ``ctx``::
@@ -635,7 +639,7 @@ class Loom:
         by another schedule.
         """
 
-        def register(fn: F) -> F:
+        def register(fn: S) -> S:
             try:
                 workflow = self._resolve(fn)[0]
             except WorkflowNotFoundError:

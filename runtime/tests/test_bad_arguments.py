@@ -415,7 +415,7 @@ def test_a_body_no_start_could_call_is_refused_when_registered(app: Loom) -> Non
     with pytest.raises(InvalidOptionError, match="keyword-only parameter 'order'"):
         app.workflow(name="k")(keyword_only)
     with pytest.raises(InvalidOptionError, match="taking ctx first"):
-        app.workflow(name="n")(no_ctx)
+        app.workflow(name="n")(no_ctx)  # type: ignore[type-var]
     assert sorted(app.workflows) == []
 
 

@@ -226,7 +226,7 @@ async def test_the_workflow_must_be_registered_and_take_the_instant(app: Loom) -
         return None
 
     with pytest.raises(InvalidOptionError, match="one argument after ctx"):
-        app.scheduled(every=60)(no_argument)
+        app.scheduled(every=60)(no_argument)  # type: ignore[type-var]
 
     @app.workflow()
     async def job(ctx: Context, scheduled_at: str) -> None:

@@ -206,3 +206,12 @@ async def _calls_the_type_checker_refuses(app: Loom, ctx: Context) -> None:
     @app.workflow()  # type: ignore[type-var]
     def not_async(ctx: Context) -> str:
         return "a body must be async"
+
+    @app.workflow()  # type: ignore[type-var]
+    async def no_ctx(order_id: str) -> str:
+        return "a body takes ctx first"
+
+    @app.scheduled(every=60)  # type: ignore[type-var]
+    @app.workflow(name="dated")
+    async def dated(ctx: Context, when: datetime) -> None:
+        """A schedule passes the instant as an ISO 8601 str, not a datetime."""
