@@ -486,7 +486,7 @@ class Context:
         position = self._branch().take()
         return await self._run.gather(position, aws, call_site())
 
-    def set_event(self, key: str, value: JsonValue) -> Durable[None]:
+    def set_event(self, key: str, value: object) -> Durable[None]:
         """Publish ``value`` under ``key`` for code outside the workflow to read with
         ``app.get_event(execution_id, key)``: written when awaited, before the body goes
         on; a later ``set_event`` of the key replaces it. Refused before anything is
