@@ -71,7 +71,9 @@ class VirtualClock:
     or an advance past that is refused, and a sleep that would end past it never ends.
     """
 
-    __slots__ = ("_apps", "_counter", "_now", "_nudges", "_sleepers", "_ticking", "_wakes")
+    __slots__ = (
+        "_advancing", "_apps", "_counter", "_now", "_nudges", "_sleepers", "_ticking", "_wakes"
+    )
 
     def __init__(self, start: datetime | None = None) -> None:
         self._now = datetime(2030, 1, 1, tzinfo=UTC) if start is None else _start(start)
@@ -81,6 +83,7 @@ class VirtualClock:
         self._nudges: list[asyncio.Future[None]] = []
         self._wakes: list[datetime] = []  # a heap: when the timer rows written fall due
         self._ticking: dict[TimerService, asyncio.Future[None]] = {}
+        self._advancing: asyncio.Future[None] | None = None  # the advance under way
 
     def now(self) -> datetime:
         return self._now
@@ -137,7 +140,10 @@ class VirtualClock:
 
     async def advance(self, by: float | timedelta) -> None:
         """Move time forward by ``by`` (seconds or a timedelta), stopping at each instant
-        something waits for on the way (see the class docstring).
+        something waits for on the way (see the class docstring). An advance called while
+        another is under way (from a task of its own) waits for it to return, then moves
+        on from where it ended: the clock never goes back, and each instant is reached
+        once.
 
         Refused (InvalidDurationError, nothing moved): anything but an int, a float or a
         timedelta; NaN; a negative step; one that would move the clock past
@@ -154,6 +160,8 @@ class VirtualClock:
             )
         if step is not None and step < timedelta(0):
             raise InvalidDurationError(f"a clock moves forward only, not by {shown(by)}")
+        while self._advancing is not None:
+            await asyncio.shield(self._advancing)
         if step is None or step > LATEST_DEADLINE - self._now:
             raise InvalidDurationError(
                 f"clock.advance({shown(by)}) would move the clock past "
@@ -161,18 +169,23 @@ class VirtualClock:
                 f"reads {self._now.isoformat()}); advance by less"
             )
         target = self._now + step
-        await self._quiet()
-        while (instant := self._next_instant(target)) is not None:
-            self._now = instant
-            while self._wakes and self._wakes[0] <= instant:
-                heapq.heappop(self._wakes)
-            while self._sleepers and self._sleepers[0][0] <= instant:
-                _, _, future = heapq.heappop(self._sleepers)
-                if not future.done():
-                    future.set_result(None)
+        advancing = self._advancing = asyncio.get_running_loop().create_future()
+        try:
+            await self._quiet()
+            while (instant := self._next_instant(target)) is not None:
+                self._now = instant
+                while self._wakes and self._wakes[0] <= instant:
+                    heapq.heappop(self._wakes)
+                while self._sleepers and self._sleepers[0][0] <= instant:
+                    _, _, future = heapq.heappop(self._sleepers)
+                    if not future.done():
+                        future.set_result(None)
+                await self._fire()
+            self._now = target
             await self._fire()
-        self._now = target
-        await self._fire()
+        finally:
+            self._advancing = None
+            advancing.set_result(None)
 
     def _next_instant(self, target: datetime) -> datetime | None:
         """The first instant after now and no later than ``target`` that something waits

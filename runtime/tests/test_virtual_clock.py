@@ -218,3 +218,32 @@ async def test_an_app_entering_on_a_fresh_clock_stops_at_every_row_already_writt
                 assert woke == (START + timedelta(seconds=i)).isoformat()
     finally:
         await storage.close()
+
+
+async def test_advances_from_two_tasks_move_the_clock_by_both_in_turn(app: Loom) -> None:
+    """A test advancing while an advance of its own task is held by a step: the second
+    waits for the first and moves on from where it ended, so a woken body reads its own
+    instant and the clock never goes back (it read the shorter advance's end, +10 s,
+    after both had returned, and the body woken at +5 s read +10 s)."""
+    in_step, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        in_step.set()
+        await release.wait()
+
+    @app.workflow(name="held-nap")
+    async def held_nap(ctx: Context) -> float:
+        await ctx.step(hold)
+        await ctx.sleep(5)
+        return seconds(ctx.now().isoformat())
+
+    handle = await app.start(held_nap, id="h")
+    clock = clock_of(app)
+    first = asyncio.create_task(clock.advance(60))  # held by the step, as the docs allow
+    await in_step.wait()
+    second = asyncio.create_task(clock.advance(10))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, second)
+    assert await handle.result() == 5.0
+    assert clock.now() == START + timedelta(seconds=70)
