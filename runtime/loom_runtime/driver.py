@@ -502,6 +502,8 @@ class Run:
                 if _being_cancelled():
                     raise
                 failure = exc  # the step's own (a future it awaited was cancelled)
+            if self.app.crash_points and self.app.crash_point(self, position, name, "unrecorded"):
+                self._halt(SimulatedCrash(f"simulated crash after step {name!r} ran, unrecorded"))
             if failure is not None:
                 self._check_alive()
                 if attempt < policy.attempts and policy.retries(failure):

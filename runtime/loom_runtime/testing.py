@@ -317,22 +317,25 @@ class CrashAt:
     the moment before a park is written, or
     ``step="continue"`` for ``ctx.continue_as_new`` (``"before"``: its successor is
     created and EXECUTION_CONTINUED not yet written; ``"after"``: written, and the
-    successor not yet driven); ``when`` is ``"before"`` the call runs or ``"after"`` its
-    record is durable (while a crash point is armed, a step's result is written as the
-    step returns, not with the run's next write, so there is such a moment).
+    successor not yet driven); ``when`` is ``"before"`` the call runs, ``"unrecorded"``
+    once a step's attempt has ended (returned or raised) and before anything of it is
+    written (the death that makes a step at least once: recovery makes the attempt again),
+    or ``"after"`` its record is durable (while a crash point is armed, a step's result is
+    written as the step returns, not with the run's next write, so there is such a moment).
 
     Refused (InvalidInputError), as a point that could never fire: neither ``step`` nor
     ``position``; a ``step`` or ``execution_id`` that is not a non-empty str; a
     ``position`` that is not an int >= 0 or a non-empty tuple of them (the body's first
-    call is 0); ``when`` other than ``"before"`` or ``"after"``; ``step="park"`` with
-    ``"after"`` (the park is a moment before a write); ``step="park"`` or
+    call is 0); ``when`` other than ``"before"``, ``"unrecorded"`` or ``"after"``;
+    ``step="park"`` with ``"after"`` (the park is a moment before a write); ``step="park"``
+    or ``"continue"`` with ``"unrecorded"`` (a step's moment); ``step="park"`` or
     ``"continue"`` with ``position``; a ``step`` or ``execution_id`` with U+0000 or a
     lone surrogate; ``times`` below 1.
     """
 
     step: str | None = None
     position: int | Position | None = None
-    when: Literal["before", "after"] = "before"
+    when: Literal["before", "unrecorded", "after"] = "before"
     execution_id: str | None = None
     times: int = 1
     fired: asyncio.Event = field(default_factory=asyncio.Event)
@@ -351,8 +354,16 @@ class CrashAt:
                 f"position= is the body's k-th call, an int >= 0 (the first call is 0), or a "
                 f"non-empty tuple of them inside a gather, not {shown(self.position)}"
             )
-        if self.when not in ("before", "after"):
-            raise InvalidInputError(f"when= is 'before' or 'after', not {self.when!r}")
+        if self.when not in ("before", "unrecorded", "after"):
+            raise InvalidInputError(
+                f"when= is 'before', 'unrecorded' or 'after', not {self.when!r}"
+            )
+        if self.step in ("park", "continue") and self.when == "unrecorded":
+            raise InvalidInputError(
+                f"step={self.step!r} with when='unrecorded' could never fire: 'unrecorded' "
+                "is the moment a step has run and its result is not written yet; use "
+                "'before' (or 'after' for 'continue')"
+            )
         if self.step in ("park", "continue") and self.position is not None:
             raise InvalidInputError(
                 f"step={self.step!r} with position= could never fire: a position names a "
@@ -400,7 +411,7 @@ def crash_at(
     *,
     step: str | None = None,
     position: int | Position | None = None,
-    when: Literal["before", "after"] = "before",
+    when: Literal["before", "unrecorded", "after"] = "before",
     execution_id: str | None = None,
     times: int = 1,
 ) -> CrashAt:

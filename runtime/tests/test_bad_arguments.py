@@ -295,6 +295,8 @@ async def test_crash_at_refuses_what_is_not_an_app(app: Loom) -> None:
         {"position": "0"},
         {"step": "charge", "when": "during"},
         {"step": "park", "when": "after"},
+        {"step": "park", "when": "unrecorded"},
+        {"step": "continue", "when": "unrecorded"},
         {"step": "charge", "execution_id": ""},
         {"step": "charge", "execution_id": 7},
         {"step": "charge", "times": 0},

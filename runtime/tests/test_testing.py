@@ -7,7 +7,7 @@ import asyncio
 import random
 
 import pytest
-from loom_runtime import Context, Loom, ReplayDivergedError
+from loom_runtime import Context, Loom, ReplayDivergedError, Retry
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
 from loom_core import EventKind, open_storage
@@ -110,3 +110,66 @@ async def test_a_crashed_run_waits_for_recover_even_while_the_recovery_on_enteri
             assert [h.execution_id for h in await app.recover()] == ["o"]
             assert await app.get("o").result(timeout=5) == "charged"
             assert ran == ["charge"]
+
+
+async def test_a_crash_between_a_step_and_its_record_runs_the_step_again_on_recovery(
+    app: Loom,
+) -> None:
+    """``when="unrecorded"``: the step ran (its side effect happened) and the process died
+    before its result was written, the case that makes a step at least once. Recovery
+    runs it again; a step after it runs once."""
+    charged: list[str] = []
+    mailed: list[str] = []
+
+    async def charge(order: str) -> str:
+        charged.append(order)
+        return f"charged {order}"
+
+    async def mail(order: str) -> None:
+        mailed.append(order)
+
+    @app.workflow()
+    async def checkout(ctx: Context, order: str) -> str:
+        receipt = await ctx.step(charge, order)
+        await ctx.step(mail, order)
+        return receipt
+
+    crash = crash_at(app, step="charge", when="unrecorded")
+    handle = await app.start(checkout, "o-1", id="o-1")
+    await asyncio.wait_for(crash.fired.wait(), 10)
+    assert charged == ["o-1"]
+    kinds = [e.kind for e in await app.storage.events.read("o-1")]
+    assert kinds == [EventKind.EXECUTION_STARTED]  # the charge ran; nothing of it is written
+    await app.recover()
+    assert await handle.result(timeout=10) == "charged o-1"
+    assert charged == ["o-1", "o-1"]
+    assert mailed == ["o-1"]
+    assert await check_replay(app) == ["o-1"]
+
+
+async def test_a_crash_between_a_failed_attempt_and_its_record_makes_the_attempt_again(
+    app: Loom,
+) -> None:
+    tries: list[int] = []
+
+    async def flaky() -> str:
+        tries.append(len(tries) + 1)
+        if len(tries) < 3:
+            raise ConnectionError("down")
+        return "up"
+
+    @app.workflow()
+    async def retried(ctx: Context) -> str:
+        return await ctx.step(flaky, retry=Retry(attempts=3, initial_interval=0))
+
+    crash = crash_at(app, step="flaky", when="unrecorded")
+    handle = await app.start(retried, id="r")
+    await asyncio.wait_for(crash.fired.wait(), 10)
+    assert [e.kind for e in await app.storage.events.read("r")] == [
+        EventKind.EXECUTION_STARTED
+    ]
+    await app.recover()
+    assert await handle.result(timeout=10) == "up"
+    assert tries == [1, 2, 3]
+    view = await app.inspect("r")
+    assert view.records[(0,)].attempt == 2  # the first attempt, made twice, counts once
