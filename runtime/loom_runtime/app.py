@@ -313,7 +313,10 @@ class Handle(Generic[R]):
                 remaining = _remaining(loop, deadline)
                 if remaining is not None:
                     if remaining <= 0:
-                        raise ResultTimeoutError(self.execution_id, float(bound), view.status)
+                        raise ResultTimeoutError(
+                            self.execution_id, float(bound), view.status,
+                            self._app.why_not_moving(execution_id, view.status),
+                        )
                     wait = min(wait, remaining)
                 if not self._app.running:
                     # Nothing of this process drives it any more: a wait on a storage the
@@ -2270,6 +2273,26 @@ class Loom:
         return busy
 
     # -- what the driver and the timer service call ------------------------------------------
+
+    def why_not_moving(self, execution_id: str, status: str) -> str:
+        """What a test whose wait for ``execution_id`` ran out may have left undone, for
+        the error it gets ("" when nothing points to it)."""
+        if status == "suspended" and getattr(self.clock, "tick", None) is not None:
+            return (
+                "its wait is on the app's clock, which moves only when told: await "
+                "clock.advance(...) first, or from a task of its own"
+            )
+        if (
+            status == "running"
+            and self.crash_points
+            and execution_id not in self._runs
+            and execution_id not in self._stranded
+        ):
+            return (
+                "no run of this process drives it, as after a crash point (crash_at) "
+                "stopped it: await app.recover() carries it on, as a restarted process would"
+            )
+        return ""
 
     def crash_point(self, run: Run, position: Position, name: str, when: str) -> bool:
         if not any(point(run.execution_id, position, name, when) for point in self.crash_points):

@@ -244,13 +244,14 @@ class ExecutionTimedOutError(ExecutionCancelledError):
 class ResultTimeoutError(LoomError, TimeoutError):
     """``handle.result(timeout=...)`` gave up waiting; the execution goes on."""
 
-    def __init__(self, execution_id: str, timeout: float, status: str) -> None:
+    def __init__(self, execution_id: str, timeout: float, status: str, hint: str = "") -> None:
         self.execution_id = execution_id
         self.timeout = timeout
         self.status = status
         super().__init__(
             f"execution {execution_id!r} did not finish within {timeout}s (it is {status}); "
             "it goes on: wait again, or look at it with handle.status()"
+            + (f"; {hint}" if hint else "")
         )
 
 

@@ -7,7 +7,7 @@ import asyncio
 import random
 
 import pytest
-from loom_runtime import Context, Loom, ReplayDivergedError, Retry
+from loom_runtime import Context, Loom, ReplayDivergedError, ResultTimeoutError, Retry
 from loom_runtime.testing import VirtualClock, check_replay, crash_at
 
 from loom_core import EventKind, open_storage
@@ -173,3 +173,35 @@ async def test_a_crash_between_a_failed_attempt_and_its_record_makes_the_attempt
     assert tries == [1, 2, 3]
     view = await app.inspect("r")
     assert view.records[(0,)].attempt == 2  # the first attempt, made twice, counts once
+
+
+async def test_a_result_that_times_out_on_a_virtual_clock_says_the_clock_must_be_advanced(
+    app: Loom,
+) -> None:
+    @app.workflow()
+    async def nap(ctx: Context) -> str:
+        await ctx.sleep(3600)
+        return "awake"
+
+    handle = await app.start(nap, id="nap")
+    with pytest.raises(ResultTimeoutError, match=r"clock\.advance") as waited:
+        await handle.result(timeout=0.01)
+    assert waited.value.status == "suspended"
+
+
+async def test_a_result_that_times_out_after_a_crash_point_says_to_recover(app: Loom) -> None:
+    async def charge() -> str:
+        return "charged"
+
+    @app.workflow()
+    async def pay(ctx: Context) -> str:
+        return await ctx.step(charge)
+
+    crash = crash_at(app, step="charge", when="after")
+    handle = await app.start(pay, id="pay")
+    await asyncio.wait_for(crash.fired.wait(), 10)
+    with pytest.raises(ResultTimeoutError, match=r"app\.recover\(\)") as waited:
+        await handle.result(timeout=0.01)
+    assert waited.value.status == "running"
+    await app.recover()
+    assert await handle.result(timeout=10) == "charged"
