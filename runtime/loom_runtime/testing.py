@@ -590,10 +590,17 @@ class ChildProcess:
 
     async def line(self) -> str | None:
         """The next line of its stdout, without the newline; None once it is closed (the
-        process exited or was killed)."""
+        process exited or was killed). TimeoutError past ``line_timeout``, naming the
+        process and the tail of its stderr."""
         stdout = self._process.stdout
         assert stdout is not None
-        raw = await asyncio.wait_for(stdout.readline(), self.line_timeout)
+        try:
+            raw = await asyncio.wait_for(stdout.readline(), self.line_timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"process {self.pid} wrote no line within {self.line_timeout:g} s "
+                f"(line_timeout={self.line_timeout:g}); {self._said()}"
+            ) from None
         if not raw:
             return None
         text = raw.decode(errors="replace").rstrip("\n")
@@ -608,12 +615,24 @@ class ChildProcess:
 
     async def finish(self) -> int:
         """Read the rest of its stdout into :attr:`lines` and reap it; its exit code
-        (negative: the signal that ended it)."""
+        (negative: the signal that ended it). A child that has not ended within
+        ``line_timeout`` raises TimeoutError and is left running: :meth:`kill` it first."""
         stdout = self._process.stdout
         assert stdout is not None
-        rest = await asyncio.wait_for(stdout.read(), self.line_timeout)
-        self.lines.extend(rest.decode(errors="replace").splitlines())
-        return await asyncio.wait_for(self._process.wait(), self.line_timeout)
+        try:
+            rest = await asyncio.wait_for(stdout.read(), self.line_timeout)
+            self.lines.extend(rest.decode(errors="replace").splitlines())
+            return await asyncio.wait_for(self._process.wait(), self.line_timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"process {self.pid} did not end within {self.line_timeout:g} s "
+                f"(line_timeout={self.line_timeout:g}): kill() it first to end it now; "
+                f"{self._said()}"
+            ) from None
+
+    def _said(self) -> str:
+        tail = self.stderr_tail(500)
+        return f"its stderr ends: {tail!r}" if tail else "it wrote nothing to stderr"
 
     def stderr_tail(self, limit: int = 4000) -> str:
         """The last ``limit`` characters of what it wrote to stderr ("" if nothing)."""

@@ -72,12 +72,29 @@ async def test_a_silent_child_times_out_and_can_still_be_killed(tmp_path: Path) 
         line_timeout=0.05,
     )
     try:
-        with pytest.raises(TimeoutError):
+        # Says which child, and that line_timeout= is the bound (a bare TimeoutError
+        # said neither).
+        with pytest.raises(TimeoutError, match=rf"process {child.pid} .*line_timeout=0\.05"):
             await child.line()
     finally:
         child.kill()
     assert await child.finish() == -signal.SIGKILL
     assert child.stderr_tail() == ""
+
+
+async def test_a_child_that_never_ends_times_out_in_finish_saying_what_to_do(
+    tmp_path: Path,
+) -> None:
+    child = await ChildProcess.spawn(
+        sys.executable, "-c", "import time; time.sleep(3600)", stderr=tmp_path / "err",
+        line_timeout=0.05,
+    )
+    try:
+        with pytest.raises(TimeoutError, match=r"kill\(\) it first"):
+            await child.finish()
+    finally:
+        child.kill()
+    assert await child.finish() == -signal.SIGKILL
 
 
 @pytest.mark.parametrize(
