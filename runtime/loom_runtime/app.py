@@ -315,7 +315,7 @@ class Handle(Generic[R]):
                     if remaining <= 0:
                         raise ResultTimeoutError(
                             self.execution_id, float(bound), view.status,
-                            self._app.why_not_moving(execution_id, view.status),
+                            self._app.why_not_moving(view),
                         )
                     wait = min(wait, remaining)
                 if not self._app.running:
@@ -2274,16 +2274,22 @@ class Loom:
 
     # -- what the driver and the timer service call ------------------------------------------
 
-    def why_not_moving(self, execution_id: str, status: str) -> str:
-        """What a test whose wait for ``execution_id`` ran out may have left undone, for
+    def why_not_moving(self, view: View) -> str:
+        """What a test whose wait for ``view``'s execution ran out may have left undone, for
         the error it gets ("" when nothing points to it)."""
-        if status == "suspended" and getattr(self.clock, "tick", None) is not None:
+        execution_id = view.execution_id
+        if (
+            view.status == "suspended"
+            and getattr(self.clock, "tick", None) is not None  # moves only when told
+            and view.park is not None
+            and (view.deadline is not None or any(w.wake_at for w in view.park.waits))
+        ):
             return (
-                "its wait is on the app's clock, which moves only when told: await "
+                "it waits for a time on the app's clock, which moves only when told: await "
                 "clock.advance(...) first, or from a task of its own"
             )
         if (
-            status == "running"
+            view.status == "running"
             and self.crash_points
             and execution_id not in self._runs
             and execution_id not in self._stranded

@@ -188,6 +188,15 @@ async def test_a_result_that_times_out_on_a_virtual_clock_says_the_clock_must_be
         await handle.result(timeout=0.01)
     assert waited.value.status == "suspended"
 
+    @app.workflow()
+    async def inbox(ctx: Context) -> object:
+        return await ctx.receive("go")  # waits for a message: no advance would help
+
+    waiting = await app.start(inbox, id="inbox")
+    with pytest.raises(ResultTimeoutError) as waited:
+        await waiting.result(timeout=0.01)
+    assert "advance" not in str(waited.value)
+
 
 async def test_a_result_that_times_out_after_a_crash_point_says_to_recover(app: Loom) -> None:
     async def charge() -> str:
