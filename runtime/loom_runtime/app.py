@@ -315,7 +315,7 @@ class Handle(Generic[R]):
                     if remaining <= 0:
                         raise ResultTimeoutError(
                             self.execution_id, float(bound), view.status,
-                            self._app.why_not_moving(view),
+                            self._app._why_not_moving(view),
                         )
                     wait = min(wait, remaining)
                 if not self._app.running:
@@ -2274,7 +2274,7 @@ class Loom:
 
     # -- what the driver and the timer service call ------------------------------------------
 
-    def why_not_moving(self, view: View) -> str:
+    def _why_not_moving(self, view: View) -> str:
         """What a test whose wait for ``view``'s execution ran out may have left undone, for
         the error it gets ("" when nothing points to it)."""
         execution_id = view.execution_id
