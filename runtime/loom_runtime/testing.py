@@ -12,7 +12,7 @@ process to SIGKILL.
     async with app:
         crash = crash_at(app, step="charge_card", when="after")   # die right after it
         handle = await app.start(checkout, "o-1")
-        await crash.fired.wait()
+        await asyncio.wait_for(crash.fired.wait(), 10)  # bounded: an unreached point never fires
         await app.recover()                 # what the restarted process does
         await clock.advance(30)             # due timers fire
         assert await handle.result() == ...
