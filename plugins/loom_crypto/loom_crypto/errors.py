@@ -7,6 +7,8 @@
     │                                      its __cause__ is the KeyDestroyedError
     ├── KeyStoreError                      a key store refused or failed
     │   ├── KeyNotFoundError (LookupError) .key_id unknown to this key store
+    │   │   └── KeyOutOfScopeError         .key_id, .scope: a ScopedKeyStore refused to
+    │   │                                  destroy a key it does not know as its scope's
     │   ├── KeyDestroyedError              .key_id was destroyed (shredded); proof on file
     │   └── KeyStoreUnavailableError       .operation: the key store failed with an error
     │       (StorageUnavailableError)      that is not a Loom error (a KMS client's
@@ -32,6 +34,7 @@ from loom_core.errors import LoomError, StorageUnavailableError
 __all__ = [
     "KeyDestroyedError",
     "KeyNotFoundError",
+    "KeyOutOfScopeError",
     "KeyStoreError",
     "KeyStoreUnavailableError",
     "IncarnationMismatchError",
@@ -57,6 +60,24 @@ class KeyNotFoundError(KeyStoreError, LookupError):
         super().__init__(
             f"key {key_id!r} is unknown to this key store; if the store was restored, it is "
             "older than the log (restore a key-store backup at least as new as the log)"
+        )
+
+
+class KeyOutOfScopeError(KeyNotFoundError):
+    """A :class:`~loom_crypto.ScopedKeyStore` was asked to destroy a key it does not know as
+    a key of its scope: another scope's (another tenant's), one of the shared store used
+    without a scope, or its own but not yet looked up by this store. Nothing was destroyed.
+    """
+
+    def __init__(self, key_id: str, scope: str) -> None:
+        self.key_id = key_id
+        self.scope = scope
+        KeyStoreError.__init__(
+            self,
+            f"key {key_id!r} is not known as a key of scope {scope!r}, so it was not "
+            "destroyed (a scope destroys only its own subjects' keys, never another "
+            "tenant's); look the subject's key up with key_id_for(subject) on this store "
+            "first, or shred with shred_subject, which does",
         )
 
 

@@ -12,8 +12,17 @@ The derivation is what keeps a row of one scope from authenticating in another: 
 a MAC made under ``acme``'s bytes for a key does not verify under ``zeta``'s bytes for that
 same key id, so a row copied from one tenant's log to the other's (same ids, sequences,
 kinds) is refused with :class:`~loom_crypto.PayloadAuthenticationError`, even though
-``get`` answers any key id of the shared store. Destroying a key destroys it in ``inner``,
-for every derivation of it: shredding is per subject, and each scope's subjects are its own.
+``get`` answers any key id of the shared store.
+
+``destroy`` is confined to the scope: it destroys only a key this store has seen ``inner``
+name for one of the scope's subjects (through ``create`` or ``key_id_for``; the last
+:data:`OWN_KEYS_KEPT` of them), and refuses any other id with
+:class:`~loom_crypto.KeyOutOfScopeError`, destroying nothing. The key store SPI cannot say
+which subject a key id belongs to, so an id learnt elsewhere (a row of another tenant's log,
+or this scope's own key looked up by another process) is refused until this store's
+``key_id_for`` has named it; ``shred_subject`` looks the key up first, so it always can.
+Destroying a key destroys it in ``inner``, for every derivation of it: shredding is per
+subject, and each scope's subjects are its own.
 
 A payload sealed under a key store used without a scope (the inner key's own bytes) does
 not open through a scoped one, nor the other way round.
@@ -31,15 +40,19 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from loom_core.errors import InvalidOptionError, LoomError
 from loom_core.spi import canonical_json, check_key
-from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError
+from loom_crypto.errors import KeyDestroyedError, KeyNotFoundError, KeyOutOfScopeError
 from loom_crypto.keys import KEY_BYTES, DataKey, KeyStore, key_store_lacks
 
-__all__ = ["SCOPE_PREFIX", "ScopedKeyStore"]
+__all__ = ["OWN_KEYS_KEPT", "SCOPE_PREFIX", "ScopedKeyStore"]
 
 SCOPE_PREFIX: Final = "$loom-scope/"
 """What starts every subject a :class:`ScopedKeyStore` names in its inner key store."""
 
 _DERIVED_KEPT: Final = 4096
+
+OWN_KEYS_KEPT: Final = 4096
+"""How many of the scope's key ids (the most recently named) a :class:`ScopedKeyStore`
+keeps as destroyable; an older one is named again by ``key_id_for``."""
 
 
 @final
@@ -49,7 +62,7 @@ class ScopedKeyStore:
     ``inner`` has just handed out, so a key destroyed elsewhere is noticed as before, and its
     derivation is dropped once ``inner`` says it is destroyed or unknown."""
 
-    __slots__ = ("_derived", "_info", "_prefix", "inner", "scope")
+    __slots__ = ("_derived", "_info", "_own", "_prefix", "inner", "scope")
 
     def __init__(self, inner: KeyStore, *, scope: str) -> None:
         lacking = key_store_lacks(inner)
@@ -76,6 +89,8 @@ class ScopedKeyStore:
         # handed out again while inner hands out the same bytes, so its AES-GCM context is
         # built once; inner's own bytes are not kept.
         self._derived: OrderedDict[str, tuple[bytes, DataKey]] = OrderedDict()
+        # The key ids inner named for subjects of this scope: the only ones destroy takes.
+        self._own: OrderedDict[str, None] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"ScopedKeyStore({self.inner!r}, scope={self.scope!r})"
@@ -102,8 +117,17 @@ class ScopedKeyStore:
             self._derived.popitem(last=False)
         return derived
 
+    def _owns(self, key_id: str) -> str:
+        self._own[key_id] = None
+        self._own.move_to_end(key_id)
+        if len(self._own) > OWN_KEYS_KEPT:
+            self._own.popitem(last=False)
+        return key_id
+
     async def create(self, subject: str) -> DataKey:
-        return self._derive(await self.inner.create(self._subject(subject)))
+        key = await self.inner.create(self._subject(subject))
+        self._owns(key.key_id)
+        return self._derive(key)
 
     async def get(self, key_id: str) -> DataKey:
         try:
@@ -114,9 +138,16 @@ class ScopedKeyStore:
         return self._derive(key)
 
     async def key_id_for(self, subject: str) -> str | None:
-        return await self.inner.key_id_for(self._subject(subject))
+        key_id = await self.inner.key_id_for(self._subject(subject))
+        return None if key_id is None else self._owns(key_id)
 
     async def destroy(self, key_id: str) -> bool:
+        """Destroy ``key_id`` in ``inner``; refuses (:class:`KeyOutOfScopeError`, nothing
+        destroyed) a key id this store has not seen ``inner`` name for a subject of its
+        scope, so no scope destroys another's key."""
+        key_id = check_key(key_id, "key id")
+        if key_id not in self._own:
+            raise KeyOutOfScopeError(key_id, self.scope)
         self._derived.pop(key_id, None)
         return await self.inner.destroy(key_id)
 

@@ -14,6 +14,8 @@ from loom_crypto import (
     SCOPE_PREFIX,
     CryptoEventStore,
     KeyDestroyedError,
+    KeyNotFoundError,
+    KeyOutOfScopeError,
     KeyStore,
     PayloadAuthenticationError,
     ScopedKeyStore,
@@ -204,6 +206,7 @@ async def test_a_key_destroyed_through_another_scoped_store_is_not_handed_out(
     key = await mine.create(ORDER)
     assert (await mine.get(key.key_id)).material == key.material
 
+    assert await theirs.key_id_for(ORDER) == key.key_id  # another process of the same scope
     assert await theirs.destroy(key.key_id)
 
     with pytest.raises(KeyDestroyedError):
@@ -211,3 +214,42 @@ async def test_a_key_destroyed_through_another_scoped_store_is_not_handed_out(
     with pytest.raises(KeyDestroyedError):
         await mine.create(ORDER)
     assert await mine.was_destroyed(key.key_id)
+
+
+async def test_destroying_another_scopes_key_is_refused_and_the_key_stays_live(
+    key_store: KeyStore,
+) -> None:
+    acme, zeta = ScopedKeyStore(key_store, scope="acme"), ScopedKeyStore(key_store, scope="zeta")
+    acme_key, zeta_key = await acme.create(ORDER), await zeta.create(ORDER)
+
+    for store, other in ((acme, zeta_key), (zeta, acme_key)):
+        with pytest.raises(KeyOutOfScopeError, match="key_id_for") as caught:
+            await store.destroy(other.key_id)
+        assert isinstance(caught.value, KeyNotFoundError)
+        assert (caught.value.key_id, caught.value.scope) == (other.key_id, store.scope)
+
+    assert not await key_store.was_destroyed(acme_key.key_id)
+    assert not await key_store.was_destroyed(zeta_key.key_id)
+    assert (await zeta.get(zeta_key.key_id)).material == zeta_key.material
+    assert (await acme.create(ORDER)).material == acme_key.material
+    # A key the scope's own key_id_for named is destroyed, and only that one.
+    assert await acme.key_id_for(ORDER) == acme_key.key_id
+    assert await acme.destroy(acme_key.key_id)
+    assert not await acme.destroy(acme_key.key_id)
+    assert (await zeta.create(ORDER)).material == zeta_key.material
+
+
+async def test_a_key_id_this_scoped_store_never_looked_up_is_not_destroyed(
+    key_store: KeyStore,
+) -> None:
+    """A key id of the shared store that no subject of the scope was seen to have (one
+    written by another scope, or by the shared store used without a scope) is refused,
+    however it was learnt: from a row of another tenant's log, say."""
+    unscoped = await key_store.create(ORDER)
+    acme = ScopedKeyStore(key_store, scope="acme")
+
+    with pytest.raises(KeyOutOfScopeError):
+        await acme.destroy(unscoped.key_id)
+    assert await acme.get(unscoped.key_id)  # get answers it: with acme's own bytes
+
+    assert not await key_store.was_destroyed(unscoped.key_id)
