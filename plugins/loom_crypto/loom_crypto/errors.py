@@ -66,7 +66,8 @@ class KeyNotFoundError(KeyStoreError, LookupError):
 class KeyOutOfScopeError(KeyNotFoundError):
     """A :class:`~loom_crypto.ScopedKeyStore` was asked to destroy a key it does not know as
     a key of its scope: another scope's (another tenant's), one of the shared store used
-    without a scope, or its own but not yet looked up by this store. Nothing was destroyed.
+    without a scope, or its own but not yet looked up with this store's ``key_id_for``.
+    Nothing was destroyed.
     """
 
     def __init__(self, key_id: str, scope: str) -> None:

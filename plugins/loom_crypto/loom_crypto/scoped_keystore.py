@@ -14,9 +14,9 @@ same key id, so a row copied from one tenant's log to the other's (same ids, seq
 kinds) is refused with :class:`~loom_crypto.PayloadAuthenticationError`, even though
 ``get`` answers any key id of the shared store.
 
-``destroy`` is confined to the scope: it destroys only a key this store has seen ``inner``
-name for one of the scope's subjects (through ``create`` or ``key_id_for``; the last
-:data:`OWN_KEYS_KEPT` of them), and refuses any other id with
+``destroy`` is confined to the scope: it destroys only a key this store's ``key_id_for``
+has named for one of the scope's subjects (the last :data:`OWN_KEYS_KEPT` it named), and
+refuses any other id with
 :class:`~loom_crypto.KeyOutOfScopeError`, destroying nothing. The key store SPI cannot say
 which subject a key id belongs to, so an id learnt elsewhere (a row of another tenant's log,
 or this scope's own key looked up by another process) is refused until this store's
@@ -51,8 +51,9 @@ SCOPE_PREFIX: Final = "$loom-scope/"
 _DERIVED_KEPT: Final = 4096
 
 OWN_KEYS_KEPT: Final = 4096
-"""How many of the scope's key ids (the most recently named) a :class:`ScopedKeyStore`
-keeps as destroyable; an older one is named again by ``key_id_for``."""
+"""How many of the scope's key ids (the most recently named by ``key_id_for``) a
+:class:`ScopedKeyStore` keeps as destroyable; an older one is named again by
+``key_id_for``."""
 
 
 @final
@@ -89,7 +90,9 @@ class ScopedKeyStore:
         # handed out again while inner hands out the same bytes, so its AES-GCM context is
         # built once; inner's own bytes are not kept.
         self._derived: OrderedDict[str, tuple[bytes, DataKey]] = OrderedDict()
-        # The key ids inner named for subjects of this scope: the only ones destroy takes.
+        # The key ids key_id_for named for subjects of this scope: the only ones destroy
+        # takes. Not those create hands out: sealing calls create for every subject it
+        # writes, which would push out the one a shred has just looked up.
         self._own: OrderedDict[str, None] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -125,9 +128,7 @@ class ScopedKeyStore:
         return key_id
 
     async def create(self, subject: str) -> DataKey:
-        key = await self.inner.create(self._subject(subject))
-        self._owns(key.key_id)
-        return self._derive(key)
+        return self._derive(await self.inner.create(self._subject(subject)))
 
     async def get(self, key_id: str) -> DataKey:
         try:
@@ -143,7 +144,7 @@ class ScopedKeyStore:
 
     async def destroy(self, key_id: str) -> bool:
         """Destroy ``key_id`` in ``inner``; refuses (:class:`KeyOutOfScopeError`, nothing
-        destroyed) a key id this store has not seen ``inner`` name for a subject of its
+        destroyed) a key id this store's ``key_id_for`` has not named for a subject of its
         scope, so no scope destroys another's key."""
         key_id = check_key(key_id, "key id")
         if key_id not in self._own:

@@ -253,3 +253,9 @@ async def test_a_key_id_this_scoped_store_never_looked_up_is_not_destroyed(
     assert await acme.get(unscoped.key_id)  # get answers it: with acme's own bytes
 
     assert not await key_store.was_destroyed(unscoped.key_id)
+    # The scope's own key, as create handed it out: destroyed once key_id_for has named it.
+    created = await acme.create(ORDER)
+    with pytest.raises(KeyOutOfScopeError):
+        await acme.destroy(created.key_id)
+    assert await acme.key_id_for(ORDER) == created.key_id
+    assert await acme.destroy(created.key_id)
