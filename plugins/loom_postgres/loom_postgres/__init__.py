@@ -6,7 +6,12 @@ is created on first connect; :func:`migrate` runs the same step explicitly.
 """
 
 from loom_postgres.backfill import backfill_park_fences, migrate
-from loom_postgres.errors import LockTimeoutError, SchemaMigrationError, WriteOutcomeUnknownError
+from loom_postgres.errors import (
+    ConnectionRejectedError,
+    LockTimeoutError,
+    SchemaMigrationError,
+    WriteOutcomeUnknownError,
+)
 from loom_postgres.events import LostConnectionStats, PostgresEventStore
 from loom_postgres.leases import PostgresLeaseStore
 from loom_postgres.options import PostgresOptions
@@ -18,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ConnectionRejectedError",
     "LockTimeoutError",
     "LostConnectionStats",
     "MigrationReport",

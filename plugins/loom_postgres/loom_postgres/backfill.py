@@ -14,23 +14,27 @@ import psycopg
 
 from loom_core.errors import InvalidOptionError, StorageUnavailableError
 from loom_postgres.database import Connection, configure_session
-from loom_postgres.failures import describe
+from loom_postgres.failures import describe, rejection
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import MigrationReport, migrate_connection
-from loom_postgres.storage import check_url, redact
+from loom_postgres.storage import check_url, redact, rejected_error
 
 __all__ = ["backfill_park_fences", "migrate"]
 
 
 async def _connect(url: str, options: PostgresOptions) -> Connection:
-    """One connection for the deploy step; a server that cannot be reached or refuses it
-    (no such database, role or password) is StorageUnavailableError, with its reason."""
+    """One connection for the deploy step; a login the server refuses (a wrong password,
+    no such role or database, pg_hba.conf) is ConnectionRejectedError, a server that
+    cannot be reached StorageUnavailableError, with its reason."""
     url = check_url(url)
     try:
         conn = await psycopg.AsyncConnection.connect(
             url, autocommit=True, connect_timeout=max(1, round(options.connect_timeout))
         )
     except psycopg.Error as exc:
+        refused = rejection(exc)
+        if refused is not None:
+            raise rejected_error(url, refused, exc) from exc
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {describe(exc)}") from exc
     try:
         await configure_session(conn, options)
@@ -56,8 +60,9 @@ async def migrate(
 
     Raises SchemaMigrationError when a table lock is not granted within ``lock_timeout``
     seconds (nothing changed; retry), the role may not create the schema, or the server
-    refuses the change (a read-only database: a standby); StorageUnavailableError when
-    the server cannot be reached or refuses the connection (no such database or role).
+    refuses the change (a read-only database: a standby); ConnectionRejectedError when
+    the server refuses the login (a wrong password, no such role or database);
+    StorageUnavailableError when the server cannot be reached.
     """
     options = parse_options(
         {"schema": schema, "backfill_park_fences": backfill_park_fences,

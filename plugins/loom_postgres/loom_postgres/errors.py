@@ -2,6 +2,9 @@
 
     LoomError
     └── StorageError
+        ├── ConnectionRejectedError         the server answered and refused the login (a
+        │                                   wrong password, no such role or database,
+        │                                   pg_hba.conf): refused at once, never retried
         ├── StorageWriteError
         │   └── WriteOutcomeUnknownError    (the kernel's, re-exported here) the connection
         │                                   died after COMMIT was sent
@@ -15,9 +18,37 @@ Every other failure is one of the kernel's own errors (``StorageWriteError``,
 
 from __future__ import annotations
 
-from loom_core.errors import StorageUnavailableError, WriteOutcomeUnknownError
+from loom_core.errors import StorageError, StorageUnavailableError, WriteOutcomeUnknownError
 
-__all__ = ["LockTimeoutError", "SchemaMigrationError", "WriteOutcomeUnknownError"]
+__all__ = [
+    "ConnectionRejectedError",
+    "LockTimeoutError",
+    "SchemaMigrationError",
+    "WriteOutcomeUnknownError",
+]
+
+
+class ConnectionRejectedError(StorageError):
+    """The server was reached and refused to let this role in: ``reason`` is
+    ``"password"`` (wrong, or a role that does not exist: the server does not say which),
+    ``"no_password"``, ``"role"``, ``"login"`` (a role without LOGIN), ``"database"``,
+    ``"privilege"`` (no CONNECT on the database), ``"pg_hba"`` or ``"authentication"``
+    (another method failed). ``server`` is ``host:port`` (or the socket), ``user`` and
+    ``database`` what was asked for. Retrying cannot mend it, so opening a storage raises
+    it at once; the message never holds the password.
+
+    Not a :class:`~loom_core.StorageUnavailableError`: the server is there, and waiting for
+    it helps nothing until someone fixes the URL, the role or the server's configuration.
+    """
+
+    def __init__(
+        self, *, reason: str, server: str, user: str, database: str, explanation: str
+    ) -> None:
+        self.reason = reason
+        self.server = server
+        self.user = user
+        self.database = database
+        super().__init__(explanation)
 
 
 class LockTimeoutError(StorageUnavailableError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Final
@@ -16,16 +17,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from loom_core import Storage
 from loom_core.errors import InvalidURLError, StorageUnavailableError
 from loom_postgres.database import Connection, Database, PooledConnection, configure_session
-from loom_postgres.errors import SchemaMigrationError
+from loom_postgres.errors import ConnectionRejectedError, SchemaMigrationError
 from loom_postgres.events import PostgresEventStore
-from loom_postgres.failures import describe
+from loom_postgres.failures import Rejection, describe, rejection
 from loom_postgres.leases import PostgresLeaseStore
 from loom_postgres.notify import Listener
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import SCHEMA_VERSION, migrate_connection, schema_state
 from loom_postgres.timers import PostgresTimerStore
 
-__all__ = ["SCHEMES", "check_url", "open_postgres", "redact"]
+__all__ = ["SCHEMES", "check_url", "open_postgres", "redact", "rejected_error"]
 
 SCHEMES = ("postgresql", "postgres")
 
@@ -165,6 +166,76 @@ async def _ensure_schema(
         return str(row[0]) if row and row[0] else "public"
 
 
+# What to do about each refusal a login meets (see loom_postgres.failures.rejection).
+_REMEDIES: Final[Mapping[str, str]] = {
+    "password": "the password is wrong, or the role does not exist (the server does not "
+    "say which); check the user and the password given in the URL, PGPASSWORD or "
+    "~/.pgpass, and that the role exists",
+    "no_password": "the server asks for a password and none was given; put it in the URL, "
+    "PGPASSWORD or ~/.pgpass",
+    "role": "the role does not exist; create it (CREATE ROLE ... LOGIN) or fix the user in "
+    "the URL",
+    "login": "the role may not log in; give it LOGIN (ALTER ROLE ... LOGIN) or connect as "
+    "one that may",
+    "database": "the database does not exist; create it (CREATE DATABASE) or fix its name "
+    "in the URL",
+    "privilege": "the role has no CONNECT privilege on the database; GRANT CONNECT ON "
+    "DATABASE ... TO the role, or connect as one that has it",
+    "pg_hba": "the server's pg_hba.conf admits no such connection from this host; add an "
+    "entry for this user, database and address (then reload the server), or connect as "
+    "one it admits",
+    "authentication": "the server's authentication method refused the user; check the "
+    "credentials that method (its pg_hba.conf entry) expects",
+}
+
+
+def rejected_error(url: str, refused: Rejection, exc: psycopg.Error) -> ConnectionRejectedError:
+    """The error for a login the server refused: who, where, why, and what to do."""
+    given = conninfo_to_dict(url)
+    pgconn = getattr(exc, "pgconn", None)
+
+    def effective(quoted: str | None, key: str, attribute: str) -> str:
+        if quoted is not None:
+            return quoted
+        value = given.get(key)
+        if value is None and pgconn is not None:
+            with contextlib.suppress(Exception):
+                value = getattr(pgconn, attribute).decode("utf-8", "replace")
+        return str(value) if value else "(libpq's default)"
+
+    user = effective(refused.role, "user", "user")
+    database = effective(refused.database, "dbname", "db")
+    return ConnectionRejectedError(
+        reason=refused.reason,
+        server=refused.server,
+        user=user,
+        database=database,
+        explanation=(
+            f"PostgreSQL at {refused.server} refused user {user!r} on database "
+            f"{database!r} ({redact(url)}): {refused.message.removeprefix('FATAL:').strip()}; "
+            f"{_REMEDIES[refused.reason]}. Not retried: waiting cannot mend it"
+        ),
+    )
+
+
+async def _probe(url: str, connect_timeout: float) -> str | None:
+    """Connect once, before the pool does: a login the server refuses is a
+    :class:`ConnectionRejectedError` at once, where the pool would try again until
+    ``connect_timeout``. Any other failure (no server listening yet, one starting up, no
+    connection slot free) may pass: it is left to the pool, and its account returned."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+        )
+    except psycopg.Error as exc:
+        refused = rejection(exc)
+        if refused is not None:
+            raise rejected_error(url, refused, exc) from exc
+        return describe(exc)
+    await conn.close()
+    return None
+
+
 async def _refusal(url: str, connect_timeout: float) -> str | None:
     """Why the server refuses a connection (a database that does not exist, a role or
     password it does not take, no connection slot left), learnt by one connection made
@@ -186,10 +257,14 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     Opens one pool (shared by the event, timer and lease stores), creates or migrates
     the schema on first connect, and returns the storage; closing it closes the pool.
     Refuses an unknown option or a bad value (InvalidOptionError), a malformed URL
-    (InvalidURLError); an unreachable server is StorageUnavailableError.
+    (InvalidURLError); a login the server refuses (a wrong password, no such role or
+    database, pg_hba.conf) is ConnectionRejectedError at once; an unreachable server,
+    retried until ``connect_timeout``, is StorageUnavailableError.
     """
     url = check_url(url)
     opts = _with_url_connect_timeout(url, parse_options(options), options)
+    deadline = time.monotonic() + opts.connect_timeout
+    failed = await _probe(url, opts.connect_timeout)
 
     async def configure(conn: PooledConnection) -> None:
         await configure_session(conn, opts)
@@ -207,13 +282,15 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
         name="loom-postgres",
     )
     try:
-        await pool.open(wait=True, timeout=opts.connect_timeout)
+        # The probe's wait counts against connect_timeout: an unreachable server is not
+        # waited for twice.
+        await pool.open(wait=True, timeout=max(0.001, deadline - time.monotonic()))
     except (PoolTimeout, psycopg.Error) as exc:
         with contextlib.suppress(Exception):
             await pool.close()
         reason = describe(exc)
         if isinstance(exc, PoolTimeout):
-            reason = await _refusal(url, opts.connect_timeout) or reason
+            reason = failed or await _refusal(url, opts.connect_timeout) or reason
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {reason}") from exc
     try:
         namespace = await _ensure_schema(pool, opts)

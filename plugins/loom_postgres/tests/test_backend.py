@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer, find_postgres_bindir, in_ci
-from loom_postgres import PostgresEventStore
+from loom_postgres import ConnectionRejectedError, PostgresEventStore
 from loom_postgres.database import PooledConnection
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
@@ -150,10 +150,13 @@ async def test_the_urls_connect_timeout_is_kept_unless_the_option_sets_one(pg_ur
             assert s.events._db.options.connect_timeout == seconds, query
 
 
-async def test_a_server_that_refuses_the_connection_says_why(pg_url: str) -> None:
-    # The pool only times out; the message carries the server's own reason.
+async def test_a_database_that_does_not_exist_is_refused_at_once_saying_why(
+    pg_url: str,
+) -> None:
+    # Waiting cannot create it: refused by the first try, not after connect_timeout, with
+    # the server's own reason. (Passwords and roles: test_login.py.)
     missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
-    with pytest.raises(StorageUnavailableError, match='"no_such_database_here" does not exist'):
+    with pytest.raises(ConnectionRejectedError, match='"no_such_database_here" does not exist'):
         await open_storage(missing, options={"connect_timeout": 1})
 
 

@@ -18,6 +18,7 @@ import pytest
 from loom_conformance.postgres import PostgresServer
 from loom_postgres import (
     SCHEMA_VERSION,
+    ConnectionRejectedError,
     SchemaMigrationError,
     backfill_park_fences,
     migrate,
@@ -25,7 +26,6 @@ from loom_postgres import (
 from psycopg import sql
 
 from loom_core import NewEvent, Redrive, StaleFenceError, Storage, TimerRecord, open_storage
-from loom_core.errors import StorageUnavailableError
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
@@ -443,9 +443,9 @@ async def test_a_read_only_database_is_a_schema_migration_error_and_nothing_is_c
     assert found == []
 
 
-async def test_migrate_on_a_database_that_does_not_exist_is_storage_unavailable(
+async def test_migrate_on_a_database_that_does_not_exist_is_a_rejected_connection(
     pg_url: str,
 ) -> None:
     missing = pg_url.rsplit("/", 1)[0] + "/no_such_database_here"
-    with pytest.raises(StorageUnavailableError, match='"no_such_database_here" does not exist'):
+    with pytest.raises(ConnectionRejectedError, match='"no_such_database_here" does not exist'):
         await migrate(missing)
