@@ -14,10 +14,10 @@ import psycopg
 
 from loom_core.errors import InvalidOptionError, StorageUnavailableError
 from loom_postgres.database import Connection, configure_session
-from loom_postgres.failures import describe, rejection
+from loom_postgres.failures import describe
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import MigrationReport, migrate_connection
-from loom_postgres.storage import check_url, redact, rejected_error
+from loom_postgres.storage import check_connect_failure, check_url, redact
 
 __all__ = ["backfill_park_fences", "migrate"]
 
@@ -32,9 +32,7 @@ async def _connect(url: str, options: PostgresOptions) -> Connection:
             url, autocommit=True, connect_timeout=max(1, round(options.connect_timeout))
         )
     except psycopg.Error as exc:
-        refused = rejection(exc)
-        if refused is not None:
-            raise rejected_error(url, refused, exc) from exc
+        check_connect_failure(url, exc)
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {describe(exc)}") from exc
     try:
         await configure_session(conn, options)

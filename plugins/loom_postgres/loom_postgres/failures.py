@@ -25,7 +25,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
 
-__all__ = ["Failure", "Rejection", "classify", "describe", "rejection"]
+__all__ = ["Failure", "Rejection", "classify", "describe", "option_refusal", "rejection"]
 
 
 class Failure(enum.Enum):
@@ -151,3 +151,23 @@ def rejection(exc: BaseException) -> Rejection | None:
         else:
             return None
     return found[0] if found else None
+
+
+# libpq refusing a parameter's value before it connects ('invalid sslmode value: "x"',
+# 'invalid require_auth value', a require_auth method given twice…), as psycopg reports
+# it when libpq will not even start: English only, as libpq words it; a message it words in
+# another language is not recognised, and the open is then retried until connect_timeout.
+_BAD_OPTION: Final = re.compile(
+    r"^connection is bad: (?P<detail>(?:invalid |[a-z_]+ method ).*?|.*cannot be mixed.*?)\s*$",
+    re.DOTALL,
+)
+
+
+def option_refusal(exc: BaseException) -> str | None:
+    """What libpq said of a parameter value it refused before connecting, or None."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    match = _BAD_OPTION.match(str(exc))
+    if match is None or "connection to server " in match["detail"]:
+        return None
+    return " ".join(match["detail"].split())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 import time
 from collections.abc import Mapping
@@ -11,6 +12,7 @@ from typing import Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -19,14 +21,16 @@ from loom_core.errors import InvalidURLError, StorageUnavailableError
 from loom_postgres.database import Connection, Database, PooledConnection, configure_session
 from loom_postgres.errors import ConnectionRejectedError, SchemaMigrationError
 from loom_postgres.events import PostgresEventStore
-from loom_postgres.failures import Rejection, describe, rejection
+from loom_postgres.failures import Rejection, describe, option_refusal, rejection
 from loom_postgres.leases import PostgresLeaseStore
 from loom_postgres.notify import Listener
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import SCHEMA_VERSION, migrate_connection, schema_state
 from loom_postgres.timers import PostgresTimerStore
 
-__all__ = ["SCHEMES", "check_url", "open_postgres", "redact", "rejected_error"]
+__all__ = [
+    "SCHEMES", "check_connect_failure", "check_url", "open_postgres", "redact", "rejected_error",
+]
 
 SCHEMES = ("postgresql", "postgres")
 
@@ -61,8 +65,14 @@ _CHOICES: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 
-# Query parameters libpq takes a secret in: masked like the password of the netloc.
-_SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword", "oauth_client_secret"})
+# Query parameters libpq takes a secret in: masked like the password of the netloc (the
+# SCRAM keys, libpq 18, stand in for the password itself).
+_SECRET_PARAMETERS: Final = frozenset({
+    "password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key",
+})
+_UNKNOWN_PARAMETER: Final = re.compile(
+    r'invalid (?:URI query parameter|connection option):? "(?P<name>[^"]*)"'
+)
 
 
 def redact(url: str) -> str:
@@ -103,11 +113,33 @@ def check_url(url: object) -> str:
     try:
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {exc}") from None
+        raise InvalidURLError(
+            f"{redact(url)!r} is not a valid libpq URL: {_unknown_parameter(str(exc))}"
+        ) from None
     problem = _bad_value(params)
     if problem is not None:
         raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {problem}")
     return url
+
+
+def _unknown_parameter(said: str) -> str:
+    """libpq's refusal of a URL, with the parameters the linked libpq knows when it is an
+    unknown one: which they are depends on that libpq's version, not on loom-postgres."""
+    said = " ".join(said.split())
+    match = _UNKNOWN_PARAMETER.search(said)
+    if match is None:
+        return said
+    name = match["name"]
+    known = sorted(o.keyword.decode() for o in pq.Conninfo.get_defaults())
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    version = pq.version()
+    return (
+        f"unknown parameter {name!r}; {hint}the libpq psycopg uses (version "
+        f"{version // 10000}.{version % 10000}) knows {', '.join(known)}; a parameter "
+        "added by a newer libpq needs a psycopg built with it (pip install -U "
+        "psycopg[binary], or a newer system libpq)"
+    )
 
 
 def _bad_value(params: Mapping[str, object]) -> str | None:
@@ -218,6 +250,18 @@ def rejected_error(url: str, refused: Rejection, exc: psycopg.Error) -> Connecti
     )
 
 
+def check_connect_failure(url: str, exc: psycopg.Error) -> None:
+    """Raise what retrying cannot mend in a failed connect: InvalidURLError for a value
+    libpq refused before connecting (one :func:`check_url` does not know), and
+    ConnectionRejectedError for a login the server refused. Return for anything else."""
+    bad = option_refusal(exc)
+    if bad is not None:
+        raise InvalidURLError(f"{redact(url)!r} is not a valid libpq URL: {bad}") from exc
+    refused = rejection(exc)
+    if refused is not None:
+        raise rejected_error(url, refused, exc) from exc
+
+
 async def _probe(url: str, connect_timeout: float) -> str | None:
     """Connect once, before the pool does: a login the server refuses is a
     :class:`ConnectionRejectedError` at once, where the pool would try again until
@@ -228,9 +272,7 @@ async def _probe(url: str, connect_timeout: float) -> str | None:
             url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
         )
     except psycopg.Error as exc:
-        refused = rejection(exc)
-        if refused is not None:
-            raise rejected_error(url, refused, exc) from exc
+        check_connect_failure(url, exc)
         return describe(exc)
     await conn.close()
     return None

@@ -17,11 +17,11 @@ from pathlib import Path
 import psycopg
 import pytest
 from loom_conformance.postgres import PostgresServer, find_postgres_bindir, in_ci
-from loom_postgres import ConnectionRejectedError, PostgresEventStore
+from loom_postgres import ConnectionRejectedError, PostgresEventStore, migrate
 from loom_postgres.database import PooledConnection
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
-from loom_postgres.storage import check_url
+from loom_postgres.storage import check_url, redact
 
 from loom_core import AppendRequest, Event, JsonValue, NewEvent, Storage, open_storage
 from loom_core.errors import (
@@ -83,6 +83,49 @@ async def test_bad_options_are_refused_before_connecting(
 async def test_a_malformed_url_is_an_invalid_url_error() -> None:
     with pytest.raises(InvalidURLError):
         await open_storage("postgresql://u@h/db?no_such_param=1")
+
+
+async def test_an_unknown_parameter_is_named_with_what_the_linked_libpq_knows() -> None:
+    with pytest.raises(InvalidURLError) as caught:
+        await open_storage("postgresql://u@h/db?sslmod=require")
+    message = str(caught.value)
+    assert "unknown parameter 'sslmod'; did you mean 'sslmode'?" in message
+    # The list is the linked libpq's own, so it is never older than the libpq in use.
+    assert "the libpq psycopg uses (version " in message
+    for known in ("sslmode", "target_session_attrs", "application_name"):
+        assert known in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("query", "match"),
+    [
+        ("require_auth=bogus", 'invalid require_auth value: "bogus"'),
+        ("require_auth=password,password", "specified more than once"),
+        ("require_auth=!password,md5", "cannot be mixed"),
+        ("ssl_min_protocol_version=TLSv9", "ssl_min_protocol_version"),
+        ("ssl_max_protocol_version=tls13", "ssl_max_protocol_version"),
+    ],
+)
+async def test_a_value_only_libpq_checks_is_an_invalid_url_error_at_once(
+    query: str, match: str
+) -> None:
+    # check_url does not know these values; libpq refuses them before it connects, and
+    # that refusal is not retried for connect_timeout (nor taken for an unreachable
+    # server) either.
+    url = f"postgresql://u:secret@192.0.2.1/db?{query}"
+    with pytest.raises(InvalidURLError, match=match) as caught:
+        await open_storage(url, options={"connect_timeout": 1})
+    assert "secret" not in str(caught.value)
+    with pytest.raises(InvalidURLError, match=match):
+        await migrate(url)
+
+
+def test_a_scram_key_given_as_a_query_parameter_is_masked() -> None:
+    url = "postgresql://u@h/db?scram_client_key=Y2xpZW50&scram_server_key=c2VydmVy&sslmode=prefer"
+    assert redact(url) == (
+        "postgresql://u@h/db?scram_client_key=***&scram_server_key=***&sslmode=prefer"
+    )
 
 
 @pytest.mark.parametrize(
