@@ -263,31 +263,17 @@ def check_connect_failure(url: str, exc: psycopg.Error) -> None:
 
 
 async def _probe(url: str, connect_timeout: float) -> str | None:
-    """Connect once, before the pool does: a login the server refuses is a
-    :class:`ConnectionRejectedError` at once, where the pool would try again until
-    ``connect_timeout``. Any other failure (no server listening yet, one starting up, no
-    connection slot free) may pass: it is left to the pool, and its account returned."""
+    """Connect once, and close: None when that works. A login the server refuses is a
+    :class:`ConnectionRejectedError` at once (run before the pool, which would try again
+    until ``connect_timeout``). Any other failure (no server listening yet, one starting
+    up, no connection slot free) may pass: its account is returned, since the pool, when
+    it times out, only says so (it logs each reason as a warning)."""
     try:
         conn = await psycopg.AsyncConnection.connect(
             url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
         )
     except psycopg.Error as exc:
         check_connect_failure(url, exc)
-        return describe(exc)
-    await conn.close()
-    return None
-
-
-async def _refusal(url: str, connect_timeout: float) -> str | None:
-    """Why the server refuses a connection (a database that does not exist, a role or
-    password it does not take, no connection slot left), learnt by one connection made
-    here: the pool only says it timed out, and logs the reason as a warning. None when
-    this connection succeeds."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
-        )
-    except psycopg.Error as exc:
         return describe(exc)
     await conn.close()
     return None
@@ -332,7 +318,8 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
             await pool.close()
         reason = describe(exc)
         if isinstance(exc, PoolTimeout):
-            reason = failed or await _refusal(url, opts.connect_timeout) or reason
+            # The server may have come back meanwhile, and refused the login since.
+            reason = await _probe(url, opts.connect_timeout) or failed or reason
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {reason}") from exc
     try:
         namespace = await _ensure_schema(pool, opts)
