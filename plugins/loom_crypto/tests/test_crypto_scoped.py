@@ -259,3 +259,25 @@ async def test_a_key_id_this_scoped_store_never_looked_up_is_not_destroyed(
         await acme.destroy(created.key_id)
     assert await acme.key_id_for(ORDER) == created.key_id
     assert await acme.destroy(created.key_id)
+
+
+async def test_a_shred_through_a_fresh_scoped_store_destroys_the_scopes_key(
+    key_store: KeyStore,
+) -> None:
+    """Another process (a new ScopedKeyStore over the same shared store) that never wrote
+    the subject shreds it: shred_subject looks the key up first, so it is not refused."""
+    writer, rows = _tenant(key_store, "acme")
+    zeta, _ = _tenant(key_store, "zeta")
+    await _write(writer, ORDER, "acme")
+    await _write(zeta, ORDER, "zeta")
+    later = CryptoEventStore(
+        rows, key_store=ScopedKeyStore(key_store, scope="acme"), subject_of=_subject_of
+    )
+
+    result = await shred_subject(later, ORDER)
+
+    assert result.destroyed_now
+    assert await key_store.was_destroyed(await writer.key_store.key_id_for(ORDER) or "")
+    with pytest.raises(PayloadShreddedError):
+        await writer.read(ORDER)
+    assert (await zeta.read(ORDER))[0].payload == {"card": "zeta-4111"}
