@@ -205,17 +205,13 @@ _REMEDIES: Final[Mapping[str, str]] = {
     "~/.pgpass, and that the role exists",
     "no_password": "the server asks for a password and none was given; put it in the URL, "
     "PGPASSWORD or ~/.pgpass",
-    "role": "the role does not exist; create it (CREATE ROLE ... LOGIN) or fix the user in "
-    "the URL",
-    "login": "the role may not log in; give it LOGIN (ALTER ROLE ... LOGIN) or connect as "
-    "one that may",
-    "database": "the database does not exist; create it (CREATE DATABASE) or fix its name "
-    "in the URL",
-    "privilege": "the role has no CONNECT privilege on the database; GRANT CONNECT ON "
-    "DATABASE ... TO the role, or connect as one that has it",
-    "pg_hba": "the server's pg_hba.conf admits no such connection from this host; add an "
-    "entry for this user, database and address (then reload the server), or connect as "
-    "one it admits",
+    "role": "create the role (CREATE ROLE ... LOGIN) or fix the user in the URL",
+    "login": "give the role LOGIN (ALTER ROLE ... LOGIN) or connect as one that may",
+    "database": "create the database (CREATE DATABASE) or fix its name in the URL",
+    "privilege": "the role lacks the CONNECT privilege: GRANT CONNECT ON DATABASE ... TO "
+    "it, or connect as a role that has it",
+    "pg_hba": "add a pg_hba.conf entry for this user, database and address (then reload "
+    "the server), or connect as a role it admits",
     "authentication": "the server's authentication method refused the user; check the "
     "credentials that method (its pg_hba.conf entry) expects",
 }
