@@ -16,11 +16,11 @@ kinds) is refused with :class:`~loom_crypto.PayloadAuthenticationError`, even th
 
 ``destroy`` is confined to the scope: it destroys only a key this store's ``key_id_for``
 has named for one of the scope's subjects (the last :data:`OWN_KEYS_KEPT` it named), and
-refuses any other id with
-:class:`~loom_crypto.KeyOutOfScopeError`, destroying nothing. The key store SPI cannot say
-which subject a key id belongs to, so an id learnt elsewhere (a row of another tenant's log,
-or this scope's own key looked up by another process) is refused until this store's
-``key_id_for`` has named it; ``shred_subject`` looks the key up first, so it always can.
+refuses any other id with :class:`~loom_crypto.KeyOutOfScopeError`, destroying nothing.
+The key store SPI cannot say which subject a key id belongs to, so an id learnt elsewhere
+(a row of another tenant's log, or this scope's own key as ``create`` handed it out or
+another process looked it up) is refused until this store's ``key_id_for`` has named it;
+``shred_subject`` looks the key up first, so it always can.
 Destroying a key destroys it in ``inner``, for every derivation of it: shredding is per
 subject, and each scope's subjects are its own.
 
