@@ -35,6 +35,7 @@ service never asks for them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from loom_runtime.app import Loom
 
 __all__ = ["Fired", "Redriver", "TimerService"]
+
+_log = logging.getLogger("loom_runtime")
 
 Fired = Literal["resumed", "obsolete", "left", "backing-off", "exhausted", "timed-out"]
 
@@ -152,6 +155,9 @@ class TimerService:
         """What the last poll of :meth:`run` did with each row it looked at."""
         # Where the next poll goes on from: the order of the last row a poll tried.
         self._after: tuple[datetime, str] | None = None
+        # Polls failed in a row, and the type of error last reported of them.
+        self._failed_polls = 0
+        self._failing: type[Exception] | None = None
 
     def register_redriver(self, redriver: Redriver) -> None:
         self.redrivers.append(redriver)
@@ -203,14 +209,31 @@ class TimerService:
             limit = min(2 * limit, _MOST)
 
     async def poll_reporting(self) -> dict[TimerRecord, Fired]:
-        """:meth:`poll_once`, with a failure reported to ``on_error`` rather than raised."""
+        """:meth:`poll_once`, with a failure reported to ``on_error`` rather than raised:
+        the first of a run of failing polls (a store outage fails every poll, four a
+        second by default, for as long as it lasts), and each that fails with another type
+        of error; the others are logged at DEBUG, and the poll that answers again after
+        them at INFO."""
         try:
-            return await self.poll_once()
+            fired = await self.poll_once()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.app.hooks.error(exc)
+            self._failed_polls += 1
+            if type(exc) is not self._failing:
+                self._failing = type(exc)
+                self.app.hooks.error(exc)
+            else:
+                _log.debug("a poll of the timer service failed again: %s", exc)
             return {}
+        if self._failed_polls:
+            _log.info(
+                "the timer service's polls answer again, after %d failed in a row",
+                self._failed_polls,
+            )
+            self._failed_polls = 0
+            self._failing = None
+        return fired
 
     async def poll_once(self) -> dict[TimerRecord, Fired]:
         """Fire up to ``batch`` due rows once; return what became of each row looked at.

@@ -5,6 +5,7 @@ and a contended wake backs off in process, with full jitter, then gives up once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -926,3 +927,54 @@ async def test_each_timer_fires_once_at_its_instant_however_the_clock_steps(url:
             assert len(resumed) == 2
     finally:
         await base.close()
+
+
+class OutageTimers(ForwardingTimers):
+    """A timer store whose ``due`` fails while ``down`` is set, as a store in an outage
+    does."""
+
+    def __init__(self, inner: TimerStore) -> None:
+        super().__init__(inner)
+        self.down = False
+        self.failed = 0
+
+    async def due(
+        self, now: datetime, *, limit: int = 100, redrive: bool = True
+    ) -> tuple[TimerRecord, ...]:
+        if self.down:
+            self.failed += 1
+            raise StorageUnavailableError("the store is down (a test's outage)")
+        return await self.inner.due(now, limit=limit, redrive=redrive)
+
+
+async def test_an_outage_is_reported_once_per_run_of_failing_polls_not_once_a_poll(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store that fails every poll for minutes is one report, not four a second: with
+    no on_error, one ERROR line for the outage and one INFO line when the polls answer
+    again; a later outage is reported again."""
+    base = await open_storage("memory://")
+    timers = OutageTimers(base.timers)
+    storage = Storage(base.events, timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    app = Loom(storage, node="n1", clock=clock, recover=False)
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    try:
+        async with app:
+            await clock.advance(1)  # the service is serving before the store goes down
+            for _ in range(2):
+                timers.down = True
+                for _ in range(100):
+                    await clock.advance(1)
+                timers.down = False
+                await clock.advance(1)
+    finally:
+        await storage.close()
+    assert timers.failed >= 200  # every poll of both outages met it
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    reports = [m for level, m in lines if level == logging.ERROR]
+    assert reports == ["the store is down (a test's outage)"] * 2
+    answered = [m for level, m in lines if level == logging.INFO]
+    assert len(answered) == 2
+    assert all("the timer service's polls answer again" in m for m in answered)
+    assert all("100 failed" in m for m in answered)
