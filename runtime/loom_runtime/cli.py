@@ -4,13 +4,14 @@
   SIGKILL it in the middle, finish it in a second process from the log, print the
   timeline and the log, and check that every step ran to its record exactly once
   (exit 1 with the violations when not).
-- ``loom worker --app module:attribute [--grace SECONDS]``: serve a
+- ``loom worker --app module:attribute [--grace SECONDS] [--log-level LEVEL]``: serve a
   :class:`~loom_runtime.Loom` app (its timers, and recovery of the executions its node was
   running) until SIGINT or SIGTERM; sync steps still running in threads then get
   ``--grace`` seconds before the process exits without them. A second SIGINT or SIGTERM
   ends that wait, or ends the process at once while the app is still entering or leaving
   (a store call waiting for a lock another process holds, a step that does not end when
-  cancelled).
+  cancelled). It writes log lines at ``--log-level`` (INFO by default) and above to
+  stderr, unless the app's module configured logging itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -37,6 +39,8 @@ __all__ = ["main"]
 
 _MOST_GRACE = 86_400.0
 """The longest --grace a worker takes (a day): a thread's join refuses an endless one."""
+
+_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _finite(context: click.Context, parameter: click.Parameter, value: float) -> float:
@@ -168,10 +172,23 @@ def _print_trial(trial: Trial, db: Path, directory: Path) -> None:
         "running."
     ),
 )
-def worker(spec: str, grace: float, node: str | None) -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(_LEVELS, case_sensitive=False),
+    envvar="LOOM_LOG_LEVEL",
+    default="INFO",
+    show_default=True,
+    help=(
+        "The least level of the lines the worker writes to stderr (LOOM_LOG_LEVEL in the "
+        "environment sets it too); ignored when the app's module configured logging "
+        "itself."
+    ),
+)
+def worker(spec: str, grace: float, node: str | None, log_level: str) -> None:
     """Serve an app until SIGINT or SIGTERM: fire its due timers and recover the
     executions its node was running."""
     app = _load_app(spec)
+    _log_to_stderr(log_level.upper())
     if node is not None:
         try:
             app._rename_node(node, "--node")
@@ -203,6 +220,33 @@ def worker(spec: str, grace: float, node: str | None) -> None:
         raise click.ClickException(f"the worker could not serve {spec}: {exc}") from exc
     _leave_steps(app, threads, grace)
     click.echo("loom worker: stopped", err=True)
+
+
+class _LineFormatter(logging.Formatter):
+    """Time, level, logger, the execution a line is about when it names one (the
+    ``execution_id`` that ``ctx.logger`` adds), then the message."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s%(about)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's)
+        execution_id = getattr(record, "execution_id", None)
+        record.about = "" if execution_id is None else f" [{execution_id}]"
+        return super().formatMessage(record)
+
+
+def _log_to_stderr(level: str) -> None:
+    """Write the process's log lines at ``level`` and above to stderr, one a line, unless
+    the app's module configured logging itself (a handler on the root logger): its own
+    configuration is left as it is. Only the command does this; the library never
+    configures logging."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LineFormatter())
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _load_app(spec: str) -> Loom:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sqlite3
@@ -344,6 +345,7 @@ def test_the_worker_refuses_a_grace_that_is_no_number_of_seconds_it_can_wait(
 
 STUBBORN = """
 import asyncio
+import logging
 import os
 from pathlib import Path
 
@@ -391,6 +393,7 @@ async def test_a_second_signal_ends_a_worker_whose_step_does_not_end_when_cancel
 
 HELD = """
 import asyncio
+import logging
 import os
 from pathlib import Path
 
@@ -487,3 +490,107 @@ def test_a_worker_whose_app_registers_workflows_gives_no_such_warning(tmp_path: 
         stderr = finished(worker)
     assert "1 workflow(s)" in first, first + stderr
     assert "no workflow is registered" not in first + stderr
+
+
+LOGGED = """
+import os
+from loom_runtime import Context, Loom
+
+app = Loom(os.environ["SERVED_URL"], node="w1")
+
+
+def answer() -> int:
+    return 42
+
+
+@app.workflow(name="logged")
+async def logged(ctx: Context) -> int:
+    ctx.logger.info("before the steps")
+    first = await ctx.step(answer, name="first")
+    second = await ctx.step(answer, name="second")
+    ctx.logger.info("after the steps: %d", first + second)
+    return first + second
+"""
+
+
+async def logged(ctx: Context) -> int:
+    """LOGGED's workflow, as this process registers it."""
+    ctx.logger.info("before the steps")
+    first = await ctx.step(answer, name="first")
+    second = await ctx.step(answer, name="second")
+    ctx.logger.info("after the steps: %d", first + second)
+    return first + second
+
+
+async def left_logging(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An execution of LOGGED's workflow, "logged-1", left running under w1 by a process
+    that died before its second step: it said its first line, live, here."""
+    left = Loom(url, node="w1", recover=False)
+    left.workflow(name="logged")(logged)
+    with caplog.at_level(logging.INFO, logger="loom_runtime.workflow.logged"):
+        async with left:
+            crash = crash_at(left, step="second", when="before")
+            await left.start("logged", id="logged-1")
+            await crash.fired.wait()
+            await left.drain()
+    said = [r.getMessage() for r in caplog.records if r.name == "loom_runtime.workflow.logged"]
+    assert said == ["before the steps"]
+
+
+async def until_done(url: str, execution_id: str) -> int:
+    checker = Loom(url, node="checker", recover=False, timers=False)
+    async with checker:
+        value = await checker.get(execution_id).result(timeout=60)
+    assert isinstance(value, int)
+    return value
+
+
+async def test_the_worker_logs_a_workflows_live_lines_once_with_level_logger_and_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker recovering an execution another process started shows, at its default
+    level, what the body logs from where the recovery goes on, each line once with its
+    level, its logger and the execution's id; the line the dead process logged before a
+    call its log holds is replayed, not logged again."""
+    url = "sqlite:///" + str(tmp_path / "logged.db")
+    await left_logging(url, caplog)
+    worker = serve(tmp_path, url, LOGGED)
+    try:
+        assert await until_done(url, "logged-1") == 84
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert worker.returncode == 0, stderr
+    said = [line for line in stderr.splitlines() if "the steps" in line]
+    assert len(said) == 1, stderr
+    (line,) = said
+    assert "after the steps: 84" in line
+    assert "INFO" in line
+    assert "loom_runtime.workflow.logged" in line
+    assert "logged-1" in line
+
+
+async def test_the_workers_log_level_option_hides_the_lines_below_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "sqlite:///" + str(tmp_path / "logged.db")
+    await left_logging(url, caplog)
+    worker = serve(tmp_path, url, LOGGED, "--log-level", "WARNING")
+    try:
+        assert await until_done(url, "logged-1") == 84
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert worker.returncode == 0, stderr
+    assert "the steps" not in stderr
+
+
+def test_the_worker_refuses_a_log_level_it_does_not_know(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "loom_runtime", "worker", "--app", "served_app:app",
+         "--log-level", "LOUD"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 2
+    assert "--log-level" in done.stderr
+    assert "Traceback" not in done.stderr
