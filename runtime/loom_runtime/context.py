@@ -235,20 +235,23 @@ def _elsewhere(branch: Branch, run: Run) -> Literal["other", "earlier"]:
 
 
 class _ReplayQuiet(logging.LoggerAdapter[logging.Logger]):
-    """Drops records while the body is replaying what the log already holds."""
+    """Drops records while the body is replaying what the log already holds; adds the
+    execution's id and workflow name to each (``record.execution_id``,
+    ``record.workflow``), for a handler to show or filter by."""
 
     def __init__(self, logger: logging.Logger, ctx: Context) -> None:
         super().__init__(logger, {})
         self._ctx = ctx
 
     def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's own name)
-        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
+        return self.logger.isEnabledFor(level) and not self._ctx.is_replaying
 
     def process(
         self, msg: object, kwargs: MutableMapping[str, Any]
     ) -> tuple[object, MutableMapping[str, Any]]:
         extra = dict(kwargs.get("extra") or {})
         extra.setdefault("execution_id", self._ctx.execution_id)
+        extra.setdefault("workflow", self._ctx.workflow)
         kwargs["extra"] = extra
         return msg, kwargs
 
@@ -275,7 +278,9 @@ class Context:
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger (``loom_runtime.workflow.<name>``) that is quiet while the body
-        replays what the log already holds, so each line is logged once."""
+        replays what the log already holds, so each line is logged once; a line after
+        the last call the log holds, run again when a process that died is recovered, is
+        logged again. Each record carries ``execution_id`` and ``workflow``."""
         if self._logger is None:
             self._logger = _ReplayQuiet(
                 logging.getLogger(f"loom_runtime.workflow.{self._run.workflow}"), self
@@ -292,9 +297,12 @@ class Context:
 
     @property
     def is_replaying(self) -> bool:
-        """True while the body is making calls the log already holds (and throughout a
-        replay by the test kit's ``check_replay``, which runs nothing live)."""
-        return self._run.is_replaying()
+        """True while the body is making calls the log already holds: in a branch of
+        ``ctx.gather``, while the log holds calls that branch (or the body past the
+        gather) made after this point (and throughout a replay by the test kit's
+        ``check_replay``, which runs nothing live)."""
+        branch = BRANCH.get()
+        return self._run.is_replaying(branch if branch.run is self._run else None)
 
     # Typed as fn's own call: its arguments are checked against its parameters, and the
     # step gives what fn returns (awaited, when it is async or returns an awaitable).

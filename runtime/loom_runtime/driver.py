@@ -143,6 +143,7 @@ class Run:
         "_deadline",
         "_fn",
         "_frontier",
+        "_furthest",
         "_gathered",
         "_head",
         "_held",
@@ -226,6 +227,7 @@ class Run:
         self._cursor = Cursor()  # for this set of consumed messages, which only grows
         self._visited = visited
         self._gathered: frozenset[Position] | None = None
+        self._furthest: dict[Position, int] | None = None
         self._waits: dict[Position, Wait] = {}
         # Branches making progress: the body, or the branches of the gathers it is in.
         # When none is left and some wait, the run is quiet: it parks.
@@ -415,8 +417,41 @@ class Run:
 
     # -- what Context calls ----------------------------------------------------------------
 
-    def is_replaying(self) -> bool:
-        return self._replay_only or len(self._visited) < len(self._view.records)
+    def is_replaying(self, branch: Branch | None = None) -> bool:
+        """Whether the log holds a call made after the point ``branch`` has reached, in
+        it or in a line it is nested in (a gather's branch: the body past the gather):
+        the code there ran before, in an earlier run. Without ``branch``, whether any
+        recorded call has not been made again yet."""
+        if self._replay_only:
+            return True
+        if branch is None:
+            return len(self._visited) < len(self._view.records)
+        furthest = self._furthest
+        if furthest is None:
+            furthest = self._furthest = _furthest(self._view)
+        prefix = branch.prefix
+        if furthest.get(prefix, -1) >= branch.counter:
+            return True
+        # A branch's prefix is its gather's position then its index, nested as gathers
+        # nest: each enclosing line is past the gather once it holds a later call.
+        if any(
+            furthest.get(prefix[:depth], -1) > prefix[depth]
+            for depth in range(len(prefix) - 2, -1, -2)
+        ):
+            return True
+        # Nothing logged after this point: a branch that ended before the run parked (a
+        # run parks only once every branch waits or has ended) ran it then, if the call
+        # it last made, or the last call before its gather, was answered before the park.
+        last = self._view.parked_last
+        if not last:
+            return False
+        position: Position = (*prefix, branch.counter - 1)
+        while position[-1] < 0 and len(position) > 1:
+            position = (*position[:-3], position[-3] - 1)
+        if position[-1] < 0:
+            return True  # the body's first line: parked since
+        recorded = self._view.records.get(position)
+        return recorded is not None and recorded.sequence < last
 
     @property
     def settled(self) -> bool:
@@ -1379,6 +1414,18 @@ async def _in_own_thread(fn: Callable[..., Any], args: tuple[object, ...]) -> An
 
     threading.Thread(target=run, name="loom-step", daemon=True).start()
     return await done
+
+
+def _furthest(view: View) -> dict[Position, int]:
+    """For each line of calls the log holds calls of (the body's, ``()``, and each gather
+    branch's, by its prefix), the greatest index it holds a call at."""
+    furthest: dict[Position, int] = {}
+    for position in (*view.records, *view.waits, *view.retries):
+        for depth in range(0, len(position), 2):
+            prefix = position[:depth]
+            if furthest.get(prefix, -1) < position[depth]:
+                furthest[prefix] = position[depth]
+    return furthest
 
 
 def _gathered(view: View) -> frozenset[Position]:

@@ -122,6 +122,10 @@ class View:
     retries: dict[Position, Recorded] = field(default_factory=dict)
     """The last failed attempt of each step that is being retried: a step that has
     neither completed nor failed for good."""
+    parked_last: int = 0
+    """The sequence of the newest park, answered or not (0 before the first): a call
+    recorded before it was made by a run that went on until every branch of its body
+    waited or ended."""
 
     @property
     def terminal(self) -> bool:
@@ -185,6 +189,7 @@ def _copy(view: View) -> View:
     copy.records = dict(view.records)
     copy.waits = dict(view.waits)
     copy.park = view.park
+    copy.parked_last = view.parked_last
     copy.consumed = set(view.consumed)
     copy.result = view.result
     copy.error = view.error
@@ -312,6 +317,7 @@ def _suspended(view: View, event: Event) -> None:
     for wait in waits:
         view.waits[wait.position] = wait
     view.park = Park(event.sequence, event.fence, waits)
+    view.parked_last = event.sequence
     view.status = "suspended"
 
 

@@ -83,7 +83,7 @@ def test_folding_nothing_onto_a_view_copies_every_field() -> None:
         cancel_reason="x", successor="s", started_at=moment, finished_at=moment,
         deadline=moment, timed_out=True, forked_from="o", forked_at=4, recoveries=2,
         recovered_by="fp", driven_by="fd", carried_on=1,
-        retries={(2,): Recorded((2,), "step", "r")},
+        retries={(2,): Recorded((2,), "step", "r")}, parked_last=6,
     )
     defaults = View("e")
     assert all(getattr(view, f.name) != getattr(defaults, f.name) for f in fields(View)

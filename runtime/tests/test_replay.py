@@ -789,3 +789,73 @@ async def test_ctx_logger_is_quiet_while_the_body_replays(
         assert await check_replay(app) == ["l"]  # the whole body again, logging nothing
     said = [r.getMessage() for r in caplog.records if r.name == "loom_runtime.workflow.logs"]
     assert said == ["before the sleep of l", "after the sleep"]  # once each: not replayed
+
+
+def one() -> int:
+    return 1
+
+
+@pytest.mark.parametrize("spans", [(10, 25), (25, 10), (10, 10), (0, 5)])
+async def test_ctx_logger_logs_each_line_of_gather_branches_once(
+    app: Loom, clock: VirtualClock, caplog: pytest.LogCaptureFixture, spans: tuple[int, int]
+) -> None:
+    """Branches that park and wake at different instants replay at each wake: a line is
+    quiet while its own branch replays, not while another does, and the last line of a
+    branch that ended before the run parked is not logged again."""
+
+    async def branch(ctx: Context, name: str, seconds: int) -> None:
+        ctx.logger.info("%s starts", name)
+        await ctx.sleep(seconds)
+        ctx.logger.info("%s slept", name)
+        await ctx.step(one, name=f"{name}-step")
+        ctx.logger.info("%s stepped", name)
+        await ctx.sleep(seconds)
+        ctx.logger.info("%s done", name)
+
+    @app.workflow(name="fan")
+    async def fan(ctx: Context) -> str:
+        ctx.logger.info("fan starts")
+        await ctx.gather(branch(ctx, "a", spans[0]), branch(ctx, "b", spans[1]))
+        ctx.logger.info("joined")
+        return "ok"
+
+    caplog.set_level(logging.INFO, logger="loom_runtime.workflow.fan")
+    handle = await app.start(fan, id="f")
+    for _ in range(12):
+        await clock.advance(5)
+    assert await handle.result(timeout=5) == "ok"
+    said = [r for r in caplog.records if r.name == "loom_runtime.workflow.fan"]
+    lines = [
+        "fan starts", "joined",
+        *(f"{n} {what}" for n in "ab" for what in ("starts", "slept", "stepped", "done")),
+    ]
+    assert sorted(r.getMessage() for r in said) == sorted(lines)
+    assert {(getattr(r, "execution_id", None), getattr(r, "workflow", None)) for r in said} == {
+        ("f", "fan")
+    }
+
+
+async def test_ctx_logger_speaks_once_in_each_generation_of_a_continued_execution(
+    app: Loom, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.workflow(name="loop")
+    async def loop(ctx: Context, n: int) -> int:
+        ctx.logger.info("generation %d", n)
+        await ctx.sleep(10)
+        ctx.logger.info("generation %d slept", n)
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return n
+
+    caplog.set_level(logging.INFO, logger="loom_runtime.workflow.loop")
+    handle = await app.start(loop, 0, id="g")
+    for _ in range(4):
+        await clock.advance(10)
+    assert await handle.result(timeout=5) == 2
+    said = [r for r in caplog.records if r.name == "loom_runtime.workflow.loop"]
+    assert [r.getMessage() for r in said] == [
+        f"generation {n}{what}" for n in range(3) for what in ("", " slept")
+    ]
+    ids = [getattr(r, "execution_id", None) for r in said]
+    assert len(set(ids)) == 3  # each generation is an execution of its own, named
+    assert ids[0] == "g"
