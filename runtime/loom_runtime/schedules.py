@@ -127,6 +127,27 @@ def check_schedule(name: str, workflow: str, cron: object, every: object) -> Sch
     return Schedule(name, workflow, every=float(seconds))
 
 
+@dataclass(slots=True)
+class _Failing:
+    """What a schedule's starts met since one last succeeded: the type of error last
+    reported to ``on_error``, and how many instants were given up."""
+
+    reported: type[LoomError] | None = None
+    given_up: int = 0
+
+    def ended(self, name: str) -> None:
+        """An instant started: an outage the schedule met is over."""
+        if self.given_up:
+            _log.info(
+                "schedule %r starts its instants again; it gave up %d while the store "
+                "failed", name, self.given_up,
+            )
+        elif self.reported is not None:
+            _log.info("schedule %r starts its instants again", name)
+        self.reported = None
+        self.given_up = 0
+
+
 class Scheduler:
     """Starts the app's scheduled workflows at their instants (see the module docstring):
     one task per schedule while the app runs and serves timers."""
@@ -181,9 +202,10 @@ class Scheduler:
             return
         clock = self.app.clock
         instant = schedule.next_after(clock.now())
+        failing = _Failing()
         while instant is not None:
             await self._until(instant)
-            if not await self._start_at(schedule, instant):
+            if not await self._start_at(schedule, instant, failing):
                 return
             # The instants that passed while this one was being started are not made up
             # for: the next is the first after now.
@@ -254,21 +276,22 @@ class Scheduler:
         finally:
             self._working.add(task)
 
-    async def _start_at(self, schedule: Schedule, instant: datetime) -> bool:
+    async def _start_at(self, schedule: Schedule, instant: datetime, failing: _Failing) -> bool:
         """Start the schedule's workflow for ``instant`` (or find it started by another
         node); False when the app is leaving. A failing store is tried again, after 1 s
         and then twice as long each time up to 30 s, until the schedule's next instant,
-        when this one is given up."""
+        when this one is given up. An outage is reported once however many instants it
+        spans (``failing``), and logged again once an instant starts."""
         app = self.app
         execution_id = tick_id(schedule.name, instant)
         argument = instant.astimezone(UTC).isoformat()
         following = schedule.next_after(instant)
         delay = _RETRY_FIRST
-        reported = False
         while True:
             await self._undrained()  # no new work while a drain waits for the work there is
             try:
                 await app.start(schedule.workflow, argument, id=execution_id, if_exists="attach")
+                failing.ended(schedule.name)
                 return True
             except AppNotRunningError:
                 return False  # the app is leaving
@@ -283,15 +306,25 @@ class Scheduler:
                 app.hooks.error(exc)
                 return True
             except LoomError as exc:
-                if not reported:
+                if type(exc) is not failing.reported:
+                    failing.reported = type(exc)
                     app.hooks.error(exc)
-                    reported = True
+                else:
+                    _log.debug("schedule %r failed again to start %s: %s",
+                               schedule.name, argument, exc)
                 retry_at = app.clock.now() + timedelta(seconds=delay)
                 if following is not None and retry_at >= following:
-                    _log.warning(
-                        "schedule %r gave up its instant %s: the store kept failing (%s)",
-                        schedule.name, argument, exc,
-                    )
+                    failing.given_up += 1
+                    if failing.given_up == 1:
+                        _log.warning(
+                            "schedule %r gave up its instant %s: the store kept failing "
+                            "(%s); the instants given up until one starts are counted "
+                            "when it does",
+                            schedule.name, argument, exc,
+                        )
+                    else:
+                        _log.debug("schedule %r gave up its instant %s too",
+                                   schedule.name, argument)
                     return True
                 await self._until(retry_at)
                 delay = min(delay * 2, _RETRY_CAP)

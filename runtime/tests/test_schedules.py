@@ -5,6 +5,7 @@ executions it starts."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -725,3 +726,43 @@ async def test_a_schedule_registered_again_keeps_the_instant_it_is_starting(
         "job@2030-01-01T00:02:00Z",
     ]
     assert app.schedules["job"].every == 60
+
+
+async def test_an_outage_under_a_frequent_schedule_logs_a_few_lines_not_two_an_instant(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every start of a schedule due each second fails for 100 s, and each instant is
+    given up at the next: the outage is one ERROR (the failure, to on_error's default),
+    one WARNING (the first instant given up) and one INFO once an instant starts again,
+    naming how many were given up; not two lines a second for as long as it lasts."""
+    from loom_core import StorageUnavailableError
+
+    clock = VirtualClock()
+    app = Loom(storage, node="n", clock=clock)
+
+    @app.scheduled(every=1)
+    @app.workflow(name="pulse")
+    async def pulse(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    start = app.start
+    down = True
+
+    async def failing_start(*args: object, **kwargs: object) -> object:
+        if down:
+            raise StorageUnavailableError("the store is down (a test's outage)")
+        return await start(*args, **kwargs)  # type: ignore[call-overload]
+
+    app.start = failing_start  # type: ignore[method-assign,assignment]
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    async with app:
+        for _ in range(100):
+            await clock.advance(1)
+        down = False
+        await clock.advance(2)
+        assert len(await started(app)) >= 1  # it starts instants again
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert [level for level, _ in lines] == ["ERROR", "WARNING", "INFO"], lines
+    assert "gave up its instant" in lines[1][1]
+    assert "'pulse'" in lines[2][1]
+    assert "gave up 100 " in lines[2][1]  # one a second, counted
