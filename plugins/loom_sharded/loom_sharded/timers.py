@@ -32,7 +32,8 @@ class ShardedTimerStore:
 
     ``due`` merges every shard's first ``limit`` due rows in (wake_at, execution_id)
     order and keeps ``limit``. A shard that is down is *skipped* by ``due`` (logged at
-    WARNING on the ``loom_sharded`` logger and kept in :attr:`unavailable`): its rows stay
+    WARNING on the ``loom_sharded`` logger as the first call skips it, at INFO as it
+    answers again, at DEBUG between; kept in :attr:`unavailable`): its rows stay
     in place and are due again on the next poll once it is back, while the other shards'
     wakes keep firing. Unlike ``list_executions``, ``due`` has no cursor that would skip
     the missing rows for good. When *no* shard answers, ``due`` raises the first shard's
@@ -64,18 +65,32 @@ class ShardedTimerStore:
         skipped: list[ShardUnavailableError] = []
         for result in results:
             if isinstance(result, ShardUnavailableError):
-                logger.warning("due() skipped a shard: %s", result)
                 skipped.append(result)
             elif isinstance(result, BaseException):
                 raise result
             else:
                 pages.append(result)
+        self._say_changes(skipped)
         self.unavailable = tuple(skipped)
         if not pages:
             # Nothing answered: an empty result would read as "nothing is due".
             raise skipped[0]
         merged = heapq.merge(*pages, key=_order)
         return tuple(record for _, record in zip(range(limit), merged, strict=False))
+
+    def _say_changes(self, skipped: list[ShardUnavailableError]) -> None:
+        """Log a shard going down (WARNING) and coming back (INFO), not each poll that
+        skips it (a timer service polls four times a second): those go to DEBUG."""
+        before = {error.shard.index: error for error in self.unavailable}
+        now = {error.shard.index for error in skipped}
+        for error in skipped:
+            if error.shard.index in before:
+                logger.debug("due() skipped a shard again: %s", error)
+            else:
+                logger.warning("due() skipped a shard: %s", error)
+        for index, error in before.items():
+            if index not in now:
+                logger.info("due() reads %s again: it answers again", error.shard)
 
     async def pending(self, execution_id: str) -> tuple[TimerRecord, ...]:
         execution_id, store, shard = self.placement.route(execution_id)

@@ -195,6 +195,26 @@ async def test_due_skips_a_down_shard_reports_it_and_keeps_the_others_firing(
     assert storage.timers.unavailable == ()  # type: ignore[attr-defined]
 
 
+async def test_a_shard_down_for_many_polls_is_warned_of_once_and_its_return_said(
+    cluster: tuple[Storage, Backend], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A timer service polls ``due`` four times a second: a shard down for 100 polls is
+    one WARNING as it goes, one INFO as it comes back, and DEBUG lines between."""
+    storage, backend = cluster
+    backend.stop(OUTAGES["loom-unavailable"])
+    with caplog.at_level(logging.DEBUG, logger="loom_sharded"):
+        for _ in range(100):
+            await storage.timers.due(T0)
+        backend.start()
+        await storage.timers.due(T0)
+        await storage.timers.due(T0)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert [level for level, _ in said] == ["WARNING", "INFO"], said
+    assert "shard 1 (shard-1" in said[0][1]
+    assert "shard 1 (shard-1" in said[1][1]
+    assert "answers again" in said[1][1]
+
+
 async def test_a_write_error_keeps_its_meaning_and_gains_the_shard_name(
     cluster: tuple[Storage, Backend],
 ) -> None:
