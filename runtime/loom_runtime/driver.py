@@ -454,6 +454,12 @@ class Run:
         return recorded is not None and recorded.sequence < last
 
     @property
+    def _about(self) -> dict[str, str]:
+        """What a log record of the runtime's about this run carries, as ``ctx.logger``'s
+        do: a handler shows or filters by them."""
+        return {"execution_id": self.execution_id, "workflow": self.workflow}
+
+    @property
     def settled(self) -> bool:
         """Whether every branch making progress waits out a retry's interval on the app's
         clock: the run goes on only when that clock moves (the test kit's virtual clock
@@ -554,6 +560,7 @@ class Run:
                     _log.info(
                         "step %r of execution %r failed (attempt %d); trying again in %g s",
                         name, self.execution_id, attempt, delay, exc_info=failure,
+                        extra=self._about,
                     )
                     await self._wait_to_retry((retry_at - now).total_seconds())
                     continue
@@ -658,6 +665,7 @@ class Run:
             "step %r of execution %r failed after %d attempt%s",
             name, self.execution_id, attempt, "" if attempt == 1 else "s",
             exc_info=failure if isinstance(failure, BaseException) else None,
+            extra=self._about,
         )
         if self.app.crash_points and self.app.crash_point(self, position, name, "after"):
             self._halt(SimulatedCrash(f"simulated crash after step {name!r}"))

@@ -90,7 +90,9 @@ class Hooks:
 
     def error(self, error: BaseException) -> None:
         if self.on_error is None:
-            _log.error("%s", error, exc_info=error)
+            execution_id = getattr(error, "execution_id", None)
+            about = {"execution_id": execution_id} if isinstance(execution_id, str) else {}
+            _log.error("%s", error, exc_info=error, extra=about)
             return
         self._call("on_error", self.on_error, error)
 

@@ -9,7 +9,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 import pytest
-from loom_runtime import Context, Loom, ReplayDivergedError, WorkflowFailedError
+from loom_runtime import Context, Loom, ReplayDivergedError, StepFailedError, WorkflowFailedError
 from loom_runtime.testing import VirtualClock, check_replay
 
 from loom_core import Storage, open_storage
@@ -859,3 +859,39 @@ async def test_ctx_logger_speaks_once_in_each_generation_of_a_continued_executio
     ids = [getattr(r, "execution_id", None) for r in said]
     assert len(set(ids)) == 3  # each generation is an execution of its own, named
     assert ids[0] == "g"
+
+
+async def test_the_runtimes_own_lines_about_an_execution_carry_its_id(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step's retry (INFO), its failure (WARNING) and a failure reported to on_error's
+    default (ERROR) carry ``execution_id`` as ``ctx.logger``'s lines do, so a handler
+    filters every line about an execution by one attribute."""
+    from loom_runtime import Retry
+    from loom_runtime.hooks import Hooks
+
+    from loom_core import ExecutionNotFoundError
+
+    app = Loom("memory://", node="n", clock=clock)
+
+    def flaky() -> None:
+        raise ConnectionError("refused")
+
+    @app.workflow(name="retries")
+    async def retries(ctx: Context) -> str:
+        try:
+            await ctx.step(flaky, retry=Retry(attempts=2, initial_interval=1))
+        except StepFailedError:
+            return "gave up"
+        return "done"
+
+    caplog.set_level(logging.INFO, logger="loom_runtime")
+    async with app:
+        handle = await app.start(retries, id="r-1")
+        await clock.advance(1)
+        assert await handle.result(timeout=5) == "gave up"
+    Hooks().error(ExecutionNotFoundError("r-2"))
+    said = [r for r in caplog.records if r.name == "loom_runtime"]
+    assert [r.levelname for r in said] == ["INFO", "WARNING", "ERROR"]
+    assert [getattr(r, "execution_id", None) for r in said] == ["r-1", "r-1", "r-2"]
+    assert [getattr(r, "workflow", None) for r in said[:2]] == ["retries", "retries"]
