@@ -594,3 +594,23 @@ def test_the_worker_refuses_a_log_level_it_does_not_know(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "--log-level" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_the_worker_leaves_the_logging_its_app_module_configured(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "sqlite:///" + str(tmp_path / "logged.db")
+    await left_logging(url, caplog)
+    configured = LOGGED.replace(
+        "import os\n",
+        "import logging\nimport os\n\nlogging.basicConfig(format='APP %(message)s', "
+        "level=logging.INFO)\n",
+    )
+    worker = serve(tmp_path, url, configured, "--log-level", "ERROR")
+    try:
+        assert await until_done(url, "logged-1") == 84
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        stderr = finished(worker)
+    assert worker.returncode == 0, stderr
+    assert "APP after the steps: 84" in stderr.splitlines()
