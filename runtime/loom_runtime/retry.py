@@ -17,7 +17,8 @@ _MAX_SECONDS = MAX_DURATION.total_seconds()
 @dataclass(frozen=True, slots=True)
 class Retry:
     """Try a step up to ``attempts`` times, waiting ``initial_interval * backoff**(n-1)``
-    seconds (at most ``max_interval``) after the n-th failure.
+    seconds (at most ``max_interval``; without one, at most a hundred times
+    ``initial_interval``, Temporal's default) after the n-th failure.
 
     Only exceptions that are instances of ``retry_on`` and not of ``non_retryable`` are
     retried; the last failure is recorded as STEP_FAILED, each one before it as
@@ -27,15 +28,15 @@ class Retry:
 
     Every field is checked here, so a bad policy is refused where it is written, not at a
     step's first failure: ``attempts`` an int >= 1; the intervals numbers of seconds from 0
-    to ``MAX_DURATION`` (1000 years); ``backoff`` a finite number >= 1; ``retry_on`` and
-    ``non_retryable`` exception classes, in a tuple (a class alone is kept as a tuple of
-    one, as ``isinstance`` takes it).
+    to ``MAX_DURATION`` (1000 years), ``max_interval`` None too; ``backoff`` a finite
+    number >= 1; ``retry_on`` and ``non_retryable`` exception classes, in a tuple (a class
+    alone is kept as a tuple of one, as ``isinstance`` takes it).
     """
 
     attempts: int = 3
     initial_interval: float = 1.0
     backoff: float = 2.0
-    max_interval: float = 60.0
+    max_interval: float | None = None
     # One class alone is taken, and kept as a tuple of one.
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,)
     non_retryable: type[BaseException] | tuple[type[BaseException], ...] = ()
@@ -50,6 +51,8 @@ class Retry:
             )
         for name in ("initial_interval", "max_interval"):
             value = getattr(self, name)
+            if value is None and name == "max_interval":
+                continue
             if not _is_number(value) or not 0 <= value <= _MAX_SECONDS:
                 hint = "; pass timedelta.total_seconds()" if isinstance(value, timedelta) else ""
                 raise InvalidOptionError(
@@ -64,18 +67,26 @@ class Retry:
         for name in ("retry_on", "non_retryable"):
             object.__setattr__(self, name, _exception_classes(name, getattr(self, name)))
 
+    @property
+    def cap(self) -> float:
+        """The longest wait: ``max_interval``, or a hundred times ``initial_interval``
+        (at most ``MAX_DURATION``) when it was not given."""
+        if self.max_interval is not None:
+            return float(self.max_interval)
+        return min(100.0 * self.initial_interval, _MAX_SECONDS)
+
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failure (1 for the first).
 
         Never overflows: once ``initial_interval * backoff**(failures-1)`` would pass
-        ``max_interval``, the answer is ``max_interval`` without the power being computed.
+        :attr:`cap`, the answer is the cap without the power being computed.
         """
         if not isinstance(failures, int) or isinstance(failures, bool) or failures < 1:
             raise InvalidInputError(
                 f"Retry.delay takes the number of failures so far, an int >= 1, not "
                 f"{shown(failures)}"
             )
-        first, cap = float(self.initial_interval), float(self.max_interval)
+        first, cap = float(self.initial_interval), self.cap
         if first == 0 or first >= cap or self.backoff == 1:
             return min(first, cap)
         steps = failures - 1

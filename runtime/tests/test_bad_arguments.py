@@ -23,7 +23,7 @@ from loom_runtime import (
     TimerService,
     WorkflowFailedError,
 )
-from loom_runtime.clock import LATEST_DEADLINE
+from loom_runtime.clock import LATEST_DEADLINE, MAX_DURATION
 from loom_runtime.testing import CrashAt, VirtualClock, check_replay, crash_at
 
 from loom_core import EventKind, InvalidExecutionIdError, InvalidInputError, InvalidOptionError
@@ -147,7 +147,7 @@ async def test_a_wait_that_would_end_after_the_latest_deadline_is_refused() -> N
 
 
 def test_retry_delays_stop_at_max_interval_however_many_failures() -> None:
-    retry = Retry(attempts=10**6)
+    retry = Retry(attempts=10**6, max_interval=60.0)
     assert [retry.delay(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
     assert retry.delay(1025) == 60.0
     assert retry.delay(10**400) == 60.0
@@ -156,6 +156,20 @@ def test_retry_delays_stop_at_max_interval_however_many_failures() -> None:
     assert tiny.delay(1078) == pytest.approx(8.0)  # 2**1077 alone is past a float
     with pytest.raises(InvalidInputError, match="int >= 1"):
         retry.delay(0)
+
+
+def test_retry_without_max_interval_caps_at_a_hundred_first_waits() -> None:
+    """As Temporal's default: a policy of hour-long waits is not cut to a minute, and the
+    default policy grows to 100 s."""
+    assert Retry(attempts=20).cap == 100.0
+    assert [Retry(attempts=20).delay(n) for n in (1, 7, 8, 10**400)] == [1.0, 64.0, 100.0, 100.0]
+    hourly = Retry(initial_interval=3600, attempts=10)
+    assert [hourly.delay(n) for n in (1, 2, 3)] == [3600.0, 7200.0, 14400.0]
+    assert hourly.delay(10**6) == 360000.0
+    assert Retry(initial_interval=0).delay(5) == 0.0
+    ages = Retry(initial_interval=MAX_DURATION.total_seconds())  # the cap stays in range
+    assert ages.cap == ages.delay(3) == MAX_DURATION.total_seconds()
+    assert Retry(initial_interval=60, max_interval=30).delay(1) == 30.0  # given: it rules
 
 
 @pytest.mark.parametrize(
