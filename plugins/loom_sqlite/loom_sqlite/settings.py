@@ -63,7 +63,15 @@ def _path_of(url: str) -> tuple[str, str]:
     if "#" in rest:
         raise InvalidURLError(f"SQLite URL {url!r} has a fragment ('#...'); remove it")
     raw_path, _, query = rest.partition("?")
-    path = unquote(raw_path)
+    try:
+        # Strictly: unquote's default reads bytes that are not UTF-8 as U+FFFD, so that
+        # %FF and %FE would both open the one file named with it.
+        path = unquote(raw_path, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidURLError(
+            f"SQLite URL {url!r} has a path whose percent-encoded bytes are not UTF-8 "
+            "text; encode the file name's UTF-8 bytes (a space is %20, é is %C3%A9)"
+        ) from None
     if not path or path.endswith("/"):
         raise InvalidURLError(
             f"SQLite URL {url!r} names no file; use e.g. sqlite:///loom.db or "

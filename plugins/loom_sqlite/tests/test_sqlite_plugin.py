@@ -100,6 +100,17 @@ async def test_a_bad_url_is_refused_naming_the_problem(url: str, message: str) -
         await open_storage(url)
 
 
+async def test_a_path_escaping_bytes_that_are_not_utf8_is_refused_and_no_file_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%FF`` and ``%FE`` are no UTF-8: read as U+FFFD, both URLs would open one file."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///orders%FF.db", "sqlite:///orders%FE.db"):
+        with pytest.raises(InvalidURLError, match="not UTF-8"):
+            await open_storage(url)
+    assert names_in(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     ("query", "options", "message"),
     [
