@@ -124,6 +124,16 @@ async def test_memory_url_with_a_path_or_unknown_option_is_refused() -> None:
         await open_storage("memory://", options=["offer"], plugins=host)  # type: ignore[arg-type]
 
 
+async def test_a_memory_url_scheme_is_case_insensitive_as_for_every_backend() -> None:
+    # open_storage picks the backend by the scheme in any case (sqlite takes
+    # SQLITE:///loom.db): the memory backend must not then refuse the URL it was given.
+    host = PluginHost(entry_points=False)
+    for url in ("MEMORY://", "Memory://"):
+        async with open_storage(url, plugins=host) as storage:
+            await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+            assert await storage.events.head("e") == 1
+
+
 async def test_in_process_backend_plugin_serves_its_scheme() -> None:
     host = PluginHost(entry_points=False)
     host.register(_backend_plugin("dummy"), name="dummy", source="loom-dummy")
