@@ -97,7 +97,8 @@ def redact(url: str) -> str:
 
 
 def check_url(url: object) -> str:
-    """A libpq URL with a postgresql:// or postgres:// scheme, or InvalidURLError.
+    """A libpq URL with a postgresql:// or postgres:// scheme (in any case; returned in
+    lower case), or InvalidURLError.
 
     Refuses, before anything connects, an unknown parameter and a value libpq would
     refuse when connecting (a port that is not a number in 1-65535, a non-integer
@@ -105,11 +106,14 @@ def check_url(url: object) -> str:
     """
     if not isinstance(url, str):
         raise InvalidURLError(f"storage URL must be a str, not {type(url).__name__}")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in SCHEMES:
+    scheme, separator, rest = url.partition("://")
+    if not separator or scheme.lower() not in SCHEMES:
         raise InvalidURLError(
             f"{redact(url)!r} is not a PostgreSQL URL; use postgresql://user@host:port/db"
         )
+    # A scheme is case-insensitive, and open_storage picks this backend in any case; libpq
+    # knows only the lower-case prefixes and reads anything else as key=value pairs.
+    url = f"{scheme.lower()}://{rest}"
     try:
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:

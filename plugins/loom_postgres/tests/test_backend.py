@@ -158,6 +158,19 @@ def test_the_url_check_accepts_what_libpq_accepts() -> None:
         assert check_url(url) == url
 
 
+async def test_the_scheme_is_case_insensitive_as_for_every_backend(
+    pg_url: str, schema: str
+) -> None:
+    # open_storage picks this backend for POSTGRESQL:// as for postgresql://; libpq
+    # itself knows only the lower-case prefixes, and read the rest as key=value pairs.
+    scheme, rest = pg_url.split("://", 1)
+    for i, url in enumerate((f"{scheme.upper()}://{rest}", f"Postgres://{rest}")):
+        async with open_storage(url, options={"schema": f"{schema}_{i}"}) as storage:
+            await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+            assert await storage.events.head("e") == 1
+            assert storage.url == f"{url.split('://')[0].lower()}://{rest}"
+
+
 async def test_an_unreachable_server_is_storage_unavailable_and_names_no_password() -> None:
     with pytest.raises(StorageUnavailableError) as caught:
         await open_storage(
