@@ -823,7 +823,8 @@ _ORDERED: Final = _json_writer(sort_keys=False)
 
 
 def canonical_json(value: JsonValue) -> str:
-    """Compact JSON text with sorted keys (what SQL stores persist)."""
+    """Compact JSON text with sorted keys: one text for equal values, for what is hashed
+    or signed. Not for a payload or metadata a store keeps (:func:`json_text`)."""
     return _CANONICAL(value)
 
 

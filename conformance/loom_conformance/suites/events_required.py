@@ -206,6 +206,26 @@ class EventStoreRequiredContract:
         assert_the_same_values("append", written)
         assert_the_same_values("read", await loom_events.read("exec-types"))
 
+    async def test_metadata_reads_back_with_its_types_and_key_order(
+        self, loom_events: EventStore
+    ) -> None:
+        # As payloads do (SAME_VALUES): a store that writes metadata with sorted keys hands
+        # back, from the same append, one order from append and another from read, and
+        # another order than a store that keeps them.
+        metadata: dict[str, Any] = {
+            "trace": "t", "b": 1.0, "a": -0.0, "z": {"y": 2**64 + 5, "c": [1e300]}, "": None,
+        }
+        written = await loom_events.append(
+            "exec-meta-order", [NewEvent("k", None, metadata)], expected_sequence=0
+        )
+        read = await loom_events.read("exec-meta-order")
+        for what, events in (("append", written), ("read", read)):
+            assert [repr(e.metadata) for e in events] == [repr(metadata)], (
+                f"{what} handed back metadata equal to what was appended but not the same: "
+                "a float must stay a float (1.0, not 1), -0.0 keep its sign, and an "
+                "object's keys keep the order they were written in"
+            )
+
     async def test_a_tuple_payload_reads_back_as_a_list(self, loom_events: EventStore) -> None:
         await loom_events.append(
             "exec-t", [NewEvent("k", (1, (2, 3)))], expected_sequence=0  # type: ignore[arg-type]

@@ -252,15 +252,16 @@ class _Write:
 
 
 def _encode_metadata(metadata: JsonObject) -> str:
-    """Canonical JSON of ``metadata``, without the encoder for the two shapes nearly every
-    append has: nothing, or only the stamped token."""
+    """JSON text of ``metadata``, its keys in their order (as the payload's: a read hands
+    back what append did), without the encoder for the two shapes nearly every append
+    has: nothing, or only the stamped token."""
     if not metadata:
         return "{}"
     if len(metadata) == 1:
         fence = metadata.get("fence")
         if type(fence) is int:
             return f'{{"fence":{fence}}}'
-    return canonical_json(metadata)
+    return json_text(metadata)
 
 
 @lru_cache(maxsize=1024)

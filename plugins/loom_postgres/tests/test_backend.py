@@ -32,7 +32,7 @@ from loom_core.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, PluginHost, canonical_json
+from loom_core.spi import OPTIONAL_EVENT_STORE_METHODS, PluginHost, json_text
 
 Opener = Callable[..., Awaitable[Storage]]
 Conn = psycopg.AsyncConnection[tuple[object, ...]]
@@ -371,12 +371,13 @@ async def test_cancelling_a_lone_append_cancels_its_statement_and_writes_nothing
 # -- the READ COMMITTED guard -----------------------------------------------------------
 
 
-async def test_stored_metadata_is_canonical_json_whatever_its_shape(
+async def test_stored_metadata_is_the_encoders_text_whatever_its_shape(
     open_pg: Opener, pg_url: str, schema: str
 ) -> None:
     storage = await open_pg(schema=schema)
     token = await storage.events.acquire_fence("m")
-    # Fenced on odd sequences: the token is stamped beside the caller's keys, in order.
+    # Fenced on odd sequences: the token is stamped after the caller's keys, which keep
+    # their order (a read hands back what append did).
     shapes: list[dict[str, JsonValue]] = [
         {},
         {},
@@ -396,7 +397,7 @@ async def test_stored_metadata_is_canonical_json_whatever_its_shape(
         )
         stored = [str(row[0]) for row in await cursor.fetchall()]
     expected = [
-        canonical_json({**m, "fence": token} if i % 2 else m) for i, m in enumerate(shapes)
+        json_text({**m, "fence": token} if i % 2 else m) for i, m in enumerate(shapes)
     ]
     assert stored == expected
     assert stored[:2] == ["{}", f'{{"fence":{token}}}']

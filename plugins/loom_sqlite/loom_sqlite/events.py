@@ -42,7 +42,6 @@ from loom_core.spi import (
     ConditionalFence,
     RefusesUnoffered,
     build_event,
-    canonical_json,
     check_append,
     check_append_requests,
     check_events_with_text,
@@ -129,14 +128,14 @@ def _prepare(
         stamp_text = "{}"
     else:
         stamp = {"fence": fence}
-        stamp_text = f'{{"fence":{int(fence)}}}'  # canonical_json(stamp), without its encoder
+        stamp_text = f'{{"fence":{int(fence)}}}'  # json_text(stamp), without its encoder
     if len(events) == 1:
         # Most appends carry one event, most events no metadata of their own: their
         # text is the stamp's, encoded once.
         (event,) = events
         if event.metadata:
             metadata: JsonObject = {**event.metadata, **stamp}
-            metadata_text = canonical_json(metadata)
+            metadata_text = json_text(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
         text = json_text(event.payload) if texts is None else texts[0]
@@ -145,7 +144,7 @@ def _prepare(
     for i, event in enumerate(events):
         if event.metadata:
             metadata = {**event.metadata, **stamp}
-            metadata_text = canonical_json(metadata)
+            metadata_text = json_text(metadata)
         else:
             metadata, metadata_text = dict(stamp), stamp_text
         text = json_text(event.payload) if texts is None else texts[i]
