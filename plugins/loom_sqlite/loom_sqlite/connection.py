@@ -67,7 +67,7 @@ CACHED_STATEMENTS: Final = 256
 class SqliteConnection:
     """The storage's connections and writer thread; see the module docstring."""
 
-    __slots__ = ("_closed", "loop_raw", "settings", "thread_raw", "writer")
+    __slots__ = ("_closed", "file", "loop_raw", "settings", "thread_raw", "writer")
 
     def __init__(
         self,
@@ -75,11 +75,13 @@ class SqliteConnection:
         thread_raw: sqlite3.Connection,
         loop_raw: sqlite3.Connection | None,
         settings: Settings,
+        file: str,
     ) -> None:
         self.writer = writer
         self.thread_raw = thread_raw
         self.loop_raw = loop_raw
         self.settings = settings
+        self.file = file
         self._closed = False
 
     @property
@@ -249,11 +251,19 @@ def _configure(raw: sqlite3.Connection, settings: Settings) -> None:
     raw.execute(JOURNAL_SIZE_LIMIT)
 
 
-def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
-    """Open and configure the thread connection, then (under NORMAL) the loop's."""
+def _open_on_thread(
+    settings: Settings,
+) -> tuple[sqlite3.Connection, sqlite3.Connection | None, str]:
+    """Open and configure the thread connection, then (under NORMAL) the loop's; and
+    the file they opened, ``settings.path`` made absolute.
+
+    Made absolute once, here: a relative path names another file after a chdir, and
+    what connects to the database later (a backup) must find the one opened now.
+    """
+    file = os.path.abspath(settings.path)
     try:
         thread_raw = sqlite3.connect(
-            settings.path,
+            file,
             isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE … COMMIT
             timeout=settings.busy_timeout_ms / 1000,  # the busy handler, without SQL text
             cached_statements=CACHED_STATEMENTS,
@@ -263,10 +273,10 @@ def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Con
     try:
         _configure(thread_raw, settings)
         if settings.synchronous != "NORMAL":
-            return thread_raw, None
+            return thread_raw, None, file
         # Used by the event loop only, never at the same time as on this thread.
         loop_raw = sqlite3.connect(
-            settings.path,
+            file,
             isolation_level=None,
             timeout=0,  # a lock held elsewhere sends the operation to the thread instead
             cached_statements=CACHED_STATEMENTS,
@@ -294,7 +304,7 @@ def _open_on_thread(settings: Settings) -> tuple[sqlite3.Connection, sqlite3.Con
     except BaseException:
         thread_raw.close()
         raise
-    return thread_raw, loop_raw
+    return thread_raw, loop_raw, file
 
 
 async def open_connection(settings: Settings) -> SqliteConnection:
@@ -313,8 +323,8 @@ async def open_connection(settings: Settings) -> SqliteConnection:
     _require_directory(settings.path)
     writer = WriterThread(f"loom-sqlite {os.path.basename(settings.path)}")
     try:
-        thread_raw, loop_raw = await writer.call(lambda: _open_on_thread(settings))
+        thread_raw, loop_raw, file = await writer.call(lambda: _open_on_thread(settings))
     except BaseException:
         await writer.stop(lambda: None)
         raise
-    return SqliteConnection(writer, thread_raw, loop_raw, settings)
+    return SqliteConnection(writer, thread_raw, loop_raw, settings, file)

@@ -23,7 +23,7 @@ import functools
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from loom_core import Event, JsonObject, JsonValue, NewEvent
@@ -537,4 +537,7 @@ class SqliteEventStore(RefusesUnoffered):
     async def backup(self, target_path: str) -> None:
         """Copy the whole database (log, fences, timers, leases) to ``target_path`` with
         SQLite's online backup API; see :func:`loom_sqlite.backup.backup_database`."""
-        await backup_database(self._open().connection.settings, target_path)
+        connection = self._open().connection
+        # By the file opened, not the URL's path: a relative one names another file
+        # after a chdir.
+        await backup_database(replace(connection.settings, path=connection.file), target_path)

@@ -105,6 +105,23 @@ async def test_backup_refuses_an_existing_target_and_a_missing_directory(
     assert names_in(tmp_path) == ["existing.db", "loom.db", "loom.db-shm", "loom.db-wal"]
 
 
+async def test_a_backup_after_a_change_of_directory_copies_the_open_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative URL names the file in the directory the storage was opened in: a later
+    chdir must not make the backup copy (and create) another file of that name."""
+    (tmp_path / "opened").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "opened")
+    async with open_storage("sqlite:///loom.db") as storage:
+        await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        await loom_sqlite.backup(storage, tmp_path / "copy.db")
+    assert names_in(tmp_path / "elsewhere") == []
+    async with open_storage(url_for(tmp_path / "copy.db")) as copy:
+        assert await copy.events.list_executions() == ("e",)
+
+
 async def test_backup_refuses_a_storage_that_is_not_sqlite(tmp_path: Path) -> None:
     async with open_storage("memory://") as memory:
         with pytest.raises(InvalidOptionError, match="not a SQLite storage"):
