@@ -17,7 +17,7 @@ from loom_postgres.database import Connection, configure_session
 from loom_postgres.failures import describe
 from loom_postgres.options import PostgresOptions, parse_options
 from loom_postgres.schema import MigrationReport, migrate_connection
-from loom_postgres.storage import check_connect_failure, check_url, redact
+from loom_postgres.storage import check_connect_failure, check_encoding, check_url, redact
 
 __all__ = ["backfill_park_fences", "migrate"]
 
@@ -35,12 +35,16 @@ async def _connect(url: str, options: PostgresOptions) -> Connection:
         check_connect_failure(url, exc)
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {describe(exc)}") from exc
     try:
+        check_encoding(conn, url)
         await configure_session(conn, options)
     except psycopg.Error as exc:
         await conn.close()
         raise StorageUnavailableError(
             f"cannot set up the session at {redact(url)}: {describe(exc)}"
         ) from exc
+    except BaseException:
+        await conn.close()
+        raise
     return conn
 
 
@@ -60,7 +64,8 @@ async def migrate(
     seconds (nothing changed; retry), the role may not create the schema, or the server
     refuses the change (a read-only database: a standby); ConnectionRejectedError when
     the server refuses the login (a wrong password, no such role or database);
-    StorageUnavailableError when the server cannot be reached.
+    StorageUnavailableError when the server cannot be reached; InvalidURLError, creating
+    nothing, for a database whose encoding is not UTF8.
     """
     options = parse_options(
         {"schema": schema, "backfill_park_fences": backfill_park_fences,

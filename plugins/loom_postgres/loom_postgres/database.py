@@ -111,12 +111,14 @@ class RateLimitedWarner:
 
 async def configure_session(conn: Connection, options: PostgresOptions) -> None:
     """Session settings every store connection needs, whatever the server's defaults:
-    READ COMMITTED (loom_acquire_fence_if refuses anything else), UTC timestamps, the
+    READ COMMITTED (loom_acquire_fence_if refuses anything else), UTC timestamps, UTF8
+    text (a URL's client_encoding would stop an id or payload it cannot encode), the
     schema, the lock timeout, and never ``synchronous_commit = off`` (a commit the
     server acknowledged must survive its crash)."""
     settings: list[tuple[str, str]] = [
         ("default_transaction_isolation", "read committed"),
         ("TimeZone", "UTC"),
+        ("client_encoding", "UTF8"),
     ]
     if options.schema is not None:
         settings.append(("search_path", options.schema))

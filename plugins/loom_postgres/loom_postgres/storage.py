@@ -29,7 +29,13 @@ from loom_postgres.schema import SCHEMA_VERSION, migrate_connection, schema_stat
 from loom_postgres.timers import PostgresTimerStore
 
 __all__ = [
-    "SCHEMES", "check_connect_failure", "check_url", "open_postgres", "redact", "rejected_error",
+    "SCHEMES",
+    "check_connect_failure",
+    "check_encoding",
+    "check_url",
+    "open_postgres",
+    "redact",
+    "rejected_error",
 ]
 
 SCHEMES = ("postgresql", "postgres")
@@ -180,11 +186,13 @@ def _with_url_connect_timeout(
 
 
 async def _ensure_schema(
-    pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions
+    pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions, url: str
 ) -> str:
     """Check the schema version (one query); migrate when it is behind. Returns the name
-    of the schema the stores use."""
+    of the schema the stores use. Refuses, before creating anything, a database whose
+    encoding is not UTF8."""
     async with pool.connection() as conn:
+        check_encoding(conn, url)
         version = await schema_state(conn)
         behind = version < SCHEMA_VERSION
         if behind and not options.migrate:
@@ -200,6 +208,19 @@ async def _ensure_schema(
             return report.schema
         row = await (await conn.execute("SELECT current_schema()")).fetchone()
         return str(row[0]) if row and row[0] else "public"
+
+
+def check_encoding(conn: Connection, url: str) -> None:
+    """Refuse a database that does not store UTF8 (read from what the server reported at
+    connect, no query): LATIN1 and the like cannot hold most ids and payloads, and in
+    SQL_ASCII text comes back as bytes, so that ids would list as ``"b'...'"``."""
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding != "UTF8":
+        raise InvalidURLError(
+            f"the database at {redact(url)} has encoding {encoding}; loom-postgres needs "
+            "a UTF8 database (ids, kinds and payloads are Unicode): create one with "
+            "CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0"
+        )
 
 
 # What to do about each refusal a login meets (see loom_postgres.failures.rejection).
@@ -322,7 +343,7 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
             reason = await _probe(url, opts.connect_timeout) or failed or reason
         raise StorageUnavailableError(f"cannot connect to {redact(url)}: {reason}") from exc
     try:
-        namespace = await _ensure_schema(pool, opts)
+        namespace = await _ensure_schema(pool, opts, url)
     except (PoolTimeout, psycopg.Error) as exc:
         await pool.close()
         raise StorageUnavailableError(

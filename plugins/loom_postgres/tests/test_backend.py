@@ -10,18 +10,26 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
+import loom_postgres
 import psycopg
 import pytest
-from loom_conformance.postgres import PostgresServer, find_postgres_bindir, in_ci
+from loom_conformance.postgres import (
+    PostgresServer,
+    find_postgres_bindir,
+    in_ci,
+    with_database,
+)
 from loom_postgres import ConnectionRejectedError, PostgresEventStore, migrate
 from loom_postgres.database import PooledConnection
 from loom_postgres.events import BATCH
 from loom_postgres.schema import ANSWERING_LITERAL, KERNEL_LITERAL
 from loom_postgres.storage import check_url, redact
+from psycopg import sql
 
 from loom_core import AppendRequest, Event, JsonValue, NewEvent, Storage, open_storage
 from loom_core.errors import (
@@ -169,6 +177,44 @@ async def test_the_scheme_is_case_insensitive_as_for_every_backend(
             await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
             assert await storage.events.head("e") == 1
             assert storage.url == f"{url.split('://')[0].lower()}://{rest}"
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII"])
+async def test_a_database_not_in_utf8_is_refused_before_anything_is_written(
+    loom_postgres_server: PostgresServer, encoding: str
+) -> None:
+    # LATIN1 cannot hold most ids and payloads; SQL_ASCII hands text back as bytes, so
+    # ids would list as "b'...'". Either is refused at open, with nothing created.
+    name = f"loom_{encoding.lower()}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(loom_postgres_server.url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL(
+                "CREATE DATABASE {} TEMPLATE template0 ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C'"
+            ).format(sql.Identifier(name), sql.Literal(encoding))
+        )
+    url = with_database(loom_postgres_server.url, name)
+    with pytest.raises(InvalidURLError, match=f"encoding {encoding}.*UTF8"):
+        await open_storage(url, options={"schema": "loom"})
+    with pytest.raises(InvalidURLError, match=f"encoding {encoding}.*UTF8"):
+        await loom_postgres.migrate(url, schema="loom")
+    with psycopg.connect(url) as conn:
+        made = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'loom'"
+        ).fetchone()
+    assert made == (0,)
+
+
+async def test_a_client_encoding_in_the_url_changes_nothing_stored_or_read(
+    pg_url: str, schema: str
+) -> None:
+    # The store's sessions talk UTF8 whatever the URL asks: in LATIN1 an emoji would not
+    # even be sent.
+    async with open_storage(
+        f"{pg_url}?client_encoding=LATIN1", options={"schema": schema}
+    ) as storage:
+        await storage.events.append("é😀", [NewEvent("A", {"v": "ü😀"})], expected_sequence=0)
+        assert await storage.events.list_executions() == ("é😀",)
+        assert [e.payload for e in await storage.events.read("é😀")] == [{"v": "ü😀"}]
 
 
 async def test_an_unreachable_server_is_storage_unavailable_and_names_no_password() -> None:
