@@ -12,6 +12,7 @@ from loom_sqlite.errors import (
     DatabaseCorruptError,
     DatabaseOpenError,
     DatabaseReadOnlyError,
+    SchemaTooNewError,
     SeveralDatabasesError,
 )
 from loom_sqlite.events import SqliteEventStore
@@ -29,6 +30,7 @@ __all__ = [
     "DatabaseCorruptError",
     "DatabaseOpenError",
     "DatabaseReadOnlyError",
+    "SchemaTooNewError",
     "SeveralDatabasesError",
     "Settings",
     "SqliteEventStore",

@@ -14,6 +14,7 @@ The SQLite-specific errors refine the kernel's storage errors, so a caller that 
     └── StorageUnavailableError
         ├── DatabaseBusyError          another connection held the write lock too long
         ├── DatabaseOpenError          the file cannot be opened (missing directory, …)
+        │   └── SchemaTooNewError      a newer loom-sqlite wrote the file: upgrade this one
         └── StoreClosedError
             └── DatabaseClosedError    the storage was closed
 
@@ -42,6 +43,7 @@ __all__ = [
     "DatabaseCorruptError",
     "DatabaseOpenError",
     "DatabaseReadOnlyError",
+    "SchemaTooNewError",
     "SeveralDatabasesError",
     "translate",
 ]
@@ -73,6 +75,25 @@ class DatabaseOpenError(StorageUnavailableError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot open SQLite database {path!r}: {reason}")
+
+
+class SchemaTooNewError(DatabaseOpenError):
+    """The file's schema (``found``) is newer than the newest this loom-sqlite knows
+    (``supported``): a newer loom-sqlite migrated it. Refused before anything is written,
+    since this version would misread or damage tables it does not know. Upgrade
+    loom-sqlite in this process to the version that migrated the file, or restore the
+    backup taken before the upgrade."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            path,
+            f"its schema is version {found}, newer than this loom-sqlite knows (up to "
+            f"{supported}): a newer loom-sqlite migrated it; nothing was written. Upgrade "
+            "loom-sqlite in this process (pip install -U loom-sqlite) to the version that "
+            "migrated the file, or restore the backup taken before that upgrade",
+        )
 
 
 class DatabaseClosedError(StoreClosedError):

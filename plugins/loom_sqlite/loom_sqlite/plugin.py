@@ -9,6 +9,7 @@ connection (closed with the storage).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from loom_core import Storage
 from loom_core.spi import BackendRegistry, hookimpl
@@ -34,7 +35,11 @@ async def open_sqlite(url: str, options: Mapping[str, object]) -> Storage:
     settings = parse_settings(url, options)
     connection = await open_connection(settings)
     try:
-        await connection.call(ensure_schema, doing="creating or migrating its tables", write=True)
+        await connection.call(
+            partial(ensure_schema, path=settings.path),
+            doing="creating or migrating its tables",
+            write=True,
+        )
     except BaseException:
         await connection.close()
         raise

@@ -41,12 +41,17 @@ that same transaction. There are three:
   table instead (a ``StorageReadError`` or ``StorageWriteError``, writing nothing).
 
 A file already at :data:`SCHEMA_VERSION` is not written at all, so a read-only copy opens.
+A file past it (a newer loom-sqlite migrated it) is refused with
+:class:`~loom_sqlite.errors.SchemaTooNewError`, also without a write: this version does
+not know what the newer one changed, and a rolled-back process must not act on it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Final
+
+from loom_sqlite.errors import SchemaTooNewError
 
 __all__ = ["SCHEMA_VERSION", "ensure_schema"]
 
@@ -165,17 +170,27 @@ def _drop_answering_column(raw: sqlite3.Connection) -> None:
         raw.execute(DROP_ANSWERING)
 
 
-def ensure_schema(raw: sqlite3.Connection) -> bool:
-    """Create or migrate the tables; True if anything was written.
+def _current(raw: sqlite3.Connection, path: str) -> bool:
+    """True if the file is at :data:`SCHEMA_VERSION`; refuses one past it."""
+    version = int(raw.execute(READ_VERSION).fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNewError(path, version, SCHEMA_VERSION)
+    return version == SCHEMA_VERSION
 
-    Runs on the connection's thread with the connection in autocommit mode.
+
+def ensure_schema(raw: sqlite3.Connection, path: str) -> bool:
+    """Create or migrate the tables of the file at ``path``; True if anything was written.
+
+    Runs on the connection's thread with the connection in autocommit mode. Raises
+    :class:`~loom_sqlite.errors.SchemaTooNewError`, writing nothing, for a file a newer
+    loom-sqlite migrated.
     """
-    if raw.execute(READ_VERSION).fetchone()[0] >= SCHEMA_VERSION:
+    if _current(raw, path):
         return False
     raw.execute("BEGIN IMMEDIATE")
     try:
         # Re-read under the write lock: another process may have finished it meanwhile.
-        if raw.execute(READ_VERSION).fetchone()[0] >= SCHEMA_VERSION:
+        if _current(raw, path):
             raw.execute("ROLLBACK")
             return False
         _rename_executions(raw)

@@ -151,6 +151,7 @@ def test_the_public_api_is_pinned() -> None:
         "DatabaseCorruptError",
         "DatabaseOpenError",
         "DatabaseReadOnlyError",
+        "SchemaTooNewError",
         "Settings",
         "SeveralDatabasesError",
         "SqliteEventStore",
