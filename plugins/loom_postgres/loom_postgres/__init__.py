@@ -10,6 +10,7 @@ from loom_postgres.errors import (
     ConnectionRejectedError,
     LockTimeoutError,
     SchemaMigrationError,
+    SchemaTooNewError,
     WriteOutcomeUnknownError,
 )
 from loom_postgres.events import LostConnectionStats, PostgresEventStore
@@ -32,6 +33,7 @@ __all__ = [
     "PostgresOptions",
     "PostgresTimerStore",
     "SchemaMigrationError",
+    "SchemaTooNewError",
     "WriteOutcomeUnknownError",
     "__version__",
     "backfill_park_fences",

@@ -62,7 +62,9 @@ async def migrate(
 
     Raises SchemaMigrationError when a table lock is not granted within ``lock_timeout``
     seconds (nothing changed; retry), the role may not create the schema, or the server
-    refuses the change (a read-only database: a standby); ConnectionRejectedError when
+    refuses the change (a read-only database: a standby); SchemaTooNewError (a
+    SchemaMigrationError), changing nothing, when a newer loom-postgres already migrated
+    the schema past the version this one knows; ConnectionRejectedError when
     the server refuses the login (a wrong password, no such role or database);
     StorageUnavailableError when the server cannot be reached; InvalidURLError, creating
     nothing, for a database whose encoding is not UTF8.

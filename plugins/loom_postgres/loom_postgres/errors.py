@@ -11,6 +11,8 @@
         └── StorageUnavailableError
             ├── LockTimeoutError           lock_timeout expired; nothing was written
             └── SchemaMigrationError       the boot could not migrate; retry the boot
+                └── SchemaTooNewError      a newer loom-postgres migrated the schema:
+                                           upgrade this one (a retry cannot mend it)
 
 Every other failure is one of the kernel's own errors (``StorageWriteError``,
 ``StorageReadError``, ``StorageUnavailableError``, the conflicts).
@@ -24,6 +26,7 @@ __all__ = [
     "ConnectionRejectedError",
     "LockTimeoutError",
     "SchemaMigrationError",
+    "SchemaTooNewError",
     "WriteOutcomeUnknownError",
 ]
 
@@ -69,3 +72,24 @@ class LockTimeoutError(StorageUnavailableError):
 class SchemaMigrationError(StorageUnavailableError):
     """The schema could not be created or migrated (a lock wait timed out, or the role may
     not create tables). Nothing half-done is kept: the boot is safe to retry."""
+
+
+class SchemaTooNewError(SchemaMigrationError):
+    """The schema (``schema``) is at version ``found``, newer than the newest this
+    loom-postgres knows (``supported``): a newer loom-postgres migrated it. Refused before
+    anything is written, as this version would misread what the newer one changed; unlike
+    its parent, retrying cannot mend it. Upgrade loom-postgres on this node to the version
+    that migrated the schema (or, to roll back, restore the backup taken before the
+    migration)."""
+
+    def __init__(self, schema: str, found: int, supported: int) -> None:
+        self.schema = schema
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"the Loom schema {schema!r} is at version {found}, newer than this "
+            f"loom-postgres knows (up to {supported}): a newer loom-postgres migrated it; "
+            "nothing was written. Upgrade loom-postgres on this node (pip install -U "
+            "loom-postgres) to the version that migrated the schema, or restore the "
+            "backup taken before that migration"
+        )

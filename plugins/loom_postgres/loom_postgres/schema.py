@@ -27,7 +27,7 @@ from psycopg import sql
 
 from loom_core.spi import ANSWERING_KINDS, KERNEL_KINDS
 from loom_postgres.database import Connection
-from loom_postgres.errors import SchemaMigrationError
+from loom_postgres.errors import SchemaMigrationError, SchemaTooNewError
 from loom_postgres.failures import describe
 
 __all__ = [
@@ -738,7 +738,8 @@ async def migrate_connection(
     lock_timeout: float,
 ) -> MigrationReport:
     """Create or migrate the schema on ``conn`` (autocommit) in one transaction under the
-    advisory lock; see :func:`loom_postgres.migrate`."""
+    advisory lock; see :func:`loom_postgres.migrate`. A schema a newer loom-postgres
+    migrated is refused (SchemaTooNewError) and the transaction rolled back."""
     try:
         async with conn.transaction():
             name_row = await (await conn.execute("SELECT current_schema()")).fetchone()
@@ -763,6 +764,9 @@ async def migrate_connection(
             row = await (await conn.execute(STATE)).fetchone()
             assert row is not None
             before = int(row[0] or 0)
+            if before > SCHEMA_VERSION:
+                # Raised inside the transaction: the bookkeeping above is rolled back.
+                raise SchemaTooNewError(target, before, SCHEMA_VERSION)
             for version, description, statements in MIGRATIONS:
                 if version <= before:
                     continue

@@ -19,7 +19,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from loom_core import Storage
 from loom_core.errors import InvalidURLError, StorageUnavailableError
 from loom_postgres.database import Connection, Database, PooledConnection, configure_session
-from loom_postgres.errors import ConnectionRejectedError, SchemaMigrationError
+from loom_postgres.errors import (
+    ConnectionRejectedError,
+    SchemaMigrationError,
+    SchemaTooNewError,
+)
 from loom_postgres.events import PostgresEventStore
 from loom_postgres.failures import Rejection, describe, option_refusal, rejection
 from loom_postgres.leases import PostgresLeaseStore
@@ -188,12 +192,16 @@ def _with_url_connect_timeout(
 async def _ensure_schema(
     pool: AsyncConnectionPool[PooledConnection], options: PostgresOptions, url: str
 ) -> str:
-    """Check the schema version (one query); migrate when it is behind. Returns the name
-    of the schema the stores use. Refuses, before creating anything, a database whose
-    encoding is not UTF8."""
+    """Check the schema version (one query); migrate when it is behind, refuse it when it
+    is ahead (SchemaTooNewError). Returns the name of the schema the stores use. Refuses,
+    before creating anything, a database whose encoding is not UTF8."""
     async with pool.connection() as conn:
         check_encoding(conn, url)
         version = await schema_state(conn)
+        if version > SCHEMA_VERSION:
+            row = await (await conn.execute("SELECT current_schema()")).fetchone()
+            name = options.schema or (str(row[0]) if row and row[0] else "public")
+            raise SchemaTooNewError(name, version, SCHEMA_VERSION)
         behind = version < SCHEMA_VERSION
         if behind and not options.migrate:
             raise SchemaMigrationError(
