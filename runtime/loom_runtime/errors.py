@@ -23,7 +23,8 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     │   └── DurableCallCancelledError      ... or went on past a durable call it cancelled
     ├── AppNotRunningError                 a call that needs ``async with app`` outside it
     ├── ContextOutsideBodyError (RuntimeError)  a ctx call in a step, a task, or after the body
-    └── LogFormatError                     a runtime event without the shape it must have
+    └── LogFormatError                     a runtime event without the shape it must have,
+                                           or a kernel kind a newer loom-runtime wrote
 
 :class:`ResumeContendedError` is deliberately not a :class:`ResumeRefusedError`: a caller
 that treats every refusal as final must not mistake "retry me" for "refused".
@@ -390,12 +391,23 @@ class AppNotRunningError(LoomError):
 
 
 class LogFormatError(LoomError):
-    """An event of a runtime kind lacks the shape docs/runtime.md gives it."""
+    """An event of a runtime kind lacks the shape docs/runtime.md gives it, or is of a
+    kernel kind a newer loom-runtime wrote, which this one cannot read (``remedy`` then
+    says to upgrade)."""
 
-    def __init__(self, execution_id: str, sequence: int, kind: str, detail: str) -> None:
+    def __init__(
+        self,
+        execution_id: str,
+        sequence: int,
+        kind: str,
+        detail: str,
+        *,
+        remedy: str = "was it written by something other than loom-runtime?",
+    ) -> None:
         self.execution_id = execution_id
         self.sequence = sequence
+        self.kind = kind
         super().__init__(
             f"event {sequence} ({kind}) of {execution_id!r} is not a runtime record: {detail}; "
-            "was it written by something other than loom-runtime?"
+            f"{remedy}"
         )

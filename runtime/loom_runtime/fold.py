@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Final, Literal, TypeAlias
 
 from loom_core import Event, EventKind, JsonObject, JsonValue
+from loom_core.spi import KERNEL_KINDS
 from loom_runtime.errors import LogFormatError
 from loom_runtime.records import ATTEMPT_FAILED_KIND, Position, Wait, parse_position
 
@@ -150,6 +151,14 @@ def advance(view: View, events: Iterable[Event]) -> View:
         if not view.execution_id:
             view.execution_id = event.execution_id
         apply = _APPLY.get(event.kind)
+        if apply is None and _newer_kernel_kind(event):
+            raise LogFormatError(
+                view.execution_id, event.sequence, event.kind,
+                "a kernel kind this loom-runtime does not know (its metadata says "
+                '"kernel": true): a newer loom-runtime wrote it',
+                remedy="upgrade loom-runtime on this node to the version that wrote it; "
+                "until then this node does not drive the execution, and writes nothing to it",
+            )
         if apply is not None:
             if (view.recoveries or view.carried_on) and apply is not _recovered:
                 view.recoveries = view.carried_on = 0  # the run got as far as a write
@@ -164,6 +173,14 @@ def advance(view: View, events: Iterable[Event]) -> View:
         if type(fence) is int and fence > view.fence:
             view.fence = fence
     return view
+
+
+def _newer_kernel_kind(event: Event) -> bool:
+    """Whether ``event`` is of a kind a newer version of Loom wrote as its own (stamped
+    ``"kernel": true``, docs/design.md): what it means for the execution is unknown here,
+    so folding past it would misread the log. Any other unknown kind is an application
+    event, which changes nothing the runtime acts on."""
+    return event.kind not in KERNEL_KINDS and event.metadata.get("kernel") is True
 
 
 def _copy(view: View) -> View:
@@ -428,7 +445,8 @@ _APPLY: Final[Mapping[str, Callable[[View, Event], None]]] = {
     EventKind.EXECUTION_CONTINUED: _continued,
 }
 """What each kind does to a view. Every other kind (EXECUTION_DENIED, annotations,
-application events) changes nothing the runtime acts on."""
+application events) changes nothing the runtime acts on, except an unknown one stamped
+``"kernel": true``, which folding refuses (:func:`_newer_kernel_kind`)."""
 
 
 def _finish(view: View, status: Status, event: Event) -> None:
