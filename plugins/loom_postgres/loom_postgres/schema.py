@@ -34,6 +34,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "MigrationReport",
     "migrate_connection",
+    "refuse_unusable",
     "schema_state",
 ]
 
@@ -707,6 +708,15 @@ assert MIGRATIONS[-1][0] == SCHEMA_VERSION
 
 STATE: Final = "SELECT max(version) FROM loom_schema_version"
 
+# The catalogs are readable by every role, so this finds a version table in a schema the
+# role may not use (search_path passes over such a schema, and the table looks absent).
+UNUSABLE: Final = """
+SELECT current_user
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = 'loom_schema_version'
+  AND NOT has_schema_privilege(n.oid, 'USAGE')
+"""
+
 @dataclass(frozen=True, slots=True)
 class MigrationReport:
     """What a :func:`~loom_postgres.migrate` call did."""
@@ -729,6 +739,20 @@ async def schema_state(conn: Connection) -> int:
         return 0
     assert row is not None
     return int(row[0] or 0)
+
+
+async def refuse_unusable(conn: Connection, schema: str) -> None:
+    """Raise SchemaMigrationError if ``schema`` holds the Loom tables but the role may not
+    use it: its version then reads as 0, and a migration would be the wrong remedy."""
+    row = await (await conn.execute(UNUSABLE, (schema,))).fetchone()
+    if row is None:
+        return
+    raise SchemaMigrationError(
+        f"the Loom tables in schema {schema!r} exist, but role {row[0]!r} may not use that "
+        f"schema; nothing was changed. Have the schema's owner GRANT USAGE ON SCHEMA "
+        f"{schema} TO {row[0]} (with SELECT, INSERT, UPDATE, DELETE on its tables and "
+        "EXECUTE on its functions), or connect as a role that may use it"
+    )
 
 
 async def migrate_connection(

@@ -29,7 +29,12 @@ from loom_postgres.failures import Rejection, describe, option_refusal, rejectio
 from loom_postgres.leases import PostgresLeaseStore
 from loom_postgres.notify import Listener
 from loom_postgres.options import PostgresOptions, parse_options
-from loom_postgres.schema import SCHEMA_VERSION, migrate_connection, schema_state
+from loom_postgres.schema import (
+    SCHEMA_VERSION,
+    migrate_connection,
+    refuse_unusable,
+    schema_state,
+)
 from loom_postgres.timers import PostgresTimerStore
 
 __all__ = [
@@ -198,6 +203,8 @@ async def _ensure_schema(
     async with pool.connection() as conn:
         check_encoding(conn, url)
         version = await schema_state(conn)
+        if version == 0 and options.schema is not None:
+            await refuse_unusable(conn, options.schema)
         if version > SCHEMA_VERSION:
             row = await (await conn.execute("SELECT current_schema()")).fetchone()
             name = options.schema or (str(row[0]) if row and row[0] else "public")

@@ -1,12 +1,19 @@
-"""A schema a newer loom-postgres migrated: a node of this version (one rolled back, or
-not yet upgraded) refuses it at boot and in ``migrate()``, naming both versions, and
-writes nothing."""
+"""What a node's boot says about the schema it finds, when migrating is not the remedy.
+
+A schema a newer loom-postgres migrated: a node of this version (one rolled back, or not
+yet upgraded) refuses it at boot and in ``migrate()``, naming both versions, and writes
+nothing. A schema the owner migrated as a deploy step, which the node's role may not use:
+the boot says to grant it, not to migrate it again."""
 
 from __future__ import annotations
+
+import uuid
+from urllib.parse import quote
 
 import psycopg
 import pytest
 from loom_postgres import SCHEMA_VERSION, SchemaMigrationError, SchemaTooNewError, migrate
+from psycopg import sql
 
 from loom_core import NewEvent, StorageUnavailableError, open_storage
 
@@ -71,3 +78,38 @@ async def test_migrate_on_a_schema_a_newer_version_migrated_is_refused_and_write
         await migrate(pg_url, schema=schema)
     _check(caught.value, schema)
     assert await _snapshot(admin) == before
+
+
+async def test_a_role_that_may_not_use_a_migrated_schema_is_told_to_get_a_grant(
+    pg_url: str, schema: str, admin: Conn
+) -> None:
+    await migrate(pg_url, schema=schema)  # the deploy step, as the owner
+    role = f"loom_app_{uuid.uuid4().hex[:12]}"
+    await admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    as_role = f"{pg_url}?options={quote(f'-c role={role}')}"
+    before = await _snapshot(admin)
+    try:
+        for migrate_on_boot in (True, False):
+            with pytest.raises(SchemaMigrationError) as caught:
+                await open_storage(
+                    as_role, options={"schema": schema, "migrate": migrate_on_boot}
+                )
+            message = str(caught.value)
+            assert f"GRANT USAGE ON SCHEMA {schema} TO {role}" in message
+            assert "version 0" not in message
+            assert "migrate()" not in message
+        assert await _snapshot(admin) == before
+        for grant in (
+            "GRANT USAGE ON SCHEMA {schema} TO {role}",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
+            "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}",
+        ):
+            await admin.execute(
+                sql.SQL(grant).format(schema=sql.Identifier(schema), role=sql.Identifier(role))
+            )
+        options = {"schema": schema, "migrate": False}
+        async with await open_storage(as_role, options=options) as storage:
+            await storage.events.append("b", [NewEvent("STEP_COMPLETED")], expected_sequence=0)
+    finally:
+        await admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        await admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
