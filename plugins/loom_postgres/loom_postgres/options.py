@@ -12,7 +12,7 @@ from loom_core.errors import InvalidOptionError
 
 __all__ = ["PostgresOptions", "parse_options"]
 
-_SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 Warn = Callable[[str], None]
 
@@ -129,7 +129,7 @@ def parse_options(options: Mapping[str, object]) -> PostgresOptions:
                 )
             values[name] = float(value)
         elif name == "schema":
-            if value is not None and (not isinstance(value, str) or not _SCHEMA.match(value)):
+            if value is not None and (not isinstance(value, str) or not _SCHEMA.fullmatch(value)):
                 raise InvalidOptionError(
                     f"option schema must be lowercase letters, digits and '_' (at most 63, "
                     f"not starting with a digit), got {value!r}"

@@ -75,6 +75,8 @@ async def test_postgres_scheme_opens_the_same_backend(pg_url: str, schema: str) 
         ({"pool_max_size": "10"}, "pool_max_size must be an int"),
         ({"notify_buckets": -1}, "notify_buckets must be >= 0"),
         ({"schema": "Robert'); DROP TABLE x;--"}, "schema must be lowercase"),
+        ({"schema": "loom\n"}, "schema must be lowercase"),
+        ({"schema": 'lo"om; DROP SCHEMA public'}, "schema must be lowercase"),
         ({"lock_timeout": 0}, "lock_timeout must be finite and > 0"),
         ({"notify_queue_limit": 2}, "within"),
         ({"max_inflight_batches": 10, "pool_max_size": 10}, "below pool_max_size"),
