@@ -43,7 +43,7 @@ from loom_crypto.keys import KEY_BYTES, DataKey
 
 __all__ = ["FileKeyStore"]
 
-_KEY_ID: Final = re.compile(r"^[0-9a-f]{32}$")
+_KEY_ID: Final = re.compile(r"[0-9a-f]{32}")
 _FORMAT: Final = 1
 
 
@@ -166,13 +166,13 @@ class FileKeyStore:
         if data is None:
             return None
         key_id = data.get("kid")
-        if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
+        if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
             raise StorageReadError(f"subject claim for {subject!r} in {self._subjects} is corrupt")
         return key_id
 
     def _record(self, key_id: str) -> _Record | None:
         # The id comes from the log, which is not trusted to name a path.
-        if not _KEY_ID.match(key_id):
+        if not _KEY_ID.fullmatch(key_id):
             return None
         path = self._key_path(key_id)
         data = self._load(path)

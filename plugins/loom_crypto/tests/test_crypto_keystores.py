@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import os
 import pickle
 import stat
@@ -178,6 +179,16 @@ async def test_a_corrupt_key_file_is_reported_not_guessed(tmp_path: Path) -> Non
     (tmp_path / "keys" / "keys" / f"{key.key_id}.json").write_text("{not json")
     with pytest.raises(StorageReadError, match="not a loom-crypto key file"):
         await store.get(key.key_id)
+
+
+async def test_a_claim_whose_key_id_ends_in_a_newline_is_corrupt(tmp_path: Path) -> None:
+    # A regex anchored with "$" accepts one trailing newline: the claim must match whole.
+    store = FileKeyStore(tmp_path / "keys")
+    key = await store.create("alice")
+    claim = next((tmp_path / "keys" / "subjects").iterdir())
+    claim.write_text(json.dumps({"v": 1, "kid": key.key_id + "\n"}))
+    with pytest.raises(StorageReadError, match="corrupt"):
+        await store.key_id_for("alice")
 
 
 async def _yielded(call: Callable[[], Awaitable[object]]) -> bool:
