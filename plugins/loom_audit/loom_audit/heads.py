@@ -24,7 +24,7 @@ from loom_core.spi import check_execution_id, check_sequence
 
 __all__ = ["ChainHead", "sign_head"]
 
-_HASH: Final = re.compile(r"^[0-9a-f]{64}$")
+_HASH: Final = re.compile(r"[0-9a-f]{64}")
 
 
 def sign_head(key: bytes, execution_id: str, sequence: int, link: str) -> str:
@@ -72,8 +72,10 @@ class ChainHead:
         execution_id = check_execution_id(value["execution_id"])
         sequence = check_sequence(value["sequence"], "head sequence")
         link, signature = value["hash"], value["signature"]
-        if not isinstance(link, str) or not _HASH.match(link):
+        if not isinstance(link, str) or not _HASH.fullmatch(link):
             raise InvalidInputError("a chain head's hash is 64 lowercase hex digits")
-        if signature is not None and (not isinstance(signature, str) or not _HASH.match(signature)):
+        if signature is not None and (
+            not isinstance(signature, str) or not _HASH.fullmatch(signature)
+        ):
             raise InvalidInputError("a chain head's signature is null or 64 lowercase hex digits")
         return cls(execution_id, sequence, link, signature)

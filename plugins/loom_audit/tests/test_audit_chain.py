@@ -296,6 +296,9 @@ async def test_a_head_round_trips_through_json_and_bad_ones_are_refused(
     assert ChainHead.from_json(head.to_json()) == head
     with pytest.raises(InvalidInputError):
         ChainHead.from_json({"execution_id": "e", "sequence": 0, "hash": "zz", "signature": None})
+    for field in ("hash", "signature"):  # "$" would let one trailing newline through
+        with pytest.raises(InvalidInputError, match=f"chain head's {field}"):
+            ChainHead.from_json(dict(head.to_json(), **{field: "a" * 64 + "\n"}))
     with pytest.raises(InvalidInputError, match="exported for 'other'"):
         await audit.verify("e", head=ChainHead("other", 0, head.hash))
 
