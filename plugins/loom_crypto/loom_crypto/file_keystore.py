@@ -1,6 +1,7 @@
 """A durable, file-backed :class:`~loom_crypto.KeyStore` in a directory of its own.
 
-Layout (the directory is created 0700, every file 0600)::
+Layout (the directory is created 0700, every file 0600; a directory that already exists
+and that its group or others may write to is refused)::
 
     <dir>/subjects/<sha256(subject)>   {"v": 1, "kid": "<key id>"}           the claim
     <dir>/keys/<key id>.json           {"v": 1, "kid", "state": "live", "key": b64}
@@ -31,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,6 +71,8 @@ class FileKeyStore:
                 path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageWriteError(f"cannot create key directory {self._root}: {exc}") from exc
+        for path in (self._root, self._subjects, self._keys):
+            _refuse_shared(path)
 
     @property
     def directory(self) -> Path:
@@ -240,6 +244,22 @@ class FileKeyStore:
             pass
         except OSError as exc:
             raise StorageWriteError(f"cannot remove {path}: {exc}") from exc
+
+
+def _refuse_shared(directory: Path) -> None:
+    """Refuse a key directory that others may write to (one that existed before, with a
+    looser mode than the 0700 this store creates): whoever can add or rename files there
+    can plant a subject's claim naming a key they know, and the store would seal with it."""
+    try:
+        mode = stat.S_IMODE(directory.stat().st_mode)
+    except OSError as exc:
+        raise StorageReadError(f"cannot inspect key directory {directory}: {exc}") from exc
+    if mode & 0o022:
+        raise InvalidOptionError(
+            f"key directory {directory} is writable by its group or by others (mode "
+            f"{mode:04o}): anyone who can write there can plant a key this store would seal "
+            f"with; make it private (chmod 700 {directory}) or use a new directory"
+        )
 
 
 def _live(key_id: str, material: bytes) -> dict[str, object]:

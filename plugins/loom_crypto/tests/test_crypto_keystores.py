@@ -23,7 +23,7 @@ from loom_crypto import (
 )
 from loom_crypto.memory_keystore import YIELD_EVERY
 
-from loom_core import InvalidExecutionIdError, StorageReadError
+from loom_core import InvalidExecutionIdError, InvalidOptionError, StorageReadError
 
 
 async def test_create_returns_the_same_key_for_a_subject_and_another_for_others(
@@ -145,6 +145,19 @@ async def test_file_store_files_are_private(tmp_path: Path) -> None:
     for path in (tmp_path / "keys").rglob("*"):
         mode = stat.S_IMODE(os.stat(path).st_mode)
         assert mode & 0o077 == 0, (path, oct(mode))
+
+
+@pytest.mark.parametrize("part", ["", "subjects", "keys"])
+async def test_a_key_directory_others_may_write_to_is_refused(tmp_path: Path, part: str) -> None:
+    FileKeyStore(tmp_path / "keys")
+    shared = tmp_path / "keys" / part
+    shared.chmod(0o777)
+    with pytest.raises(InvalidOptionError, match="writable by its group or by others") as caught:
+        FileKeyStore(tmp_path / "keys")
+    assert f"chmod 700 {shared}" in str(caught.value)
+    shared.chmod(0o755)  # readable is not refused: every key file is 0600 itself
+    store = FileKeyStore(tmp_path / "keys")
+    assert (await store.create("alice")).key_id
 
 
 async def test_two_processes_creating_one_subject_get_one_key(tmp_path: Path) -> None:
