@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, TypeAlias, cast
+from urllib.parse import quote
 
 from loom_core import (
     Event,
@@ -685,7 +686,7 @@ def run_demo(db: Path, *, steps: int = 5, work_ms: float = 20.0) -> tuple[Trial,
     directory = _start_afresh(db)
     trial = asyncio.run(
         run_trial(
-            "sqlite:///" + str(db),
+            "sqlite:///" + quote(str(db)),  # a file name is not URL text: "%41", "?"
             "demo",
             directory,
             steps=steps,

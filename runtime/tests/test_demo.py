@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 from loom_core import Event, EventKind, NewEvent, open_storage
 
@@ -157,3 +158,24 @@ def test_the_demo_refuses_a_database_named_as_its_traces_directory(tmp_path: Pat
     assert "is where the demo keeps its traces" in done.stderr
     assert not (tmp_path / "run.effects").exists()
 
+
+
+def test_the_demo_writes_the_very_file_it_is_given_whatever_its_name(tmp_path: Path) -> None:
+    """A file name is not URL text: ``%41`` must not lead the demo into ``A``, a file it
+    never checked (here someone's database), nor ``?`` cut the name short."""
+    theirs = tmp_path / "shopA.db"
+    with sqlite3.connect(theirs) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+    for name in ("shop%41.db", "shop?steps=1.db", "shop #1.db"):
+        done = run_demo(tmp_path, "--db", str(tmp_path / name), "--steps", "2")
+        assert done.returncode == 0, done.stdout + done.stderr
+        log = asyncio.run(read_log_at(tmp_path / name))
+        assert [e.kind for e in log].count(EventKind.STEP_COMPLETED) == 2
+    with sqlite3.connect(theirs) as conn:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+    assert tables == ["orders"]
+
+
+async def read_log_at(db: Path) -> tuple[Event, ...]:
+    async with open_storage("sqlite:///" + quote(str(db))) as storage:
+        return await storage.events.read("demo")
