@@ -90,6 +90,7 @@ from loom_runtime.errors import (
     ExecutionCancelledError,
     ExecutionTimedOutError,
     InvalidDurationError,
+    OtherEventLoopError,
     RecoveryLimitError,
     ReplayDivergedError,
     ReservedExecutionIdError,
@@ -257,6 +258,7 @@ class Handle(Generic[R]):
         process drives the execution any more).
         """
         timeout = _check_timeout(timeout)
+        self._app.check_loop("handle.result()")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         began = self._app.running
@@ -533,6 +535,9 @@ class Loom:
         self._unclaimed_waiters: dict[str, asyncio.Event] = {}
         self._services: list[asyncio.Task[Any]] = []
         self._entered = False
+        # The event loop the app was entered in, while entered: its tasks, futures and
+        # storage belong to it, so calls from any other loop are refused (see check_loop).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._recovering: asyncio.Task[Any] | None = None  # the recovery on entering
         # What this process drove since it entered, while the recovery on entering has not
         # finished: that recovery is for what a previous process left, and leaves these
@@ -769,6 +774,7 @@ class Loom:
             raise StoreClosedError(repr(self._storage))
         self._inbox = Inbox(self._storage.events)
         self._entered = True
+        self._loop = asyncio.get_running_loop()
         if self._serve_timers:
             self.timer_task = asyncio.create_task(self.timer_service.run())
             self._services.append(self.timer_task)
@@ -784,6 +790,7 @@ class Loom:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._entered = False
+        self._loop = None
         detach = getattr(self.clock, "detach", None)
         if detach is not None:
             detach(self)
@@ -847,7 +854,15 @@ class Loom:
     def _running(self, what: str) -> Storage:
         if not self._entered:
             raise AppNotRunningError(what)
+        self.check_loop(what)
         return self.storage
+
+    def check_loop(self, what: str) -> None:
+        """Refuse a call made in another event loop than the one the app was entered in
+        (another thread's, a test's own): it would run the app's work in the wrong loop."""
+        loop = self._loop
+        if loop is not None and asyncio.get_running_loop() is not loop:
+            raise OtherEventLoopError(what, closed=loop.is_closed())
 
     async def _quietly(self, work: Callable[[], Awaitable[object]]) -> None:
         """Run ``work()`` in a task nobody waits for: a failure goes to ``on_error``. It is
@@ -1542,6 +1557,7 @@ class Loom:
 
     async def inspect(self, execution_id: str) -> View:
         """Fold the execution's log (``status`` is None when there is none)."""
+        self.check_loop("app.inspect")
         storage = self.storage
         execution_id = _check_id(execution_id)
         return fold(await storage.events.read(execution_id), execution_id=execution_id)
@@ -2212,6 +2228,7 @@ class Loom:
         what it found, every local run finished or parked, and no parked run is answering
         its own park to drive on); an ``execute`` in the task that drains is not waited
         for. Scheduled workflows due meanwhile are started once it returns."""
+        self.check_loop("app.drain")
         self._draining += 1
         self._undrained.clear()
         try:

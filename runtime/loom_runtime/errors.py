@@ -22,6 +22,7 @@ The tree (the kernel's errors are drawn in :mod:`loom_core.errors`)::
     ├── RunStoppedError                    a body raised a BaseException: nothing recorded
     │   └── DurableCallCancelledError      ... or went on past a durable call it cancelled
     ├── AppNotRunningError                 a call that needs ``async with app`` outside it
+    │   └── OtherEventLoopError (RuntimeError)  ... made in another event loop than the app's
     ├── ContextOutsideBodyError (RuntimeError)  a ctx call in a step, a task, or after the body
     └── LogFormatError                     a runtime event without the shape it must have,
                                            or a kernel kind a newer loom-runtime wrote
@@ -46,6 +47,7 @@ __all__ = [
     "InvalidDurationError",
     "LogFormatError",
     "NotJsonError",
+    "OtherEventLoopError",
     "RedriveExhaustedError",
     "RecoveryLimitError",
     "ReplayDivergedError",
@@ -388,6 +390,30 @@ class AppNotRunningError(LoomError):
             )
         else:
             super().__init__(f"{what} needs a running app: call it inside 'async with app:'")
+
+
+class OtherEventLoopError(AppNotRunningError, RuntimeError):
+    """A call made in another event loop (another thread, or a loop of its own) than the
+    one the app was entered in: the app's tasks, futures and storage belong to that loop,
+    and a call from elsewhere would corrupt them. Refused before anything is written."""
+
+    def __init__(self, what: str, *, closed: bool = False) -> None:
+        if closed:
+            LoomError.__init__(
+                self,
+                f"{what} was called in another event loop than the app's, and the app's "
+                "loop is closed without the app having been left: leave 'async with app:' "
+                "in the loop that entered it (a test fixture that enters the app must use "
+                "the test's event loop)",
+            )
+        else:
+            LoomError.__init__(
+                self,
+                f"{what} was called in another event loop than the one the app runs in: "
+                "from another thread, hand the call to the app's loop with "
+                "asyncio.run_coroutine_threadsafe(app.start(...), loop) and wait for its "
+                "result there",
+            )
 
 
 class LogFormatError(LoomError):
