@@ -775,6 +775,11 @@ class Loom:
         self._inbox = Inbox(self._storage.events)
         self._entered = True
         self._loop = asyncio.get_running_loop()
+        # An asyncio.Event is tied to the first loop that waits on it: a fresh one for
+        # each entry, as the entry may be in a new loop (each test's, with pytest-asyncio).
+        self._undrained = asyncio.Event()
+        if not self._draining:
+            self._undrained.set()
         if self._serve_timers:
             self.timer_task = asyncio.create_task(self.timer_service.run())
             self._services.append(self.timer_task)

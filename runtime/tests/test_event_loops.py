@@ -9,7 +9,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from loom_runtime import AppNotRunningError, Context, Loom, OtherEventLoopError
+from loom_runtime import AppNotRunningError, Context, Loom, OtherEventLoopError, Retry
+from loom_runtime.testing import VirtualClock
 
 from loom_core import Storage, open_storage
 
@@ -123,3 +124,43 @@ def test_one_app_entered_again_in_a_new_event_loop_runs_there() -> None:
 
     assert asyncio.run(use("ada")) == "hello ada"
     assert asyncio.run(use("grace")) == "hello grace"
+
+
+def test_schedules_held_by_a_drain_are_started_in_each_new_event_loop() -> None:
+    """A drain holds a schedule's instants; in an app entered again in a new loop it
+    still does, and starts them after it (the scheduler's wait was tied to the first
+    loop: it died there, and the schedule fired no more)."""
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom("memory://", node="n1", clock=clock, on_error=errors.append)
+    failed: list[str] = []
+
+    def flaky(attempt: str) -> str:
+        if attempt not in failed:
+            failed.append(attempt)
+            raise ConnectionError("the service is down")
+        return "ok"
+
+    @app.workflow(name="retrying")
+    async def retrying(ctx: Context, attempt: str) -> str:
+        return await ctx.step(
+            flaky, attempt, retry=Retry(attempts=2, initial_interval=100, max_interval=100)
+        )
+
+    @app.scheduled(every=60)
+    @app.workflow(name="tick")
+    async def tick(ctx: Context, scheduled_at: str) -> str:
+        return scheduled_at
+
+    async def held_by_a_drain(attempt: str) -> list[str]:
+        async with app:
+            await app.start(retrying, attempt, id="r")
+            await clock.advance(0)  # the first attempt failed: the next is due at +100 s
+            drain = asyncio.create_task(app.drain())
+            await asyncio.wait_for(clock.advance(150), 10)  # a bound, never reached
+            await asyncio.wait_for(drain, 10)
+            return [view.workflow async for view in app.executions()]
+
+    assert asyncio.run(held_by_a_drain("first")) == ["retrying", "tick", "tick"]
+    assert asyncio.run(held_by_a_drain("second")) == ["retrying", "tick", "tick"]
+    assert errors == []
