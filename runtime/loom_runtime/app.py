@@ -1030,7 +1030,13 @@ class Loom:
             raise AppNotRunningError("app.execute", left=True)
         if last is not None and last.kind == EventKind.EXECUTION_COMPLETED:
             return completion_result(last)
-        return await Handle(self, execution_id).result()
+        try:
+            return await Handle(self, execution_id).result()
+        except AppNotRunningError as exc:
+            if self._entered or isinstance(exc, OtherEventLoopError):
+                raise
+            # The caller called execute, not result(): say so (a request handler's log).
+            raise AppNotRunningError("app.execute", left=True) from exc
 
     async def fork(
         self,

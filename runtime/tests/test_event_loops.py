@@ -164,3 +164,18 @@ def test_schedules_held_by_a_drain_are_started_in_each_new_event_loop() -> None:
     assert asyncio.run(held_by_a_drain("first")) == ["retrying", "tick", "tick"]
     assert asyncio.run(held_by_a_drain("second")) == ["retrying", "tick", "tick"]
     assert errors == []
+
+
+async def test_an_execute_waiting_on_a_parked_run_when_the_app_is_left_names_execute() -> None:
+    """What a request handler awaiting app.execute sees as its server shuts down."""
+    app = Loom("memory://", node="n1")
+
+    @app.workflow(name="waiting")
+    async def waiting(ctx: Context) -> None:
+        await ctx.receive("go")
+
+    async with app:
+        call = asyncio.create_task(app.execute(waiting, id="w"))
+        await app.drain()  # its run has parked: the execute now waits for the result
+    with pytest.raises(AppNotRunningError, match=r"^app\.execute was cut short"):
+        await call

@@ -281,7 +281,7 @@ async def test_an_execute_waiting_as_the_app_closes_its_storage_raises_app_not_r
         caller = asyncio.create_task(app.execute(waits, id="x"))
         await reading.wait()
     closed.set()
-    with pytest.raises(AppNotRunningError, match=r"handle\.result\(\) was cut short"):
+    with pytest.raises(AppNotRunningError, match=r"app\.execute was cut short"):
         await caller
 
 
@@ -341,8 +341,8 @@ async def test_leaving_an_app_on_a_storage_of_ones_own_ends_the_waits_for_a_park
             await app.drain()
             waiter = asyncio.create_task(app.get("x").result())
             await asyncio.sleep(0)  # both wait now
-        for task in (caller, waiter):
-            with pytest.raises(AppNotRunningError, match=r"handle\.result\(\) was cut short"):
+        for task, call in ((caller, r"app\.execute"), (waiter, r"handle\.result\(\)")):
+            with pytest.raises(AppNotRunningError, match=rf"{call} was cut short"):
                 await asyncio.wait_for(task, 10)  # a bound, never reached: it ends at once
         assert (await app.get("x").view()).status == "suspended"
         with pytest.raises(AppNotRunningError, match="needs a running app"):
