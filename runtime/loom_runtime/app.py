@@ -763,6 +763,8 @@ class Loom:
 
     async def __aenter__(self) -> Loom:
         if self._entered:
+            if self._loop is not None and self._loop.is_closed():
+                raise OtherEventLoopError("async with app", closed=True)
             raise InvalidOptionError("this Loom app is already running; enter it once")
         if self._storage is None:
             assert self._url is not None

@@ -83,6 +83,8 @@ def test_a_call_after_the_apps_loop_closed_unleft_says_to_leave_it_in_that_loop(
     loop.close()
     with pytest.raises(OtherEventLoopError, match="loop is closed"):
         asyncio.run(app.start("greet", "ada"))
+    with pytest.raises(OtherEventLoopError, match="loop is closed"):
+        asyncio.run(app.__aenter__())
 
 
 def test_run_coroutine_threadsafe_reaches_an_app_running_in_another_thread() -> None:
