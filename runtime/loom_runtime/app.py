@@ -1895,10 +1895,15 @@ class Loom:
         backing off while rivals hold the fence, on a node that has the workflow when this
         app does not (a sender beside the workers; it is refused before any token is
         taken), or once the store answers again (an answer whose outcome was lost is
-        carried on by the app)."""
+        carried on by the app). So is an app left meanwhile: its next start delivers (an
+        answer that landed as it was left is carried on by that start's recovery)."""
+        if not self._entered:
+            return "left"
         try:
             return await self._deliver(wake, onward=onward)
-        except (ResumeContendedError, WorkflowNotFoundError, ReplayDivergedError):
+        except (
+            ResumeContendedError, WorkflowNotFoundError, ReplayDivergedError, AppNotRunningError
+        ):
             return "left"
         except StoreClosedError:
             raise

@@ -24,10 +24,17 @@ from loom_runtime import (
     WorkflowFailedError,
 )
 from loom_runtime.app import CARRY_ON_AFTER
+from loom_runtime.records import MESSAGE_KIND, inbox_of
 from loom_runtime.testing import crash_at
-from store_probes import Wired, kinds, wired
+from store_probes import ProbedEventStore, Wired, kinds, wired
 
-from loom_core import EventKind, StaleFenceError, StorageUnavailableError, open_storage
+from loom_core import (
+    EventKind,
+    StaleFenceError,
+    Storage,
+    StorageUnavailableError,
+    open_storage,
+)
 
 
 class Gate:
@@ -322,6 +329,40 @@ async def test_a_send_cancelled_after_its_answer_landed_leaves_the_receiver_driv
         assert log.count(EventKind.MESSAGE_CONSUMED) == 1
         assert log.count(EventKind.EXECUTION_RESUMED) == 1
         assert w.errors == []
+
+
+@pytest.mark.parametrize("held", [MESSAGE_KIND, EventKind.EXECUTION_RESUMED])
+async def test_a_send_whose_message_is_stored_as_the_app_is_left_returns_its_id(
+    held: str,
+) -> None:
+    # The app is left while the send's message is stored (held after the message, or
+    # after the answer to the park): the send returns the message's id, as a send that
+    # raised would be sent again by its caller, twice without a key; the wake row left due
+    # has the next start deliver it, once.
+    async with await open_storage("memory://") as base:  # outlives both apps
+        probe = ProbedEventStore(base.events)
+        storage = Storage(probe, base.timers, base.leases, url=base.url)
+
+        async def listen(ctx: Context) -> object:
+            return await ctx.receive("go", timeout=600)
+
+        first = Loom(storage, node="n1", timers=False, recover=False)
+        first.workflow(name="listen")(listen)
+        async with first:
+            await first.start(listen, id="l")
+            await first.drain()
+            gate = Gate(held)
+            probe.after_append = gate
+            send = asyncio.create_task(first.send("l", "go", {"n": 1}))
+            await gate.held.wait()
+        gate.release.set()
+        assert await send == 0
+        again = Loom(storage, node="n1")
+        again.workflow(name="listen")(listen)
+        async with again:
+            assert await again.get("l").result(timeout=5) == {"n": 1}
+        assert await kinds(base.events, inbox_of("l")) == [MESSAGE_KIND]
+        assert (await kinds(base.events, "l")).count(EventKind.MESSAGE_CONSUMED) == 1
 
 
 async def test_an_execute_cancelled_as_it_continues_leaves_its_successor_driven() -> None:
