@@ -1781,11 +1781,27 @@ class Loom:
         # Delivered, or left to its wake row; or the receiver finished, and if it continued
         # as new, the delivery handed the message on to its successor (see _deliver). A
         # log deleted since it was found refuses the send (see _post).
-        stored, _ = await self._post(execution_id, [(topic, payload, key)], sending=True)
+        sent: list[Message] = []
+        try:
+            stored, _ = await self._post(
+                execution_id, [(topic, payload, key)], sending=True, sent=sent
+            )
+        except StoreClosedError:
+            if not sent:
+                raise
+            # Closed under the delivery (the app left, say): the message is stored and its
+            # wake row due, so the next start delivers it. Raising would have the caller
+            # send it again, twice without a key.
+            return sent[0].sequence
         return stored[0].sequence
 
     async def _post(
-        self, execution_id: str, messages: Sequence[_Outgoing], *, sending: bool = False
+        self,
+        execution_id: str,
+        messages: Sequence[_Outgoing],
+        *,
+        sending: bool = False,
+        sent: list[Message] | None = None,
     ) -> tuple[list[Message], Fired]:
         """Store ``messages`` (topic, value, key) in order, then wake the receiver; what
         was stored and how its wake went. When the receiver continued as new, what it left
@@ -1795,7 +1811,8 @@ class Loom:
         A receiver whose log the delivery finds deleted (pruned after the sender found it)
         has its inbox, which the message may have made anew, deleted again, and, for
         ``sending`` (app.send's own receiver), ExecutionNotFoundError is raised: the
-        message reaches no one."""
+        message reaches no one. ``sent`` gets the messages of the first hop once they are
+        stored, for a caller to tell them stored when what follows fails."""
         result: tuple[list[Message], Fired] | None = None
         behind: TimerRecord | None = None  # the row of the hop before, until this one holds
         while True:
@@ -1829,6 +1846,8 @@ class Loom:
                         for row in (wake, *claimed):
                             await self.storage.timers.complete(row.execution_id, row.wake_at)
                 raise
+            if result is None and sent is not None:
+                sent.extend(stored)
             first_row = wake
             if claimed:
                 wake = claimed[-1]

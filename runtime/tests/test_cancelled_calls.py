@@ -365,6 +365,40 @@ async def test_a_send_whose_message_is_stored_as_the_app_is_left_returns_its_id(
         assert (await kinds(base.events, "l")).count(EventKind.MESSAGE_CONSUMED) == 1
 
 
+@pytest.mark.parametrize("held", [MESSAGE_KIND, EventKind.EXECUTION_RESUMED])
+async def test_a_send_whose_message_is_stored_as_its_storage_closes_returns_its_id(
+    held: str, tmp_path: Path
+) -> None:
+    # As above, with the storage closed under the send as well (an app opened from a URL
+    # closes its own as it is left): StoreClosedError would say that nothing was done.
+    url = f"sqlite:///{tmp_path / 'loom.db'}"
+    base = await open_storage(url)
+    probe = ProbedEventStore(base.events)
+    storage = Storage(probe, base.timers, base.leases, url=base.url, on_close=base.close)
+
+    async def listen(ctx: Context) -> object:
+        return await ctx.receive("go", timeout=600)
+
+    first = Loom(storage, node="n1", timers=False, recover=False)
+    first.workflow(name="listen")(listen)
+    async with first:
+        await first.start(listen, id="l")
+        await first.drain()
+        gate = Gate(held)
+        probe.after_append = gate
+        send = asyncio.create_task(first.send("l", "go", {"n": 1}))
+        await gate.held.wait()
+    await storage.close()
+    gate.release.set()
+    assert await send == 0
+    again = Loom(url, node="n1")
+    again.workflow(name="listen")(listen)
+    async with again:
+        assert await again.get("l").result(timeout=5) == {"n": 1}
+        assert await kinds(again.storage.events, inbox_of("l")) == [MESSAGE_KIND]
+        assert (await kinds(again.storage.events, "l")).count(EventKind.MESSAGE_CONSUMED) == 1
+
+
 async def test_an_execute_cancelled_as_it_continues_leaves_its_successor_driven() -> None:
     async with wired() as w:
 
