@@ -516,6 +516,10 @@ class Loom:
         # The recovery on entering could not list the executions (the store, or a shard
         # of it, failed): the carry-on tries it again.
         self._relist = False
+        # The type of error the listing's last failure reported to on_error, and how many
+        # listings failed in a row: a store down for hours fails one every 30 s.
+        self._relist_failing: type[Exception] | None = None
+        self._relist_failures = 0
         self._carrying_on: asyncio.Task[None] | None = None
         self._ends: dict[str, list[asyncio.Future[Event | None]]] = {}
         # The timer that wakes those waiting for a run here to read the log (see
@@ -1518,13 +1522,14 @@ class Loom:
                     # it strands.
                     await self._recover(left=self._driven_here)
                     self._driven_here = None
+                    self._relisted()
                 except StoreClosedError as exc:
                     self.hooks.error(exc)
                     self._relist = False
                     self._stranded.clear()
                     return
                 except StorageError as exc:
-                    self.hooks.error(exc)
+                    self._relist_failed(exc)
                     delay = min(delay * 2, CARRY_ON_CAP)
                     relist_at = self.clock.now() + self._jittered(delay)
                     continue
@@ -2167,11 +2172,32 @@ class Loom:
         except StoreClosedError:
             raise
         except StorageError as exc:
-            self.hooks.error(exc)
+            self._relist_failed(exc)
             self._relist = True
             self._carry_on_later()
         else:
             self._driven_here = None
+
+    def _relist_failed(self, exc: StorageError) -> None:
+        """A listing of the recovery on entering failed: the first of a run of them goes
+        to ``on_error``, and one that fails with another type of error; the others to
+        DEBUG (see :meth:`_relisted`)."""
+        self._relist_failures += 1
+        if type(exc) is not self._relist_failing:
+            self._relist_failing = type(exc)
+            self.hooks.error(exc)
+        else:
+            _log.debug("the recovery on entering failed again to list the executions: %s", exc)
+
+    def _relisted(self) -> None:
+        """The recovery on entering listed the executions: an outage it met is over."""
+        if self._relist_failures:
+            _log.info(
+                "the recovery on entering lists the executions again, after %d failed "
+                "listings in a row", self._relist_failures,
+            )
+        self._relist_failing = None
+        self._relist_failures = 0
 
     async def recover(self) -> list[Handle[JsonValue]]:
         """Re-drive every execution this node was running when it last stopped: take a

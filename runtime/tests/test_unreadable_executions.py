@@ -5,10 +5,14 @@ the store answers. A recovery on entering that cannot list the executions is mad
 
 from __future__ import annotations
 
+import logging
 import random
 from datetime import timedelta
 
+import pytest
+
 from loom_runtime import Context, Loom
+from loom_runtime.app import CARRY_ON_CAP
 from loom_runtime.records import started
 from loom_runtime.testing import VirtualClock
 from store_probes import ProbedEventStore, kinds, wired
@@ -125,3 +129,55 @@ async def test_a_recovery_on_entering_that_cannot_list_the_executions_is_made_ag
             await app.drain()
             assert await app.get("y").result(timeout=5) == "recovered"
             assert errors == [down]
+
+
+async def test_a_listing_that_keeps_failing_is_reported_once_and_its_end_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store down for hours fails the carry-on's listing every 30 s: on_error hears of
+    the first failure (and of one of another type), the tries after it go to DEBUG, and
+    the listing that answers again is logged once at INFO."""
+    async with open_storage("memory://") as base:
+        await base.events.append(
+            "y", started_by("n1", "y"), expected_sequence=0, fence=0  # type: ignore[arg-type]
+        )
+        probe = ProbedEventStore(base.events)
+        down = StorageUnavailableError("shard 1 refused the connection")
+        failing: list[LoomError] = [down]
+
+        def after_list() -> None:
+            if failing:
+                raise failing[0]
+
+        probe.after_list = after_list
+        storage = Storage(probe, base.timers, base.leases)
+        clock = VirtualClock()
+        errors: list[BaseException] = []
+        app = Loom(storage, node="n1", clock=clock, random=random.Random(3),
+                   on_error=errors.append, timers=False)
+        app.workflow(name="left")(left_behind)
+        caplog.set_level(logging.DEBUG, logger="loom_runtime")
+        async with app:
+            await app.drain()
+            for _ in range(120):  # an hour of tries
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert errors == [down]
+            other = StorageReadError("shard 1 answered garbage")
+            failing[0] = other  # another type of failure is reported too
+            for _ in range(10):
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert errors == [down, other]
+            assert not [r for r in caplog.records if r.levelno == logging.INFO]
+            failing.clear()
+            await clock.advance(CARRY_ON_CAP)
+            await app.drain()
+            assert await app.get("y").result(timeout=5) == "recovered"
+            assert errors == [down, other]
+            back = [r for r in caplog.records if r.levelno == logging.INFO]
+            assert len(back) == 1
+            assert "lists the executions again" in back[0].getMessage()
+            repeats = [r for r in caplog.records if r.levelno == logging.DEBUG
+                       and "failed again" in r.getMessage()]
+            assert len(repeats) > 100
