@@ -132,8 +132,17 @@ class _Failing:
     """What a schedule's starts met since one last succeeded: the type of error last
     reported to ``on_error``, and how many instants were given up."""
 
-    reported: type[LoomError] | None = None
+    reported: type[Exception] | None = None
     given_up: int = 0
+
+    def report(self, app: Loom, exc: Exception, name: str, argument: str) -> None:
+        """``exc`` met a start: to ``on_error`` when it is the first of a run of failures
+        or of another type than the last reported, else to DEBUG."""
+        if type(exc) is not self.reported:
+            self.reported = type(exc)
+            app.hooks.error(exc)
+        else:
+            _log.debug("schedule %r failed again to start %s: %s", name, argument, exc)
 
     def ended(self, name: str) -> None:
         """An instant started: an outage the schedule met is over."""
@@ -306,12 +315,7 @@ class Scheduler:
                 app.hooks.error(exc)
                 return True
             except LoomError as exc:
-                if type(exc) is not failing.reported:
-                    failing.reported = type(exc)
-                    app.hooks.error(exc)
-                else:
-                    _log.debug("schedule %r failed again to start %s: %s",
-                               schedule.name, argument, exc)
+                failing.report(app, exc, schedule.name, argument)
                 retry_at = app.clock.now() + timedelta(seconds=delay)
                 if following is not None and retry_at >= following:
                     failing.given_up += 1
@@ -329,5 +333,7 @@ class Scheduler:
                 await self._until(retry_at)
                 delay = min(delay * 2, _RETRY_CAP)
             except Exception as exc:  # not the runtime's: a hook's, a decorator's bug
-                app.hooks.error(exc)
+                # Reported as a failing store is: a bug met at every instant of an
+                # every-second schedule is one report, not one a second.
+                failing.report(app, exc, schedule.name, argument)
                 return True  # the next instant is tried as usual

@@ -274,6 +274,47 @@ async def test_a_start_that_raises_something_else_is_reported_and_the_next_insta
         assert [e for e, _, _ in await started(app)] == ["job@2030-01-01T00:02:00Z"]
 
 
+async def test_a_start_that_raises_at_every_instant_is_reported_once_and_its_end_logged(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An every-second schedule whose start meets the same bug (a decorator's) for an
+    hour: on_error hears of the first, and of one of another type; the others go to
+    DEBUG, and the instant that starts again is logged once at INFO."""
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+
+    @app.scheduled(every=1)
+    @app.workflow(name="job")
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    start = app.start
+    bug: list[Exception] = [RuntimeError("a decorator's bug")]
+
+    async def buggy_start(*args: object, **kwargs: object) -> object:
+        if bug:
+            raise bug[0]
+        return await start(*args, **kwargs)  # type: ignore[call-overload]
+
+    app.start = buggy_start  # type: ignore[method-assign,assignment]
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    async with app:
+        await clock.advance(3600)
+        assert errors == [bug[0]]
+        other = KeyError("another bug")
+        bug[0] = other
+        await clock.advance(10)
+        assert [type(e) for e in errors] == [RuntimeError, KeyError]
+        assert not [r for r in caplog.records if r.levelno == logging.INFO]
+        bug.clear()
+        await clock.advance(1)
+        assert await started(app)
+        back = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert back == ["schedule 'job' starts its instants again"]
+    assert len(errors) == 2
+
+
 async def test_a_drain_returns_while_a_schedule_keeps_coming_due(storage: Storage) -> None:
     """Runs of an every-second schedule that last longer than a second overlap: a drain
     holds the instants that come due while it waits, so it returns, and they are started
