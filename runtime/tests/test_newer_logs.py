@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from loom_runtime import Context, LogFormatError, Loom
 from loom_runtime.fold import fold
+from loom_runtime.testing import VirtualClock
 
 from loom_core import EventKind, JsonObject, NewEvent, open_storage
 
@@ -87,3 +88,35 @@ async def test_a_recovery_over_a_kernel_kind_a_newer_runtime_wrote_writes_nothin
     assert [type(e) for e in reported(app)] == [LogFormatError]
     assert "upgrade loom-runtime" in str(reported(app)[0])
     assert await events.acquire_fence("a") == newer + 1  # the recovery took no token
+
+
+async def test_a_timer_row_over_a_kernel_kind_a_newer_runtime_wrote_is_reported_once(
+    app: Loom, clock: VirtualClock
+) -> None:
+    """A parked execution whose log a newer runtime went on writing: its timer row is
+    tried at each of the service's backoffs for as long as it stays, and on_error hears
+    of the LogFormatError once, not at each try."""
+
+    @app.workflow(name="w")
+    async def w(ctx: Context) -> object:
+        await ctx.sleep(60)
+        return "woke"
+
+    handle = await app.start(w, id="a")
+    await app.drain()
+    assert await handle.status() == "suspended"
+    events = app.storage.events
+    head = len(await events.read("a"))
+    newer = await events.acquire_fence("a")
+    await events.append(
+        "a", [NewEvent("EXECUTION_PAUSED", {"by": "ops"}, {"kernel": True})],
+        expected_sequence=head, fence=newer,
+    )
+    before = await events.read("a")
+    for _ in range(120):  # an hour past the row's time
+        await clock.advance(30)
+    assert await events.read("a") == before
+    assert [type(e) for e in reported(app)] == [LogFormatError]
+    assert [row.execution_id for row in await app.storage.timers.pending("a")] == ["a"]
+    attempts, _ = app.timer_service.backing_off()["a"]
+    assert attempts > 10  # tried again and again, reported once
