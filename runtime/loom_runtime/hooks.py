@@ -14,7 +14,10 @@
 ``on_event`` and ``on_durable_event`` are handed their own copy of the event: a hook that
 changes its payload in place must change neither what is written nor what the run keeps.
 
-A hook that raises is logged, whatever it raises but KeyboardInterrupt and SystemExit.
+A hook that raises is logged, whatever it raises but KeyboardInterrupt and SystemExit:
+each bug (a hook, the type of what it raised, the line it raised from) with its traceback
+the first time, then at DEBUG, with a line counting its repeats at the 10th, 100th,
+1000th...: a hook that fails at every event is seen, without a traceback per event.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import final
+from typing import Final, final
 
 from loom_core import Event, InvalidOptionError, JsonValue, NewEvent
 from loom_runtime.records import fresh
@@ -37,10 +42,18 @@ OnDurableEvent = Callable[[Event], object]
 OnStorageError = Callable[[str, BaseException], object]
 OnError = Callable[[BaseException], object]
 
+_BUGS_REMEMBERED: Final = 256
+"""How many hook bugs the counts are kept for; the oldest is forgotten first (and logged
+with its traceback again if it comes back)."""
+
+_Bug = tuple[str, type[BaseException] | None, str, int]
+"""A hook's name, what it raised (None: it returned a coroutine), and the file and line
+it raised from."""
+
 
 @final
 class Hooks:
-    __slots__ = ("on_durable_event", "on_error", "on_event", "on_storage_error")
+    __slots__ = ("_bugs", "on_durable_event", "on_error", "on_event", "on_storage_error")
 
     def __init__(
         self,
@@ -71,6 +84,8 @@ class Hooks:
         self.on_durable_event = on_durable_event
         self.on_storage_error = on_storage_error
         self.on_error = on_error
+        # How often each hook bug was met (see the module docstring).
+        self._bugs: OrderedDict[_Bug, int] = OrderedDict()
 
     def event(self, execution_id: str, event: NewEvent) -> None:
         if self.on_event is not None:
@@ -96,20 +111,58 @@ class Hooks:
             return
         self._call("on_error", self.on_error, error)
 
-    @staticmethod
-    def _call(name: str, hook: Callable[..., object], *args: object) -> None:
+    def _call(self, name: str, hook: Callable[..., object], *args: object) -> None:
         try:
             result = hook(*args)
         except (KeyboardInterrupt, SystemExit):
             raise  # they end the process, from a hook as from anywhere
-        except BaseException:
+        except BaseException as exc:
             # A hook is no part of a run: whatever else it raises (a BaseException of its
             # own too) must not stop the run, nor be reported as the body's.
-            _log.exception("the %s hook raised; the run goes on", name)
+            self._raised(name, exc)
             return
         if result is not None and inspect.iscoroutine(result):
             result.close()  # never awaited: say so, rather than Python's bare warning
-            _log.error("the %s hook returned a coroutine, which is not awaited", name)
+            count = self._met((name, None, "", 0))
+            if count == 1 or _tenfold(count):
+                _log.error(
+                    "the %s hook returned a coroutine, which is not awaited (%d times so far)",
+                    name, count,
+                )
+
+    def _raised(self, name: str, exc: BaseException) -> None:
+        """Log what a hook raised: with its traceback the first time this bug is met, then
+        at DEBUG, counted at ERROR at the 10th, 100th, 1000th... time."""
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        filename, line = ("", 0) if where is None else (
+            where.tb_frame.f_code.co_filename, where.tb_lineno
+        )
+        count = self._met((name, type(exc), filename, line))
+        if count == 1:
+            _log.error("the %s hook raised; the run goes on", name, exc_info=exc)
+        elif _tenfold(count):
+            _log.error(
+                "the %s hook raised %s at %s:%d again: %d times so far (after the first, "
+                "logged at DEBUG); the run goes on",
+                name, type(exc).__name__, os.path.basename(filename), line, count,
+            )
+        else:
+            _log.debug("the %s hook raised again: %r", name, exc, exc_info=exc)
+
+    def _met(self, bug: _Bug) -> int:
+        """How many times ``bug`` was met, this one included."""
+        count = self._bugs.pop(bug, 0) + 1
+        self._bugs[bug] = count
+        while len(self._bugs) > _BUGS_REMEMBERED:
+            self._bugs.popitem(last=False)
+        return count
+
+
+def _tenfold(count: int) -> bool:
+    """Whether ``count`` is 10, 100, 1000...: when a repeated hook bug is counted."""
+    return count >= 10 and str(count).rstrip("0") == "1"
 
 
 def _fresh_metadata(metadata: Mapping[str, JsonValue]) -> dict[str, JsonValue]:

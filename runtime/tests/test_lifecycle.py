@@ -901,3 +901,42 @@ async def test_leaving_the_app_stops_a_run_whose_step_swallowed_its_cancellation
         assert await kinds(storage.events, "f") == [EventKind.EXECUTION_STARTED]
     finally:
         await storage.close()
+
+
+async def test_a_hook_that_raises_at_every_event_logs_each_bug_once_then_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hook bug met at every event is logged with its traceback once per place it
+    raises from and type of error, its repeats at DEBUG, and a line counting them at the
+    10th, 100th, 1000th...: seen, without a traceback per event."""
+    seen = [0]
+
+    def on_durable_event(event: Event) -> None:
+        seen[0] += 1
+        if event.kind == EventKind.EXECUTION_COMPLETED:
+            raise ValueError("no handler for the end")  # another bug, in another place
+        raise KeyError(event.kind)
+
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    async with open_storage("memory://") as storage:
+        app = Loom(storage, node="n", clock=VirtualClock(), on_durable_event=on_durable_event)
+
+        @app.workflow(name="many")
+        async def many(ctx: Context, n: int) -> int:
+            for i in range(n):
+                await ctx.step(lambda: 1, name=f"s{i}")
+            return n
+
+        async with app:
+            assert await app.execute(many, 150, id="m") == 150
+            assert await app.execute(many, 1, id="m2") == 1
+    assert seen[0] == 155
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    first = [r for r in errors if r.exc_info is not None]
+    assert [type(r.exc_info[1]) for r in first if r.exc_info] == [KeyError, ValueError]
+    assert all("the on_durable_event hook raised" in r.getMessage() for r in errors)
+    counted = [r.getMessage() for r in errors if r.exc_info is None]
+    assert len(counted) == 2  # KeyError's 10th and 100th
+    assert "KeyError" in counted[0]
+    assert "10 times" in counted[0]
+    assert "100 times" in counted[1]

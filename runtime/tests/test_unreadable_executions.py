@@ -10,7 +10,6 @@ import random
 from datetime import timedelta
 
 import pytest
-
 from loom_runtime import Context, Loom
 from loom_runtime.app import CARRY_ON_CAP
 from loom_runtime.records import started
