@@ -1550,6 +1550,7 @@ class Loom:
                             limited=strand.limited,
                             settled=strand.settled,
                         )
+                    self.hooks.store_answered()
                 except StoreClosedError as exc:
                     # The storage was closed under the app: nothing will answer again.
                     self.hooks.error(exc)

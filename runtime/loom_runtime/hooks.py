@@ -7,7 +7,10 @@
   at most once: a process that dies just after a write never delivers that event. A write
   whose reply was lost is reported once a take-back finds it in the log, so the order may
   differ from the log's.
-- ``on_storage_error(execution_id, error)``: a store call failed under a run.
+- ``on_storage_error(execution_id, error)``: a store call failed under a run. With none
+  given, it is logged at WARNING: the first of a run of such failures, and one of another
+  type of error; the others at DEBUG, and once at INFO when the app carries a run the
+  store stopped on again (an outage stops every run at once, and fails each carry-on try).
 - ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
   background, an exhausted re-drive, a failing poll).
 
@@ -53,7 +56,15 @@ it raised from."""
 
 @final
 class Hooks:
-    __slots__ = ("_bugs", "on_durable_event", "on_error", "on_event", "on_storage_error")
+    __slots__ = (
+        "_bugs",
+        "_storage_failing",
+        "_storage_failures",
+        "on_durable_event",
+        "on_error",
+        "on_event",
+        "on_storage_error",
+    )
 
     def __init__(
         self,
@@ -86,6 +97,10 @@ class Hooks:
         self.on_error = on_error
         # How often each hook bug was met (see the module docstring).
         self._bugs: OrderedDict[_Bug, int] = OrderedDict()
+        # With no on_storage_error: the type of store failure last logged at WARNING, and
+        # how many failed since the store last answered (see storage_error).
+        self._storage_failing: type[BaseException] | None = None
+        self._storage_failures = 0
 
     def event(self, execution_id: str, event: NewEvent) -> None:
         if self.on_event is not None:
@@ -102,6 +117,30 @@ class Hooks:
     def storage_error(self, execution_id: str, error: BaseException) -> None:
         if self.on_storage_error is not None:
             self._call("on_storage_error", self.on_storage_error, execution_id, error)
+            return
+        self._storage_failures += 1
+        about = {"execution_id": execution_id}
+        if type(error) is not self._storage_failing:
+            self._storage_failing = type(error)
+            _log.warning(
+                "a store call failed under %s, which stops until the store answers and the "
+                "app carries it on: %s (more such failures are logged at DEBUG until then)",
+                execution_id, error, extra=about,
+            )
+        else:
+            _log.debug("a store call failed again under %s: %s", execution_id, error,
+                       extra=about)
+
+    def store_answered(self) -> None:
+        """The app carried on a run a store call stopped: the failures logged for want of
+        ``on_storage_error`` are over."""
+        if self._storage_failures and self.on_storage_error is None:
+            _log.info(
+                "the store answers again: a run it stopped is carried on, after %d store "
+                "calls failed under runs", self._storage_failures,
+            )
+        self._storage_failing = None
+        self._storage_failures = 0
 
     def error(self, error: BaseException) -> None:
         if self.on_error is None:

@@ -742,3 +742,64 @@ async def test_a_cancel_whose_answer_landed_unheard_is_reported_and_returns_true
         assert [e.kind for e in log][-1] == EventKind.EXECUTION_CANCELLED
         assert f.heard == (list(log) if hook else [])
         assert await f.base.timers.pending("l") == ()  # its timeout's row went with it
+
+
+async def test_with_no_on_storage_error_an_outage_is_logged_once_and_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No on_storage_error given: the store failure that stops runs is not lost, it is
+    logged at WARNING, once for the outage however many runs it stops and however many
+    carry-on tries it fails (the others at DEBUG), and once at INFO when a run is carried
+    on again."""
+    base = await open_storage("memory://")
+    switch = Switch()
+    storage = Storage(
+        FailingEventStore(base.events, switch),
+        FailingTimerStore(base.timers, switch),
+        base.leases,
+        url=base.url,
+        on_close=base.close,
+    )
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n1", clock=clock, random=random.Random(7), timers=False,
+               recover=False, on_error=errors.append)
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+
+    async def charge() -> str:
+        switch.trip()  # the store goes down while the steps run
+        return "charged"
+
+    @app.workflow()
+    async def order(ctx: Context) -> str:
+        return await ctx.step(charge)
+
+    try:
+        async with app:
+            handles = [await app.start(order, id=f"o{i}") for i in range(3)]
+            await app.drain()
+            assert app.stranded == {"o0", "o1", "o2"}
+            for _ in range(120):  # an hour of carry-on tries
+                await asyncio.sleep(0)
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert app.stranded == {"o0", "o1", "o2"}
+            warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+            assert len(warned) == 1
+            assert "a store call failed under o0" in warned[0].getMessage()
+            assert warned[0].execution_id == "o0"  # type: ignore[attr-defined]
+            assert len([r for r in caplog.records if r.levelno == logging.DEBUG
+                        and "a store call failed again" in r.getMessage()]) > 100
+            assert not [r for r in caplog.records if r.levelno == logging.INFO]
+            switch.down = False
+            for _ in range(3):
+                await asyncio.sleep(0)
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert [await h.result(timeout=5) for h in handles] == ["charged"] * 3
+            back = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+            assert len(back) == 1
+            assert back[0].startswith("the store answers again")
+    finally:
+        await storage.close()
+    assert errors == []
