@@ -24,8 +24,9 @@ exponential full jitter from ``backoff_base`` seconds, capped at ``backoff_cap``
 row is retired, with the execution's other due rows (each would wake the same park and
 start the tries over); the park stays unanswered for an operator or a recovery. A row whose
 execution cannot be read or answered (its payloads shredded, a shard it needs down) backs
-off the same way without giving up, reported to ``on_error`` once per run of failures:
-one such row never holds up the rows behind it. The memory of
+off the same way without giving up, reported to ``on_error`` once per run of failures
+(the further tries at DEBUG, the wake that ends them at INFO): one such row never holds
+up the rows behind it. The memory of
 those tries, and of the rows left, is bounded (``capacity`` entries each; the oldest is
 forgotten first, and tried again at the next poll). Re-drive
 rows (``TimerRecord.redrive``) belong to registered re-drivers; with none registered the
@@ -326,7 +327,7 @@ class TimerService:
             return self._retry_later(row, exc, "failing")
         key = (row.execution_id, row.wake_at)
         if outcome == "left":
-            self._backoff.pop(row.execution_id, None)
+            self._ended(self._backoff.pop(row.execution_id, None), row)
             # Looked at again after a backoff that grows as a contended one does: the row
             # waits for its execution to park (which writes it again, and ends the
             # backoff: see forget_left) or for a recovery.
@@ -346,9 +347,19 @@ class TimerService:
             # The row stays (a full disk, a store away): tried again after a growing wait,
             # which finds what this wake did and retires it. The poll goes on.
             return self._retry_later(row, exc, "failing")
-        self._backoff.pop(row.execution_id, None)
+        self._ended(self._backoff.pop(row.execution_id, None), row)
         self._left.pop(key, None)
         return outcome
+
+    @staticmethod
+    def _ended(entry: _Backoff | None, row: TimerRecord) -> None:
+        """``row`` woke its execution: the failures of its tries, reported to
+        ``on_error`` once, are over."""
+        if entry is not None and entry.cause != "contended":
+            _log.info(
+                "the timer row of %r wakes it again, after %d failed tries",
+                row.execution_id, entry.attempt, extra={"execution_id": row.execution_id},
+            )
 
     async def _contended(self, row: TimerRecord) -> Fired:
         now = self.app.clock.now()
@@ -386,6 +397,11 @@ class TimerService:
         entry = self._backoff.pop(row.execution_id, None)
         if entry is None or entry.cause != cause:
             self.app.hooks.error(exc)
+        else:
+            _log.debug(
+                "the timer row of %r failed again to wake it: %s", row.execution_id, exc,
+                extra={"execution_id": row.execution_id},
+            )
         attempt = (entry.attempt if entry is not None and entry.cause == cause else 0) + 1
         self._backoff[row.execution_id] = _Backoff(
             attempt, self.app.clock.now() + self._jitter(attempt), cause

@@ -72,6 +72,38 @@ async def test_a_row_whose_execution_cannot_be_read_holds_up_no_row_behind_it() 
         assert await w.app.get("a").result(timeout=5) == "awake"
 
 
+async def test_a_row_whose_execution_is_readable_again_logs_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tries of a row whose execution cannot be read: the first to on_error, the
+    others to DEBUG, and one INFO line when the row wakes its execution again."""
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    async with wired() as w:
+        await w.app.start("nap", id="a")
+        await w.app.drain()
+        shredded = PayloadShreddedError("a", 0, "key-alice")
+        failures: dict[str, LoomError] = {"a": shredded}
+        failing_reads(w.probe, failures)
+        service = w.app.timer_service
+        await w.clock.advance(60)
+        for _ in range(5):
+            await service.poll_once()
+            await w.clock.advance(3600)
+        assert w.errors == [shredded]
+        again = [r for r in caplog.records if r.levelno == logging.DEBUG
+                 and "failed again" in r.getMessage()]
+        assert len(again) == 4
+        assert not [r for r in caplog.records if r.levelno == logging.INFO]
+        failures.clear()
+        fired = {row.execution_id: what for row, what in (await service.poll_once()).items()}
+        assert fired == {"a": "resumed"}
+        back = [r for r in caplog.records if r.levelno == logging.INFO]
+        assert [r.getMessage() for r in back] == [
+            "the timer row of 'a' wakes it again, after 5 failed tries"
+        ]
+        assert back[0].execution_id == "a"  # type: ignore[attr-defined]
+
+
 async def test_recovery_takes_over_every_execution_it_can_and_carries_on_the_rest() -> None:
     async with wired() as w:
         w.app.workflow(name="left")(left_behind)
