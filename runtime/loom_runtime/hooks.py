@@ -188,7 +188,8 @@ class Hooks:
                 name, type(exc).__name__, os.path.basename(filename), line, count,
             )
         else:
-            _log.debug("the %s hook raised again: %r", name, exc, exc_info=exc)
+            # No traceback: it raised from the same line as the one logged.
+            _log.debug("the %s hook raised again: %r", name, exc)
 
     def _met(self, bug: _Bug) -> int:
         """How many times ``bug`` was met, this one included."""
