@@ -163,10 +163,12 @@ class Hooks:
         if result is not None and inspect.iscoroutine(result):
             result.close()  # never awaited: say so, rather than Python's bare warning
             count = self._met((name, None, "", 0))
-            if count == 1 or _tenfold(count):
+            if count == 1:
+                _log.error("the %s hook returned a coroutine, which is not awaited", name)
+            elif _tenfold(count):
                 _log.error(
-                    "the %s hook returned a coroutine, which is not awaited (%d times so far)",
-                    name, count,
+                    "the %s hook returned a coroutine again, which is not awaited: %d times "
+                    "so far", name, count,
                 )
 
     def _raised(self, name: str, exc: BaseException) -> None:
