@@ -940,3 +940,27 @@ async def test_a_hook_that_raises_at_every_event_logs_each_bug_once_then_counts(
     assert "KeyError" in counted[0]
     assert "10 times" in counted[0]
     assert "100 times" in counted[1]
+
+
+async def test_a_hook_that_returns_a_coroutine_at_every_event_is_logged_once_then_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def alert(event: Event) -> None:
+        raise AssertionError("never awaited")
+
+    app = Loom("memory://", node="n", clock=VirtualClock(), on_durable_event=lambda e: alert(e))
+
+    @app.workflow(name="steps")
+    async def steps(ctx: Context) -> str:
+        for i in range(20):
+            await ctx.step(lambda: 1, name=f"s{i}")
+        return "done"
+
+    async with app:
+        assert await app.execute(steps, id="s") == "done"
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [
+        "the on_durable_event hook returned a coroutine, which is not awaited",
+        "the on_durable_event hook returned a coroutine again, which is not awaited: 10 "
+        "times so far",
+    ]
