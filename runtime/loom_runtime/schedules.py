@@ -207,6 +207,23 @@ class Scheduler:
         task.add_done_callback(self._working.discard)
 
     async def _serve(self, schedule: Schedule) -> None:
+        """Serve ``schedule`` until the app leaves. A failure none of the steps below
+        expects (a bug: ours, a clock's) ends the task: it goes to ``on_error`` and an
+        ERROR line says the schedule is no longer served, rather than the task dying
+        unheard and the schedule stopping without a word."""
+        try:
+            await self._serve_instants(schedule)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.app.hooks.error(exc)
+            _log.error(
+                "schedule %r is no longer served in this process: %s: %s; it is served "
+                "again when the app is entered again",
+                schedule.name, type(exc).__name__, exc,
+            )
+
+    async def _serve_instants(self, schedule: Schedule) -> None:
         if not await self._fits(schedule):
             return
         clock = self.app.clock

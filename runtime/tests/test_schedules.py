@@ -274,6 +274,43 @@ async def test_a_start_that_raises_something_else_is_reported_and_the_next_insta
         assert [e for e, _, _ in await started(app)] == ["job@2030-01-01T00:02:00Z"]
 
 
+async def test_a_schedule_stopped_by_a_bug_says_so(
+    storage: Storage, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure outside the start of an instant (here the schedule's own next instant,
+    broken) ends the schedule's task: on_error hears of it, and an ERROR line says the
+    schedule is no longer served. Before, the task died unheard."""
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n", clock=clock, on_error=errors.append)
+
+    @app.scheduled(every=60)
+    @app.workflow(name="job")
+    async def job(ctx: Context, scheduled_at: str) -> None:
+        return None
+
+    computed = Schedule.next_after
+    calls: list[datetime] = []
+    bug = ArithmeticError("a broken calendar")
+
+    def breaking(self: Schedule, moment: datetime) -> datetime | None:
+        calls.append(moment)
+        if len(calls) > 1:
+            raise bug
+        return computed(self, moment)
+
+    monkeypatch.setattr(Schedule, "next_after", breaking)
+    caplog.set_level(logging.ERROR, logger="loom_runtime")
+    async with app:
+        await clock.advance(120)
+        assert errors == [bug]
+        assert [r.getMessage() for r in caplog.records] == [
+            "schedule 'job' is no longer served in this process: ArithmeticError: a broken "
+            "calendar; it is served again when the app is entered again"
+        ]
+        assert not await started(app)
+
+
 async def test_a_start_that_raises_at_every_instant_is_reported_once_and_its_end_logged(
     storage: Storage, caplog: pytest.LogCaptureFixture
 ) -> None:
