@@ -2,7 +2,10 @@
 
     LoomError
     ├── InvalidInputError
-    │   └── CrossShardError             a multi-id call whose ids live on different shards
+    │   ├── CrossShardError             a multi-id call whose ids live on different shards
+    │   └── InvalidOptionError
+    │       └── ShardLayoutChangedError  .shard, .reason: opened in another layout than
+    │                                    the one its data was written in
     └── StorageError
         └── StorageUnavailableError
             └── ShardUnavailableError   .shard (index, name, url), .execution_id
@@ -14,9 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from loom_core.errors import InvalidInputError, StorageUnavailableError
+from loom_core.errors import InvalidInputError, InvalidOptionError, StorageUnavailableError
 
-__all__ = ["CrossShardError", "Shard", "ShardUnavailableError", "redact_url"]
+__all__ = [
+    "CrossShardError",
+    "Shard",
+    "ShardLayoutChangedError",
+    "ShardUnavailableError",
+    "redact_url",
+]
 
 
 def redact_url(url: str) -> str:
@@ -80,3 +89,20 @@ class CrossShardError(InvalidInputError):
             for index, ids in sorted(by_shard.items())
         )
         super().__init__(f"{method} spans several shards ({where}): {why}")
+
+
+class ShardLayoutChangedError(InvalidOptionError):
+    """The shards were opened in another layout than the one their data was written in.
+
+    Routing depends on the shard names (positions, for default names) and ``colocate``;
+    opened differently, existing executions would be looked for on shards that do not hold
+    them. ``shard`` is the shard whose record disagrees, ``reason`` what changed. Nothing
+    was written; reopen with the recorded layout (docs/sharded.md, "Changing the layout").
+    """
+
+    def __init__(self, shard: Shard, reason: str, remedy: str) -> None:
+        self.shard = shard
+        self.reason = reason
+        super().__init__(
+            f"the shard layout changed: {shard}: {reason}; {remedy}"
+        )

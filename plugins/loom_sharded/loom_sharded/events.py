@@ -10,6 +10,7 @@ from loom_core.decorating import Decisions, EventStoreDecorator, Implement
 from loom_core.errors import InvalidInputError, InvalidOptionError
 from loom_core.spi import (
     DEFAULT_LIST_LIMIT,
+    MAX_POSITION,
     AppendRequest,
     ConditionalFence,
     EventStore,
@@ -18,6 +19,7 @@ from loom_core.spi import (
     check_limit,
 )
 from loom_sharded.errors import CrossShardError, Shard
+from loom_sharded.layout import LAYOUT_ID
 from loom_sharded.placement import Placement, on_shard
 from loom_sharded.routing import ShardRouter
 
@@ -130,11 +132,15 @@ class ShardedEventStore(EventStoreDecorator):
         if after is not None:
             after = check_execution_id(after)
         limit = check_limit(limit)
+        # One more than the page, so a shard's page is still ``limit`` long without its
+        # layout record (which is no execution, and is left out).
         pages = await self.placement.all(
-            lambda store: store.list_executions(after=after, limit=limit)
+            lambda store: store.list_executions(after=after, limit=min(limit + 1, MAX_POSITION))
         )
         merged: list[str] = []
-        for execution_id in heapq.merge(*pages):
+        for execution_id in heapq.merge(
+            *([i for i in page if i != LAYOUT_ID][:limit] for page in pages)
+        ):
             # An id found on two shards (a copy left behind by a migration) is listed once.
             if merged and merged[-1] == execution_id:
                 continue

@@ -28,12 +28,13 @@ from loom_core.errors import InvalidOptionError
 from loom_core.spi import EventStore, LeaseStore, TimerStore
 from loom_sharded.errors import Shard, redact_url
 from loom_sharded.events import ShardedEventStore
+from loom_sharded.layout import check_records
 from loom_sharded.leases import ShardedLeaseStore
 from loom_sharded.placement import Placement
 from loom_sharded.routing import ShardRouter, default_names
 from loom_sharded.timers import ShardedTimerStore
 
-__all__ = ["ShardedDecorator", "loom_register_decorators", "sharded_storage"]
+__all__ = ["ShardedDecorator", "check_layout", "loom_register_decorators", "sharded_storage"]
 
 OPTIONS: Final = frozenset({"shards", "names", "colocate"})
 CONFORMANCE_EXTRA_SHARDS: Final = 2
@@ -77,6 +78,9 @@ def sharded_storage(
     twice, names that are not one unique printable str per shard, a bad ``colocate``,
     shards decorated differently, and shards whose event stores do not offer the same
     optional methods.
+
+    Await :func:`check_layout` on the result before using it: it records the layout on a
+    first open and refuses one that changed since (the ``sharded`` decorator does it).
     """
     if isinstance(shards, str) or not isinstance(shards, Sequence) or not shards:
         raise InvalidOptionError("sharded_storage needs a non-empty list of Storage")
@@ -104,6 +108,21 @@ def sharded_storage(
 
     url = "sharded(" + ", ".join(shard.url or "?" for shard in info) + ")"
     return Storage(events, timers, leases, url=url, on_close=close_shards)
+
+
+async def check_layout(storage: Storage) -> None:
+    """Record the layout of a sharded ``storage`` on its first open; refuse a changed one.
+
+    On the first open every shard gets a record of the shard names, its own name and
+    ``colocate`` (:mod:`loom_sharded.layout`); each later call reads them back. Raises
+    :class:`~loom_sharded.errors.ShardLayoutChangedError` (nothing written) when a shard was
+    added, removed or renamed, default-named shards were reordered, ``colocate`` changed,
+    or one database is given as two shards; :class:`~loom_sharded.errors.ShardUnavailableError`
+    when a shard does not answer. One read per shard; appends never look at the record.
+    """
+    if not isinstance(storage, Storage) or not isinstance(storage.events, ShardedEventStore):
+        raise InvalidOptionError("check_layout needs a storage made by sharded_storage")
+    await check_records(storage.events.placement)
 
 
 def _layers(storage: Storage) -> tuple[str, ...]:
@@ -204,7 +223,9 @@ class ShardedDecorator:
                 else:
                     assert isinstance(item, Storage)
                     shards.append(item)
-            return sharded_storage(shards, names=names, colocate=colocate)
+            sharded = sharded_storage(shards, names=names, colocate=colocate)
+            await check_layout(sharded)
+            return sharded
         except BaseException:
             # Only what we opened: the caller still owns what it handed in.
             for shard in opened:

@@ -23,9 +23,15 @@ from loom_conformance.suites import (
     TestLeaseStoreContract,
     TestTimerStoreContract,
 )
-from loom_sharded import ShardedEventStore, ShardUnavailableError, sharded_storage
+from loom_sharded import (
+    ShardedEventStore,
+    ShardLayoutChangedError,
+    ShardUnavailableError,
+    check_layout,
+    sharded_storage,
+)
 
-from loom_core import NewEvent, Storage, TimerRecord, open_storage
+from loom_core import InvalidOptionError, NewEvent, Storage, TimerRecord, open_storage
 
 __all__ = [
     "TestEventStoreContract",
@@ -110,3 +116,38 @@ async def test_a_postgres_shard_that_is_gone_fails_only_its_own_executions(
             await storage.events.list_executions()
         due = await storage.timers.due(T0 + timedelta(days=1), limit=100)
         assert sorted(r.execution_id for r in due) == sorted(owned[0] + owned[2])
+
+
+async def test_a_postgres_layout_change_is_refused_at_open(shard_urls: list[str]) -> None:
+    schema = fresh_schema()
+
+    async def opened(urls: list[str], colocate: str | None = None) -> Storage:
+        shards = [await open_storage(url, options=schema) for url in urls]
+        storage = sharded_storage(shards, colocate=colocate)
+        try:
+            await check_layout(storage)
+        except BaseException:
+            await storage.close()
+            raise
+        return storage
+
+    async with await opened(shard_urls[:2]) as storage:
+        for n in range(20):
+            await storage.events.append(f"order-{n}", [NewEvent("A")], expected_sequence=0)
+
+    with pytest.raises(ShardLayoutChangedError, match=r"added \['shard-2'\]"):
+        await opened(shard_urls)
+    with pytest.raises(ShardLayoutChangedError, match="reordered"):
+        await opened([shard_urls[1], shard_urls[0]])
+    with pytest.raises(ShardLayoutChangedError, match="colocate") as refused:
+        await opened(shard_urls[:2], colocate="-")
+    assert isinstance(refused.value, InvalidOptionError)
+    with pytest.raises(ShardLayoutChangedError, match="one database is given as two"):
+        await opened([shard_urls[2], shard_urls[2]])
+
+    async with await opened(shard_urls[:2]) as storage:
+        assert await storage.events.list_executions() == tuple(
+            sorted(f"order-{n}" for n in range(20))
+        )
+        for n in range(20):
+            assert await storage.events.head(f"order-{n}") == 1

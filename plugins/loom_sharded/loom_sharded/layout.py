@@ -1,0 +1,173 @@
+"""The layout record: each shard remembers the layout it was first opened in.
+
+Routing depends on the shard names (and their positions, for default names) and on
+``colocate``. Opened with another layout, the same data would be looked for on the wrong
+shards: existing executions would read as empty, and a new start of one would create a
+second log on another shard. So the first open writes, on every shard, one event to the
+reserved log :data:`LAYOUT_ID` naming every shard, the shard it is written on and the
+``colocate`` separator; every later open (:func:`check_records`) reads it back and refuses a
+different layout with :class:`~loom_sharded.errors.ShardLayoutChangedError` before anything
+is routed. Appends never read it: the check costs one read per shard at open.
+
+Accepted: reordering *named* shards (an id's owner depends on names only). Refused: a
+shard added, removed or renamed, default-named shards reordered, ``colocate`` changed, and
+a store holding another shard's record (the same database given twice under two URLs).
+A shard with no record among shards whose records all match is given one: that is a
+first open stopped before every shard was written (or a shard emptied since, which the
+records cannot tell apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from loom_core import NewEvent
+from loom_core.errors import ConflictError
+from loom_core.spi import EventStore
+from loom_sharded.errors import Shard, ShardLayoutChangedError
+from loom_sharded.placement import Placement, on_shard
+
+__all__ = ["LAYOUT_ID", "LAYOUT_KIND", "Layout", "check_records"]
+
+LAYOUT_ID: Final = "$loom-sharded:layout"
+"""The reserved log, on every shard, holding that shard's layout record. The sharded
+store leaves it out of ``list_executions``."""
+LAYOUT_KIND: Final = "SHARD_LAYOUT"
+_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What routing depends on, as one shard records it."""
+
+    names: tuple[str, ...]
+    """Every shard's name, shard 0 first."""
+    shard: str
+    """The name of the shard this record is on."""
+    colocate: str | None
+
+    def event(self) -> NewEvent:
+        return NewEvent(
+            LAYOUT_KIND,
+            {"version": _VERSION, "names": list(self.names), "shard": self.shard,
+             "colocate": self.colocate},
+        )
+
+    @classmethod
+    def parse(cls, payload: object) -> Layout | None:
+        """The layout in a record's payload, or None for one this version cannot read."""
+        if not isinstance(payload, dict) or payload.get("version") != _VERSION:
+            return None
+        names, shard, colocate = payload.get("names"), payload.get("shard"), payload.get(
+            "colocate")
+        if (not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+                or not isinstance(shard, str)
+                or not (colocate is None or isinstance(colocate, str))):
+            return None
+        return cls(tuple(names), shard, colocate)
+
+
+async def _recorded(placement: Placement[EventStore]) -> list[Layout | None]:
+    async def one(store: EventStore, shard: Shard) -> Layout | None:
+        with on_shard(shard):
+            events = await store.read(LAYOUT_ID, limit=1)
+        if not events:
+            return None
+        layout = Layout.parse(events[0].payload)
+        if layout is None:
+            raise ShardLayoutChangedError(
+                shard,
+                f"its layout record ({LAYOUT_ID!r}) is not one this version of loom-sharded "
+                "can read",
+                "open it with the version that wrote it",
+            )
+        return layout
+
+    return list(await asyncio.gather(
+        *(one(store, shard) for store, shard in zip(placement.stores, placement.shards,
+                                                    strict=True))
+    ))
+
+
+def _compare(current: Layout, recorded: Layout, shard: Shard, names: Sequence[str]) -> None:
+    """Raise :class:`ShardLayoutChangedError` when ``recorded`` routes unlike ``current``."""
+    keep = "reopen with the layout it was written with"
+    if recorded.shard != current.shard:
+        if recorded.shard in names:
+            where = names.index(recorded.shard)
+            raise ShardLayoutChangedError(
+                shard,
+                f"it holds the record of shard {recorded.shard!r}, which is now at position "
+                f"{where}: either the shard list was reordered while the shards carry default "
+                "names (which are positions), or one database is given as two shards",
+                "list the shards in their original order, or name them (names=) with the "
+                "names they were first opened under; give each database once",
+            )
+        raise ShardLayoutChangedError(
+            shard,
+            f"it was first opened as shard {recorded.shard!r}, a name not in the current "
+            f"layout {list(names)} (recorded layout {list(recorded.names)})",
+            f"renaming a shard moves its executions; {keep}",
+        )
+    added = sorted(set(current.names) - set(recorded.names))
+    removed = sorted(set(recorded.names) - set(current.names))
+    if added or removed:
+        change = "; ".join(
+            part for part in (f"added {added}" if added else "",
+                              f"removed {removed}" if removed else "") if part
+        )
+        raise ShardLayoutChangedError(
+            shard,
+            f"the shards changed since it was first opened ({change}; recorded "
+            f"{list(recorded.names)}, now {list(current.names)}): the executions the change "
+            "moves would be looked for on shards that do not hold them",
+            "the decorator does not move data; reopen with the recorded shards, or move the "
+            "data and reset the records as docs/sharded.md 'Changing the layout' describes",
+        )
+    if recorded.colocate != current.colocate:
+        raise ShardLayoutChangedError(
+            shard,
+            f"colocate was {recorded.colocate!r} when it was first opened and is now "
+            f"{current.colocate!r}: ids with a separator would route to other shards",
+            keep,
+        )
+
+
+async def check_records(placement: Placement[EventStore]) -> None:
+    """Write the layout record on a first open, refuse a changed layout on every later one.
+
+    Raises :class:`~loom_sharded.errors.ShardLayoutChangedError` (nothing is written) when
+    a shard's record disagrees with ``placement``'s names or ``colocate``, or a shard has
+    no record while another has one that disagrees; a shard that is down raises
+    :class:`~loom_sharded.errors.ShardUnavailableError`.
+    """
+    names = placement.router.names
+    current = [Layout(names, name, placement.router.colocate) for name in names]
+    recorded = await _recorded(placement)
+    for shard, mine, theirs in zip(placement.shards, current, recorded, strict=True):
+        if theirs is not None:
+            _compare(mine, theirs, shard, names)
+    # Every record present matches; a shard without one is new with all the others (a
+    # first open), or its first open stopped part way. A shard added to recorded ones never
+    # gets here: their records do not name it.
+    missing = [i for i, layout in enumerate(recorded) if layout is None]
+    if not missing:
+        return
+    for index in missing:
+        shard = placement.shards[index]
+        try:
+            with on_shard(shard):
+                await placement.stores[index].append(
+                    LAYOUT_ID, [current[index].event()], expected_sequence=0
+                )
+        except ConflictError:
+            pass  # another process (or another URL of the same store) wrote first: re-read
+    recorded = await _recorded(placement)
+    for shard, mine, theirs in zip(placement.shards, current, recorded, strict=True):
+        if theirs is None:  # pragma: no cover - a store that lost an append it confirmed
+            raise ShardLayoutChangedError(shard, "its layout record could not be written",
+                                          "check the shard's storage")
+        _compare(mine, theirs, shard, names)

@@ -1,0 +1,198 @@
+"""The layout record, over real SQLite files: a sharded storage reopened in another layout
+(a shard added, removed, renamed or reordered by position, ``colocate`` changed, one
+database given twice) is refused at open, naming what changed, instead of looking for
+existing executions on shards that do not hold them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from loom_sharded import (
+    LAYOUT_ID,
+    ShardedEventStore,
+    ShardLayoutChangedError,
+    ShardUnavailableError,
+    check_layout,
+    sharded_storage,
+)
+
+from loom_core import (
+    ExecutionAlreadyExistsError,
+    InvalidOptionError,
+    NewEvent,
+    Storage,
+    open_storage,
+)
+
+IDS = [f"order-{n}/step" for n in range(40)]
+
+
+def urls(tmp_path: Path, count: int) -> list[str]:
+    return [f"sqlite:///{tmp_path / f'shard{i}.db'}" for i in range(count)]
+
+
+async def open_sharded(
+    shard_urls: Sequence[str], *, names: Sequence[str] | None = None,
+    colocate: str | None = None,
+) -> Storage:
+    options: dict[str, object] = {"shards": list(shard_urls[1:])}
+    if names is not None:
+        options["names"] = list(names)
+    if colocate is not None:
+        options["colocate"] = colocate
+    return await open_storage(shard_urls[0], decorators=[("sharded", options)])
+
+
+async def write_ids(storage: Storage) -> None:
+    for execution_id in IDS:
+        await storage.events.append(execution_id, [NewEvent("A")], expected_sequence=0)
+
+
+async def heads(shard_urls: Sequence[str]) -> list[tuple[str, ...]]:
+    """What each shard holds, read bare, layout record included."""
+    out = []
+    for url in shard_urls:
+        async with await open_storage(url) as bare:
+            out.append(await bare.events.list_executions(limit=1000))
+    return out
+
+
+async def test_adding_a_shard_is_refused_naming_it_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three[:2]) as storage:
+        await write_ids(storage)
+    before = await heads(three)
+
+    with pytest.raises(ShardLayoutChangedError, match=r"added \['shard-2'\]") as refused:
+        await open_sharded(three)
+
+    assert isinstance(refused.value, InvalidOptionError)
+    assert refused.value.shard.index == 0
+    assert "Changing the layout" in str(refused.value)
+    assert await heads(three) == before
+    async with await open_sharded(three[:2]) as storage:  # the recorded layout still opens
+        assert await storage.events.list_executions(limit=1000) == tuple(sorted(IDS))
+
+
+async def test_removing_a_shard_is_refused(tmp_path: Path) -> None:
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three) as storage:
+        await write_ids(storage)
+    with pytest.raises(ShardLayoutChangedError, match=r"removed \['shard-2'\]"):
+        await open_sharded(three[:2])
+
+
+async def test_reordering_default_named_shards_is_refused(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    async with await open_sharded(two) as storage:
+        await write_ids(storage)
+    with pytest.raises(ShardLayoutChangedError, match="reordered") as refused:
+        await open_sharded([two[1], two[0]])
+    assert "shard-1" in str(refused.value)
+
+
+async def test_reordering_named_shards_moves_nothing_and_opens(tmp_path: Path) -> None:
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three, names=["a", "b", "c"]) as storage:
+        await write_ids(storage)
+    async with await open_sharded(
+        [three[2], three[0], three[1]], names=["c", "a", "b"]
+    ) as storage:
+        for execution_id in IDS:
+            assert await storage.events.head(execution_id) == 1
+        assert await storage.events.list_executions(limit=1000) == tuple(sorted(IDS))
+
+
+async def test_renaming_a_shard_is_refused(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    async with await open_sharded(two, names=["a", "b"]) as storage:
+        await write_ids(storage)
+    with pytest.raises(ShardLayoutChangedError, match="'b'"):
+        await open_sharded(two, names=["a", "bee"])
+
+
+async def test_changing_colocate_is_refused(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    async with await open_sharded(two) as storage:
+        await write_ids(storage)
+    with pytest.raises(ShardLayoutChangedError, match=r"colocate was None .* now '/'"):
+        await open_sharded(two, colocate="/")
+
+
+async def test_one_database_under_two_urls_is_refused_at_the_first_open(
+    tmp_path: Path,
+) -> None:
+    first = f"sqlite:///{tmp_path / 'shard0.db'}"
+    again = f"sqlite:///{tmp_path / 'x' / '..' / 'shard0.db'}"
+    (tmp_path / "x").mkdir()
+    with pytest.raises(ShardLayoutChangedError, match="one database is given as two shards"):
+        await open_sharded([first, again])
+
+
+async def test_the_record_is_not_an_execution(tmp_path: Path) -> None:
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three) as storage:
+        assert await storage.events.list_executions() == ()
+        await write_ids(storage)
+        for limit in (1, 2, 3, 7):
+            seen: list[str] = []
+            after: str | None = None
+            while page := await storage.events.list_executions(after=after, limit=limit):
+                assert len(page) == limit or len(seen) + len(page) == len(IDS)
+                seen.extend(page)
+                after = page[-1]
+            assert seen == sorted(IDS)
+    assert all(LAYOUT_ID in held for held in await heads(three))
+
+
+async def test_a_first_open_stopped_part_way_is_completed(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    async with await open_sharded(two) as storage:
+        await write_ids(storage)
+    async with await open_storage(two[1]) as bare:  # as if the first open died before it
+        assert await bare.events.delete_execution(LAYOUT_ID)
+    async with await open_sharded(two) as storage:
+        assert await storage.events.list_executions(limit=1000) == tuple(sorted(IDS))
+    assert all(LAYOUT_ID in held for held in await heads(two))
+
+
+async def test_two_first_opens_of_one_layout_both_open(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    one = await open_sharded(two)
+    try:
+        async with await open_sharded(two) as other:
+            await other.events.append("x", [NewEvent("A")], expected_sequence=0)
+        with pytest.raises(ExecutionAlreadyExistsError):
+            await one.events.append("x", [NewEvent("A")], expected_sequence=0)
+    finally:
+        await one.close()
+
+
+async def test_a_shard_down_at_open_refuses_the_open_and_closes_what_it_opened(
+    tmp_path: Path,
+) -> None:
+    two = urls(tmp_path, 2)
+    down = await open_storage(two[1])
+    await down.close()
+    with pytest.raises(ShardUnavailableError, match="shard 1"):
+        await open_storage(two[0], decorators=[("sharded", {"shards": [down]})])
+
+
+async def test_sharded_storage_is_checked_by_check_layout(tmp_path: Path) -> None:
+    two = urls(tmp_path, 2)
+    async with await open_sharded(two) as storage:
+        await write_ids(storage)
+    shards = [await open_storage(url) for url in reversed(two)]
+    storage = sharded_storage(shards)
+    try:
+        assert isinstance(storage.events, ShardedEventStore)
+        with pytest.raises(ShardLayoutChangedError, match="reordered"):
+            await check_layout(storage)
+    finally:
+        await storage.close()
+    with pytest.raises(InvalidOptionError, match="sharded_storage"):
+        await check_layout(shards[0])
