@@ -1,17 +1,22 @@
 """Workflows (``loom-runtime``) over three SQLite shards without ``colocate``: an execution
 whose inbox (``$inbox:<id>``) and successor (``<id>#1``) each live on another shard than
-its own still gets its messages, continues as new, forks and is recovered."""
+its own still gets its messages, continues as new, forks and is recovered; and two
+tenants (``tenant`` above ``sharded``) run the same execution id apart."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import pytest
 from loom_runtime import Context, Loom
+from loom_runtime.testing import VirtualClock
 from loom_sharded import ShardedEventStore
+
+from loom_core import open_storage
 
 
 async def relay(ctx: Context, generation: int) -> list[object]:
@@ -83,3 +88,69 @@ async def test_an_execution_left_running_is_recovered_across_shards(tmp_path: Pa
         assert taken.execution_id == order
         await app.send(order, "go", "late")
         assert await taken.result(timeout=10) == "late"
+
+
+async def waits(ctx: Context, who: str) -> str:
+    """Parks on a message, then on a 60 s sleep, then says whose it was."""
+    value = await ctx.receive("go")
+    await ctx.sleep(60)
+    return f"{who}:{value}"
+
+
+@pytest.mark.parametrize("colocate", [None, "/"])
+async def test_two_tenants_over_one_set_of_shards_run_the_same_id_apart(
+    tmp_path: Path, colocate: str | None
+) -> None:
+    """``tenant`` above ``sharded``, two apps over the same three files, one tenant named
+    like the other's stored prefix: the same execution id is two executions whose
+    messages, timers, listings, forks and cancels never cross."""
+    clock = VirtualClock()
+    shards = [f"sqlite:///{tmp_path / f'shard-{i}.db'}" for i in range(3)]
+    options: dict[str, object] = {"shards": shards[1:]}
+    if colocate is not None:
+        options["colocate"] = colocate
+
+    def app(tenant: str) -> Loom:
+        loom = Loom(
+            shards[0], decorators=[("sharded", options), ("tenant", {"tenant": tenant})],
+            node="n1", clock=clock, random=random.Random(7), timers=False, recover=False,
+        )
+        loom.workflow(name="waits")(waits)
+        return loom
+
+    async with AsyncExitStack() as stack:
+        acme = await stack.enter_async_context(app("acme"))
+        other = await stack.enter_async_context(app("4:acme/"))
+        a = await acme.start("waits", "A", id="order-1")
+        z = await other.start("waits", "Z", id="order-1")
+        await acme.drain()
+        await other.drain()
+
+        await acme.send("order-1", "go", "for-acme")
+        await acme.drain()
+        assert (await acme.inspect("order-1")).consumed
+        assert not (await other.inspect("order-1")).consumed
+        assert [v.execution_id async for v in acme.executions()] == ["order-1"]
+        assert [v.execution_id async for v in other.executions()] == ["order-1"]
+
+        await clock.advance(60)
+        assert await other.timer_service.poll_once() == {}
+        assert list((await acme.timer_service.poll_once()).values()) == ["resumed"]
+        await acme.drain()
+        assert await a.result(timeout=5) == "A:for-acme"
+        assert await z.status() == "suspended"
+
+        fork = await acme.fork("order-1", id="order-1-again")
+        assert await fork.result(timeout=5) == "A:for-acme"
+        assert (await other.inspect("order-1-again")).status is None
+
+        assert await other.cancel("order-1") is True
+        assert await z.status() == "cancelled"
+        assert await a.status() == "completed"
+    async with await open_storage(
+        shards[0], decorators=[("sharded", options)]
+    ) as bare:  # what the shards hold: each tenant's ids under its own prefix
+        listed = await bare.events.list_executions(limit=100)
+        assert "4:acme/order-1" in listed
+        assert "7:4:acme//order-1" in listed
+        assert all(i.startswith(("4:acme/", "7:4:acme//")) for i in listed)
