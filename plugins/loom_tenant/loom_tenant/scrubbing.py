@@ -3,7 +3,9 @@
 The inner store names the stored (prefixed) id in its errors. A tenant's caller must see
 its own id there, as it does in events, so a conflict or a stale fence reads the same
 through the decorator as without it: the id attributes (``execution_id``, ``value``,
-``key``) and the message are rewritten in place, keeping the error's type and data.
+``key``), the keys of an id-keyed mapping (``placement``: a sharded store's
+``CrossShardError`` maps each id to its shard) and the message are rewritten in place,
+keeping the error's type and data.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from loom_tenant.codec import TenantCodec
 __all__ = ["scrub", "tenant_errors"]
 
 _ID_ATTRIBUTES = ("execution_id", "value", "key")
+_ID_KEYED_ATTRIBUTES = ("placement",)
 
 
 def scrub(error: LoomError, codec: TenantCodec, raw_ids: tuple[str, ...] = ()) -> None:
@@ -29,6 +32,14 @@ def scrub(error: LoomError, codec: TenantCodec, raw_ids: tuple[str, ...] = ()) -
             if raw is not None:
                 setattr(error, attribute, raw)
                 raws.add(raw)
+    for attribute in _ID_KEYED_ATTRIBUTES:
+        mapping = getattr(error, attribute, None)
+        if isinstance(mapping, dict):
+            decoded = {codec.decode(k) if isinstance(k, str) else None: v
+                       for k, v in mapping.items()}
+            if None not in decoded and len(decoded) == len(mapping):
+                setattr(error, attribute, decoded)
+                raws.update(k for k in decoded if isinstance(k, str))
     if not raws:
         return
     # Longest first, so an id that extends another is rewritten whole.
