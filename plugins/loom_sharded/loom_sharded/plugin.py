@@ -117,8 +117,10 @@ async def check_layout(storage: Storage) -> None:
     ``colocate`` (:mod:`loom_sharded.layout`); each later call reads them back. Raises
     :class:`~loom_sharded.errors.ShardLayoutChangedError` (nothing written) when a shard was
     added, removed or renamed, default-named shards were reordered, ``colocate`` changed,
-    or one database is given as two shards; :class:`~loom_sharded.errors.ShardUnavailableError`
-    when a shard does not answer. One read per shard; appends never look at the record.
+    or one database is given as two shards. A shard that is down is skipped with a WARNING
+    (the others open and serve their executions); with every shard down the first one's
+    :class:`~loom_sharded.errors.ShardUnavailableError` is raised. One read per shard;
+    appends never look at the record.
     """
     if not isinstance(storage, Storage) or not isinstance(storage.events, ShardedEventStore):
         raise InvalidOptionError("check_layout needs a storage made by sharded_storage")

@@ -5,6 +5,7 @@ existing executions on shards that do not hold them."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -172,14 +173,45 @@ async def test_two_first_opens_of_one_layout_both_open(tmp_path: Path) -> None:
         await one.close()
 
 
-async def test_a_shard_down_at_open_refuses_the_open_and_closes_what_it_opened(
-    tmp_path: Path,
+async def test_a_shard_down_at_open_leaves_the_others_serving_and_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     two = urls(tmp_path, 2)
+    async with await open_sharded(two) as storage:
+        await write_ids(storage)
     down = await open_storage(two[1])
     await down.close()
-    with pytest.raises(ShardUnavailableError, match="shard 1"):
-        await open_storage(two[0], decorators=[("sharded", {"shards": [down]})])
+    with caplog.at_level(logging.WARNING, logger="loom_sharded"):
+        storage = await open_storage(two[0], decorators=[("sharded", {"shards": [down]})])
+    async with storage:
+        assert "shard 1" in caplog.text
+        assert isinstance(storage.events, ShardedEventStore)
+        for execution_id in IDS:
+            if storage.events.shard_of(execution_id) == 0:
+                assert await storage.events.head(execution_id) == 1
+            else:
+                with pytest.raises(ShardUnavailableError, match="shard 1"):
+                    await storage.events.head(execution_id)
+
+
+async def test_every_shard_down_at_open_refuses_the_open(tmp_path: Path) -> None:
+    shards = [await open_storage(url) for url in urls(tmp_path, 2)]
+    for shard in shards:
+        await shard.close()
+    with pytest.raises(ShardUnavailableError, match="shard 0"):
+        await check_layout(sharded_storage(shards))
+
+
+async def test_an_added_shard_is_found_while_another_shard_is_down(tmp_path: Path) -> None:
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three[:2]) as storage:
+        await write_ids(storage)
+    down = await open_storage(three[1])
+    await down.close()
+    added = await open_storage(three[2])
+    with pytest.raises(ShardLayoutChangedError, match=r"added \['shard-2'\]"):
+        await open_storage(three[0], decorators=[("sharded", {"shards": [down, added]})])
+    await added.close()
 
 
 async def test_sharded_storage_is_checked_by_check_layout(tmp_path: Path) -> None:
