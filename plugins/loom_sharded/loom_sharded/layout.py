@@ -10,8 +10,10 @@ different layout with :class:`~loom_sharded.errors.ShardLayoutChangedError` befo
 is routed. Appends never read it: the check costs one read per shard at open.
 
 Accepted: reordering *named* shards (an id's owner depends on names only). Refused: a
-shard added, removed or renamed, default-named shards reordered, ``colocate`` changed, and
-a store holding another shard's record (the same database given twice under two URLs).
+shard added, removed or renamed, default-named shards reordered, ``colocate`` changed, a
+store holding another shard's record (the same database given twice under two URLs), and
+a shard of another sharded storage with the same names (each first open draws a random
+deployment id that every shard's record carries).
 A shard with no record among shards whose records all match is given one: that is a
 first open stopped before every shard was written (or a shard emptied since, which the
 records cannot tell apart).
@@ -21,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from loom_core import NewEvent
@@ -51,12 +54,15 @@ class Layout:
     shard: str
     """The name of the shard this record is on."""
     colocate: str | None
+    deployment: str = ""
+    """A random id drawn at the first open and written on every shard: shards of two
+    sharded storages with the same names carry different ones."""
 
     def event(self) -> NewEvent:
         return NewEvent(
             LAYOUT_KIND,
             {"version": _VERSION, "names": list(self.names), "shard": self.shard,
-             "colocate": self.colocate},
+             "colocate": self.colocate, "deployment": self.deployment},
         )
 
     @classmethod
@@ -66,11 +72,12 @@ class Layout:
             return None
         names, shard, colocate = payload.get("names"), payload.get("shard"), payload.get(
             "colocate")
+        deployment = payload.get("deployment")
         if (not isinstance(names, list) or not all(isinstance(n, str) for n in names)
-                or not isinstance(shard, str)
+                or not isinstance(shard, str) or not isinstance(deployment, str)
                 or not (colocate is None or isinstance(colocate, str))):
             return None
-        return cls(tuple(names), shard, colocate)
+        return cls(tuple(names), shard, colocate, deployment)
 
 
 _Recorded = Layout | None | ShardUnavailableError
@@ -164,28 +171,54 @@ async def check_records(placement: Placement[EventStore]) -> None:
         raise down[0]
     for error in down:
         logger.warning("a shard is down at open; its layout record is not checked: %s", error)
-    for shard, mine, theirs in zip(placement.shards, current, recorded, strict=True):
-        if isinstance(theirs, Layout):
-            _compare(mine, theirs, shard, names)
+    deployment = _check_all(placement, current, recorded)
     # Every record present matches; a shard without one is new with all the others (a
     # first open), or its first open stopped part way. A shard added to recorded ones never
-    # gets here: their records do not name it.
+    # gets here: their records do not name it. The first record written decides the
+    # deployment id (re-read, so two processes opening at once agree on one).
     missing = [i for i, layout in enumerate(recorded) if layout is None]  # down: not written
-    if not missing:
-        return
     for index in missing:
-        shard = placement.shards[index]
-        try:
-            with on_shard(shard):
-                await placement.stores[index].append(
-                    LAYOUT_ID, [current[index].event()], expected_sequence=0
-                )
-        except ConflictError:
-            pass  # another process (or another URL of the same store) wrote first: re-read
-        except ShardUnavailableError as error:
-            logger.warning("a shard went down at open; its layout record is not written: %s",
-                           error)
-    recorded = await _recorded(placement)
+        if deployment is None:
+            await _write(placement, index, replace(current[index], deployment=uuid.uuid4().hex))
+            recorded = await _recorded(placement)
+            deployment = _check_all(placement, current, recorded)
+        elif recorded[index] is None:
+            await _write(placement, index, replace(current[index], deployment=deployment))
+    if missing:
+        _check_all(placement, current, await _recorded(placement))
+
+
+def _check_all(
+    placement: Placement[EventStore], current: Sequence[Layout], recorded: Sequence[_Recorded]
+) -> str | None:
+    """Compare every record present with the current layout; the deployment id they share
+    (None when no shard has a record)."""
+    names = placement.router.names
+    first: tuple[Shard, str] | None = None
     for shard, mine, theirs in zip(placement.shards, current, recorded, strict=True):
-        if isinstance(theirs, Layout):
-            _compare(mine, theirs, shard, names)
+        if not isinstance(theirs, Layout):
+            continue
+        _compare(mine, theirs, shard, names)
+        if first is None:
+            first = (shard, theirs.deployment)
+        elif theirs.deployment != first[1]:
+            raise ShardLayoutChangedError(
+                shard,
+                f"its layout record is of another sharded storage than {first[0]}'s "
+                f"(deployment {theirs.deployment}, not {first[1]}), though the names agree: "
+                "a database of another deployment is given as this shard",
+                "give each shard the database it was first opened with",
+            )
+    return None if first is None else first[1]
+
+
+async def _write(placement: Placement[EventStore], index: int, layout: Layout) -> None:
+    shard = placement.shards[index]
+    try:
+        with on_shard(shard):
+            await placement.stores[index].append(LAYOUT_ID, [layout.event()], expected_sequence=0)
+    except ConflictError:
+        pass  # another process (or another URL of the same store) wrote first: re-read
+    except ShardUnavailableError as error:
+        logger.warning("a shard went down at open; its layout record is not written: %s",
+                       error)

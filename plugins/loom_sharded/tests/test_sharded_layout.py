@@ -5,6 +5,7 @@ existing executions on shards that do not hold them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -228,3 +229,36 @@ async def test_sharded_storage_is_checked_by_check_layout(tmp_path: Path) -> Non
         await storage.close()
     with pytest.raises(InvalidOptionError, match="sharded_storage"):
         await check_layout(shards[0])
+
+
+async def test_a_shard_of_another_storage_with_the_same_names_is_refused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ours, theirs = urls(tmp_path / "a", 2), urls(tmp_path / "b", 2)
+    for pair in (ours, theirs):
+        async with await open_sharded(pair) as storage:
+            await write_ids(storage)
+    with pytest.raises(ShardLayoutChangedError, match="another sharded storage") as refused:
+        await open_sharded([ours[0], theirs[1]])
+    assert refused.value.shard.index == 1
+
+
+async def test_two_first_opens_at_once_agree_on_one_record(tmp_path: Path) -> None:
+    """Whatever the interleaving, both opens succeed and every shard holds one record of
+    one deployment: the first record written decides, and the other open reads it back."""
+    three = urls(tmp_path, 3)
+    first = sharded_storage([await open_storage(url) for url in three])
+    second = sharded_storage([await open_storage(url) for url in three])
+    try:
+        await asyncio.gather(check_layout(first), check_layout(second))
+        assert isinstance(first.events, ShardedEventStore)
+        records = [await store.read(LAYOUT_ID) for store in first.events.wrapped]
+        assert [len(r) for r in records] == [1, 1, 1]
+        payloads = [r[0].payload for r in records]
+        assert all(isinstance(p, dict) for p in payloads)
+        assert len({p["deployment"] for p in payloads if isinstance(p, dict)}) == 1
+    finally:
+        await first.close()
+        await second.close()
