@@ -33,6 +33,7 @@ from loom_core.errors import ConflictError
 from loom_core.spi import EventStore
 from loom_sharded.errors import Shard, ShardLayoutChangedError, ShardUnavailableError
 from loom_sharded.placement import Placement, on_shard
+from loom_sharded.routing import default_names
 
 __all__ = ["LAYOUT_ID", "LAYOUT_KIND", "Layout", "check_records"]
 
@@ -136,11 +137,15 @@ def _compare(current: Layout, recorded: Layout, shard: Shard, names: Sequence[st
             part for part in (f"added {added}" if added else "",
                               f"removed {removed}" if removed else "") if part
         )
+        positional = ""
+        if current.names == default_names(len(current.names)):
+            positional = (" (default names are positions: a shard removed or inserted in the "
+                          "middle renames every shard after it)")
         raise ShardLayoutChangedError(
             shard,
             f"the shards changed since it was first opened ({change}; recorded "
-            f"{list(recorded.names)}, now {list(current.names)}): the executions the change "
-            "moves would be looked for on shards that do not hold them",
+            f"{list(recorded.names)}, now {list(current.names)}{positional}): the executions "
+            "the change moves would be looked for on shards that do not hold them",
             "the decorator does not move data; reopen with the recorded shards, or move the "
             "data and reset the records as docs/sharded.md 'Changing the layout' describes",
         )

@@ -86,6 +86,8 @@ async def test_removing_a_shard_is_refused(tmp_path: Path) -> None:
         await write_ids(storage)
     with pytest.raises(ShardLayoutChangedError, match=r"removed \['shard-2'\]"):
         await open_sharded(three[:2])
+    with pytest.raises(ShardLayoutChangedError, match="default names are positions"):
+        await open_sharded([three[0], three[2]])  # the middle one: shard-2 is now shard-1
 
 
 async def test_reordering_default_named_shards_is_refused(tmp_path: Path) -> None:
