@@ -180,8 +180,11 @@ class MemoryEventStore(RefusesUnoffered):
         return self._offered
 
     def _offers(self, method: OptionalMethod) -> None:
-        self._check_open()
+        """Refuse a method this instance does not offer. Whether it is open is checked
+        after the arguments (by ``_tick``), as every store does: bad input is refused as
+        bad input, closed or not."""
         if method not in self._offered:
+            self._check_open()
             self._refuse(method, "not offered by this instance (MemoryEventStore(offer=...))")
 
     def _check_open(self) -> None:
@@ -530,6 +533,7 @@ class MemoryEventStore(RefusesUnoffered):
         self._offers("subscribe")
         execution_id = check_execution_id(execution_id)
         from_sequence = check_sequence(from_sequence, "from_sequence")
+        self._check_open()
         return self._follow(execution_id, from_sequence)
 
     async def _follow(self, execution_id: str, next_sequence: int) -> AsyncIterator[Event]:

@@ -135,6 +135,52 @@ async def _first_item(store: EventStore, execution_id: str, from_sequence: int) 
         await close_iterator(iterator)
 
 
+_BadCall = Callable[[EventStore], Coroutine[Any, Any, object]]
+
+_BAD_CALLS: Final[tuple[tuple[str, OptionalMethod | None, _BadCall], ...]] = (
+    ("append, empty id", None, lambda s: s.append("", [app()], expected_sequence=1)),
+    ("append, no events", None, lambda s: s.append("exec-closed", [], expected_sequence=1)),
+    ("append, negative expected_sequence", None,
+     lambda s: s.append("exec-closed", [app()], expected_sequence=-1)),
+    ("append, negative fence", None,
+     lambda s: s.append("exec-closed", [app()], expected_sequence=1, fence=-1)),
+    ("read, empty id", None, lambda s: s.read("")),
+    ("read, negative from_sequence", None, lambda s: s.read("exec-closed", from_sequence=-1)),
+    ("read, negative to_sequence", None, lambda s: s.read("exec-closed", to_sequence=-1)),
+    ("read, limit 0", None, lambda s: s.read("exec-closed", limit=0)),
+    ("head, empty id", None, lambda s: s.head("")),
+    ("list_executions, empty after", None, lambda s: s.list_executions(after="")),
+    ("list_executions, limit 0", None, lambda s: s.list_executions(limit=0)),
+    ("acquire_fence, empty id", "acquire_fence", lambda s: s.acquire_fence("")),
+    ("acquire_fence_if, negative fence", "acquire_fence_if",
+     lambda s: s.acquire_fence_if("exec-closed", fence=-1, park_seq=0)),
+    ("acquire_fence_if, negative park_seq", "acquire_fence_if",
+     lambda s: s.acquire_fence_if("exec-closed", fence=0, park_seq=-1)),
+    ("append_if_unchanged, negative expected_sequence", "append_if_unchanged",
+     lambda s: s.append_if_unchanged(
+         "exec-closed", [app()], expected_sequence=-1, observed_fence=0)),
+    ("append_if_unchanged, negative observed_fence", "append_if_unchanged",
+     lambda s: s.append_if_unchanged(
+         "exec-closed", [app()], expected_sequence=1, observed_fence=-1)),
+    ("append_many, empty id", "append_many",
+     lambda s: s.append_many([AppendRequest("", [app()], 0)])),
+    ("append_many, negative expected_sequence", "append_many",
+     lambda s: s.append_many([AppendRequest("exec-closed", [app()], -1)])),
+    ("delete_execution, empty id", "delete_execution", lambda s: s.delete_execution("")),
+    ("copy_prefix, empty target", "copy_prefix",
+     lambda s: s.copy_prefix("exec-closed", "", through_sequence=0)),
+    ("copy_prefix, negative through_sequence", "copy_prefix",
+     lambda s: s.copy_prefix("exec-closed", "exec-copy", through_sequence=-1)),
+    ("truncate_prefix_keeping, negative keep_from_sequence", "truncate_prefix_keeping",
+     lambda s: s.truncate_prefix_keeping("exec-closed", keep_from_sequence=-1)),
+    ("subscribe, empty id", "subscribe", lambda s: _first_item(s, "", 0)),
+    ("subscribe, negative from_sequence", "subscribe",
+     lambda s: _first_item(s, "exec-closed", -1)),
+)
+"""A call with one bad argument each; every store refuses each with InvalidInputError,
+open or closed."""
+
+
 class EventStoreRequiredContract:
     """Required methods, capabilities and input refusals."""
 
@@ -789,6 +835,40 @@ class EventStoreRequiredContract:
         assert not escaped, f"calls after close() that did not raise StoreClosedError: {escaped}"
         await storage.close()  # still harmless
 
+
+    async def test_bad_input_on_a_closed_store_is_refused_as_bad_input(
+        self, loom_storage_factory: StorageFactory
+    ) -> None:
+        """Arguments are checked before the store is: a call with a bad argument raises the
+        same InvalidInputError on a closed store as on an open one (never
+        StoreClosedError), so what is wrong with a call does not depend on the store's
+        state."""
+        storage = await loom_storage_factory()
+        events = storage.events
+        await events.append("exec-closed", [app()], expected_sequence=0)
+        calls = [
+            (name, call) for name, needs, call in _BAD_CALLS
+            if needs is None or needs in events.capabilities
+        ]
+        open_errors: dict[str, type[BaseException]] = {}
+        for name, call in calls:
+            with pytest.raises(InvalidInputError) as caught:
+                await guard(call(events))
+            open_errors[name] = type(caught.value)
+        await storage.close()
+        wrong: list[str] = []
+        for name, call in calls:
+            try:
+                await guard(call(events))
+            except Exception as exc:
+                if type(exc) is not open_errors[name]:
+                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
+            else:
+                wrong.append(f"{name}: returned normally")
+        assert not wrong, (
+            "calls with a bad argument on a closed store that did not raise the "
+            f"InvalidInputError an open store raises: {wrong}"
+        )
 
     async def test_close_is_idempotent(self, loom_storage_factory: StorageFactory) -> None:
         storage = await loom_storage_factory()

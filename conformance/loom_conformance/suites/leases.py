@@ -12,6 +12,7 @@ import pytest
 from loom_conformance.suites._support import GUARD_SECONDS
 from loom_core import (
     InvalidExecutionIdError,
+    InvalidInputError,
     InvalidOptionError,
     Lease,
     LeaseError,
@@ -184,6 +185,37 @@ class TestLeaseStoreContract:
     async def test_close_is_idempotent(self, loom_leases: LeaseStore) -> None:
         await loom_leases.close()
         await loom_leases.close()
+
+    async def test_bad_input_on_a_closed_store_is_refused_as_bad_input(
+        self, loom_leases: LeaseStore
+    ) -> None:
+        """Arguments are checked before the store is: a bad argument raises the same
+        InvalidInputError on a closed store as on an open one, never StoreClosedError."""
+        calls: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+            ("acquire, empty key", lambda: loom_leases.acquire("", "node-a", ttl_seconds=LONG)),
+            ("acquire, empty holder", lambda: loom_leases.acquire("job-1", "", ttl_seconds=LONG)),
+            ("acquire, ttl 0", lambda: loom_leases.acquire("job-1", "node-a", ttl_seconds=0)),
+            ("renew, empty key", lambda: loom_leases.renew("", "node-a", ttl_seconds=LONG)),
+            ("renew, ttl -1", lambda: loom_leases.renew("job-1", "node-a", ttl_seconds=-1)),
+            ("release, empty holder", lambda: loom_leases.release("job-1", "")),
+            ("inspect, empty key", lambda: loom_leases.inspect("")),
+        )
+        open_errors: dict[str, type[BaseException]] = {}
+        for name, call in calls:
+            with pytest.raises(InvalidInputError) as caught:
+                await call()
+            open_errors[name] = type(caught.value)
+        await loom_leases.close()
+        wrong: list[str] = []
+        for name, call in calls:
+            try:
+                await call()
+            except Exception as exc:
+                if type(exc) is not open_errors[name]:
+                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
+            else:
+                wrong.append(f"{name}: returned normally")
+        assert not wrong, f"bad input on a closed lease store not refused as bad input: {wrong}"
 
     async def test_every_method_after_close_raises_store_closed(
         self, loom_leases: LeaseStore

@@ -275,6 +275,42 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
             with pytest.raises(StoreClosedError):
                 await call()
 
+    async def test_bad_input_on_a_closed_store_is_refused_as_bad_input(
+        self, loom_timers: TimerStore
+    ) -> None:
+        """Arguments are checked before the store is: a bad argument raises the same
+        InvalidInputError on a closed store as on an open one, never StoreClosedError."""
+        naive = datetime(2031, 1, 1)
+        bad: Any = naive
+        calls: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+            ("schedule, empty id", lambda: loom_timers.schedule(TimerRecord("", at(1)))),
+            ("schedule, naive wake_at", lambda: loom_timers.schedule(TimerRecord("exec-1", bad))),
+            ("due, naive now", lambda: loom_timers.due(bad)),
+            ("due, limit 0", lambda: loom_timers.due(at(10), limit=0)),
+            ("due, redrive not a bool", lambda: loom_timers.due(at(10), redrive=bad)),
+            ("pending, empty id", lambda: loom_timers.pending("")),
+            ("complete, empty id", lambda: loom_timers.complete("", at(1))),
+            ("complete, naive wake_at", lambda: loom_timers.complete("exec-1", bad)),
+            ("cancel, empty id", lambda: loom_timers.cancel("")),
+            ("cancel, naive wake_at", lambda: loom_timers.cancel("exec-1", bad)),
+        )
+        open_errors: dict[str, type[BaseException]] = {}
+        for name, call in calls:
+            with pytest.raises(InvalidInputError) as caught:
+                await call()
+            open_errors[name] = type(caught.value)
+        await loom_timers.close()
+        wrong: list[str] = []
+        for name, call in calls:
+            try:
+                await call()
+            except Exception as exc:
+                if type(exc) is not open_errors[name]:
+                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
+            else:
+                wrong.append(f"{name}: returned normally")
+        assert not wrong, f"bad input on a closed timer store not refused as bad input: {wrong}"
+
 
 async def _every_call_refuses(timers: TimerStore, *instants: datetime) -> None:
     """Each of ``instants`` is refused by every timer call with InvalidOptionError, and

@@ -14,9 +14,13 @@ from loom_core.spi import (
     AppendRequest,
     ConditionalFence,
     EventStore,
+    check_append,
     check_append_requests,
     check_execution_id,
+    check_fence,
     check_limit,
+    check_read,
+    check_sequence,
 )
 from loom_sharded.errors import CrossShardError, Shard
 from loom_sharded.layout import LAYOUT_ID
@@ -95,6 +99,12 @@ class ShardedEventStore(EventStoreDecorator):
         expected_sequence: int,
         fence: int | None = None,
     ) -> tuple[Event, ...]:
+        if self.placement.closed:
+            # Bad input is refused as bad input, closed or not (checked here only when
+            # closed: the shard checks it on the way through).
+            check_append(execution_id, events, expected_sequence)
+            if fence is not None:
+                check_fence(fence)
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.append(
@@ -109,6 +119,8 @@ class ShardedEventStore(EventStoreDecorator):
         to_sequence: int | None = None,
         limit: int | None = None,
     ) -> tuple[Event, ...]:
+        if self.placement.closed:
+            check_read(execution_id, from_sequence, to_sequence, limit)
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.read(
@@ -162,6 +174,8 @@ class ShardedEventStore(EventStoreDecorator):
     async def acquire_fence_if(
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
+        fence = check_fence(fence)
+        park_seq = check_sequence(park_seq, "park_seq")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.acquire_fence_if(execution_id, fence=fence, park_seq=park_seq)
@@ -174,6 +188,9 @@ class ShardedEventStore(EventStoreDecorator):
         expected_sequence: int,
         observed_fence: int,
     ) -> tuple[Event, ...]:
+        if self.placement.closed:
+            check_append(execution_id, events, expected_sequence)
+            check_fence(observed_fence, "observed_fence")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.append_if_unchanged(
@@ -208,6 +225,10 @@ class ShardedEventStore(EventStoreDecorator):
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         """Copy within the owning shard; a source and target on different shards are
         refused (see the class docstring for why)."""
+        if self.placement.closed:
+            check_execution_id(source)
+            check_execution_id(target)
+            check_sequence(through_sequence, "through_sequence")
         source, store, shard = self.placement.route(source, "source")
         target = check_execution_id(target)
         if source == target:
@@ -226,6 +247,7 @@ class ShardedEventStore(EventStoreDecorator):
             return await store.copy_prefix(source, target, through_sequence=through_sequence)
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
+        keep_from_sequence = check_sequence(keep_from_sequence, "keep_from_sequence")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.truncate_prefix_keeping(
@@ -234,6 +256,7 @@ class ShardedEventStore(EventStoreDecorator):
 
     def subscribe(self, execution_id: str, *, from_sequence: int = 0) -> AsyncIterator[Event]:
         """The owning shard's subscription, opened (and validated) eagerly."""
+        from_sequence = check_sequence(from_sequence, "from_sequence")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             events = store.subscribe(execution_id, from_sequence=from_sequence)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loom_core.spi import Lease, LeaseScope, LeaseStore
+from loom_core.spi import Lease, LeaseScope, LeaseStore, check_key, check_ttl
 from loom_sharded.placement import Placement, on_shard
 
 __all__ = ["ShardedLeaseStore"]
@@ -24,16 +24,21 @@ class ShardedLeaseStore:
         return scopes.pop() if len(scopes) == 1 else "unknown"
 
     async def acquire(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
+        holder = check_key(holder, "lease holder")
+        ttl_seconds = check_ttl(ttl_seconds)
         key, store, shard = self.placement.route(key, "lease key")
         with on_shard(shard, key):
             return await store.acquire(key, holder, ttl_seconds=ttl_seconds)
 
     async def renew(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
+        holder = check_key(holder, "lease holder")
+        ttl_seconds = check_ttl(ttl_seconds)
         key, store, shard = self.placement.route(key, "lease key")
         with on_shard(shard, key):
             return await store.renew(key, holder, ttl_seconds=ttl_seconds)
 
     async def release(self, key: str, holder: str) -> bool:
+        holder = check_key(holder, "lease holder")
         key, store, shard = self.placement.route(key, "lease key")
         with on_shard(shard, key):
             return await store.release(key, holder)

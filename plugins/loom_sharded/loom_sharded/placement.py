@@ -99,15 +99,17 @@ class Placement(Generic[T]):
             raise StoreClosedError(self.label)
 
     def route(self, key: object, what: str = "execution id") -> tuple[str, T, Shard]:
-        """The checked key, and the store and shard that own it."""
-        self.check_open()
+        """The checked key, and the store and shard that own it. The key is checked before
+        whether the store is open: bad input is refused as bad input, closed or not."""
         checked = check_key(key, what)
+        self.check_open()
         index = self.router.owner(checked)
         return checked, self.stores[index], self.shards[index]
 
     def index_of(self, key: object, what: str = "execution id") -> int:
+        checked = check_key(key, what)
         self.check_open()
-        return self.router.owner(check_key(key, what))
+        return self.router.owner(checked)
 
     async def each(self, call: Callable[[T], Awaitable[R]]) -> list[R | BaseException]:
         """``call`` on every shard concurrently; a failed shard's slot holds its error

@@ -98,11 +98,14 @@ class ShardedTimerStore:
             return await store.pending(execution_id)
 
     async def complete(self, execution_id: str, wake_at: datetime) -> bool:
+        wake_at = check_aware(wake_at, "wake_at")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.complete(execution_id, wake_at)
 
     async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
+        if wake_at is not None:
+            wake_at = check_aware(wake_at, "wake_at")
         execution_id, store, shard = self.placement.route(execution_id)
         with on_shard(shard, execution_id):
             return await store.cancel(execution_id, wake_at)

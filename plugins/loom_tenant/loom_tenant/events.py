@@ -16,8 +16,11 @@ from loom_core.spi import (
     ConditionalFence,
     EventStore,
     build_event,
+    check_append,
     check_append_requests,
+    check_fence,
     check_limit,
+    check_read,
     check_sequence,
 )
 from loom_tenant.codec import TenantCodec
@@ -94,6 +97,11 @@ class TenantEventStore(EventStoreDecorator):
         else:
             stored = self.codec.encode(execution_id)
         if self._closed:
+            # Bad input is refused as bad input, closed or not (checked here only when
+            # closed: the inner store checks it on the way through).
+            check_append(execution_id, events, expected_sequence)
+            if fence is not None:
+                check_fence(fence)
             self._refuse_closed()
         # What _errors does, without a context manager.
         try:
@@ -127,6 +135,7 @@ class TenantEventStore(EventStoreDecorator):
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
         if self._closed:
+            check_read(execution_id, from_sequence, to_sequence, limit)
             self._refuse_closed()
         try:
             events = await self.inner.read(
@@ -192,6 +201,8 @@ class TenantEventStore(EventStoreDecorator):
         self, execution_id: str, *, fence: int, park_seq: int
     ) -> ConditionalFence:
         stored = self.codec.encode(execution_id)
+        fence = check_fence(fence)
+        park_seq = check_sequence(park_seq, "park_seq")
         with self._errors(execution_id):
             return await self.inner.acquire_fence_if(stored, fence=fence, park_seq=park_seq)
 
@@ -204,6 +215,9 @@ class TenantEventStore(EventStoreDecorator):
         observed_fence: int,
     ) -> tuple[Event, ...]:
         stored = self.codec.encode(execution_id)
+        if self._closed:
+            check_append(execution_id, events, expected_sequence)
+            check_fence(observed_fence, "observed_fence")
         with self._errors(execution_id):
             written = await self.inner.append_if_unchanged(
                 stored, events, expected_sequence=expected_sequence, observed_fence=observed_fence
@@ -233,6 +247,7 @@ class TenantEventStore(EventStoreDecorator):
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         stored_source = self.codec.encode(source, "source")
         stored_target = self.codec.encode(target, "target")
+        through_sequence = check_sequence(through_sequence, "through_sequence")
         if source == target:
             raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
         with self._errors(source, target):
@@ -242,6 +257,7 @@ class TenantEventStore(EventStoreDecorator):
 
     async def truncate_prefix_keeping(self, execution_id: str, *, keep_from_sequence: int) -> int:
         stored = self.codec.encode(execution_id)
+        keep_from_sequence = check_sequence(keep_from_sequence, "keep_from_sequence")
         with self._errors(execution_id):
             return await self.inner.truncate_prefix_keeping(
                 stored, keep_from_sequence=keep_from_sequence

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 from loom_core.errors import StoreClosedError
-from loom_core.spi import Lease, LeaseScope, LeaseStore
+from loom_core.spi import Lease, LeaseScope, LeaseStore, check_key, check_ttl
 from loom_tenant.codec import TenantCodec
 from loom_tenant.scrubbing import tenant_errors
 
@@ -39,18 +39,23 @@ class TenantLeaseStore:
 
     async def acquire(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
         stored = self.codec.encode(key, "lease key")
+        holder = check_key(holder, "lease holder")
+        ttl_seconds = check_ttl(ttl_seconds)
         with self._errors(key):
             lease = await self.inner.acquire(stored, holder, ttl_seconds=ttl_seconds)
         return self._restore(lease, key)
 
     async def renew(self, key: str, holder: str, *, ttl_seconds: float) -> Lease:
         stored = self.codec.encode(key, "lease key")
+        holder = check_key(holder, "lease holder")
+        ttl_seconds = check_ttl(ttl_seconds)
         with self._errors(key):
             lease = await self.inner.renew(stored, holder, ttl_seconds=ttl_seconds)
         return self._restore(lease, key)
 
     async def release(self, key: str, holder: str) -> bool:
         stored = self.codec.encode(key, "lease key")
+        holder = check_key(holder, "lease holder")
         with self._errors(key):
             return await self.inner.release(stored, holder)
 

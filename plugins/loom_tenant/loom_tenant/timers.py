@@ -75,11 +75,14 @@ class TenantTimerStore:
 
     async def complete(self, execution_id: str, wake_at: datetime) -> bool:
         stored = self.codec.encode(execution_id)
+        wake_at = check_aware(wake_at, "wake_at")
         with self._errors(execution_id):
             return await self.inner.complete(stored, wake_at)
 
     async def cancel(self, execution_id: str, wake_at: datetime | None = None) -> int:
         stored = self.codec.encode(execution_id)
+        if wake_at is not None:
+            wake_at = check_aware(wake_at, "wake_at")
         with self._errors(execution_id):
             return await self.inner.cancel(stored, wake_at)
 
