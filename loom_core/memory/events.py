@@ -51,6 +51,7 @@ from loom_core.validation import (
     check_append_requests,
     check_execution_id,
     check_fence,
+    check_key,
     check_limit,
     check_read,
     check_sequence,
@@ -390,7 +391,7 @@ class MemoryEventStore(RefusesUnoffered):
         self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> tuple[str, ...]:
         if after is not None:
-            after = check_execution_id(after)
+            after = check_key(after, "after")
         limit = check_limit(limit)
         await self._tick()
         ids = sorted(self._logs)

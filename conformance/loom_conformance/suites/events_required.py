@@ -664,6 +664,20 @@ class EventStoreRequiredContract:
                 await _call_optional(loom_events, method, execution_id)
         assert await snapshot(loom_events) == before
 
+    @pytest.mark.parametrize(
+        "after", [a for a in BAD_EXECUTION_IDS if a is not None],
+        ids=_ids([a for a in BAD_EXECUTION_IDS if a is not None]),
+    )
+    async def test_a_bad_after_is_refused_naming_after(
+        self, loom_events: EventStore, after: object
+    ) -> None:
+        """``after`` is a position, not an execution id: its refusal names the argument."""
+        bad: Any = after
+        with pytest.raises(InvalidExecutionIdError) as caught:
+            await loom_events.list_executions(after=bad)
+        assert caught.value.what == "after"
+        assert str(caught.value).startswith("invalid after "), str(caught.value)
+
     @pytest.mark.parametrize("payload", BAD_PAYLOADS, ids=_ids(BAD_PAYLOADS))
     async def test_non_json_payload_is_refused_and_writes_nothing(
         self, loom_events: EventStore, payload: object

@@ -72,6 +72,7 @@ from loom_core.spi import (
     check_events_with_text,
     check_execution_id,
     check_fence,
+    check_key,
     check_limit,
     check_read,
     check_sequence,
@@ -693,7 +694,7 @@ class PostgresEventStore(RefusesUnoffered):
         self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> tuple[str, ...]:
         if after is not None:
-            after = check_execution_id(after)
+            after = check_key(after, "after")
         limit = check_limit(limit)
         self._check_open()
         rows = await self._db.fetch(LIST, (after or "", limit), what="list_executions")

@@ -18,6 +18,7 @@ from loom_core.spi import (
     check_append_requests,
     check_execution_id,
     check_fence,
+    check_key,
     check_limit,
     check_read,
     check_sequence,
@@ -142,7 +143,7 @@ class ShardedEventStore(EventStoreDecorator):
         as the next ``after`` visits every id once.
         """
         if after is not None:
-            after = check_execution_id(after)
+            after = check_key(after, "after")
         limit = check_limit(limit)
         # One more than the page, so a shard's page is still ``limit`` long without its
         # layout record (which is no execution, and is left out).

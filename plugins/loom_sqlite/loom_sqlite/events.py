@@ -47,6 +47,7 @@ from loom_core.spi import (
     check_events_with_text,
     check_execution_id,
     check_fence,
+    check_key,
     check_limit,
     check_read,
     check_sequence,
@@ -416,7 +417,7 @@ class SqliteEventStore(RefusesUnoffered):
         self, *, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> tuple[str, ...]:
         if after is not None:
-            after = check_execution_id(after)
+            after = check_key(after, "after")
         limit = check_limit(limit)
         # Every id is non-empty, so "after the empty string" is "from the start".
         return await self._open().read(
