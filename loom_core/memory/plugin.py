@@ -18,7 +18,7 @@ __all__ = ["loom_register_backends", "open_memory"]
 async def open_memory(url: str, options: Mapping[str, object]) -> Storage:
     """``memory://``: a fresh, process-local storage. Options: ``offer`` (the optional
     methods the event store offers; default all)."""
-    if url.rstrip("/").lower() != "memory:":  # a scheme is case-insensitive
+    if url.lower() != "memory://":  # a scheme is case-insensitive
         raise InvalidURLError(f"memory URLs take no host or path: use 'memory://', not {url!r}")
     unknown = set(options) - {"offer"}
     if unknown:

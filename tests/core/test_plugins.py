@@ -124,6 +124,13 @@ async def test_memory_url_with_a_path_or_unknown_option_is_refused() -> None:
         await open_storage("memory://", options=["offer"], plugins=host)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("url", ["memory:///", "memory:////", "MEMORY:////"])
+async def test_a_memory_url_with_an_empty_path_is_refused(url: str) -> None:
+    host = PluginHost(entry_points=False)
+    with pytest.raises(InvalidURLError, match="use 'memory://'"):
+        await open_storage(url, plugins=host)
+
+
 async def test_a_memory_url_scheme_is_case_insensitive_as_for_every_backend() -> None:
     # open_storage picks the backend by the scheme in any case (sqlite takes
     # SQLITE:///loom.db): the memory backend must not then refuse the URL it was given.

@@ -288,7 +288,7 @@ async def test_the_entry_point_registers_the_sharded_decorator() -> None:
 
 async def test_shards_given_as_urls_are_opened_and_closed_with_the_storage() -> None:
     storage = await open_storage(
-        "memory://", decorators=[("sharded", {"shards": ["memory://", "memory:///"]})]
+        "memory://", decorators=[("sharded", {"shards": ["memory://", "MEMORY://"]})]
     )
     events = events_of(storage)
     assert len(events.placement.stores) == 3
