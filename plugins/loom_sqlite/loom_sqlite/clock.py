@@ -37,7 +37,8 @@ def from_micros(value: int) -> datetime:
 
 
 def now_micros(clock: Clock) -> int:
-    """Read ``clock``; refuse a naive or non-datetime answer (a misconfigured clock)."""
+    """Read ``clock``; refuse a naive or non-datetime answer, or one past the year 9999 in
+    UTC, which no stored time could be read back as (a misconfigured clock)."""
     if clock is host_clock:
         # The same system clock ``datetime.now`` reads, and truncated as it truncates,
         # without building the datetime only to take it apart (every append reads it).
@@ -47,4 +48,11 @@ def now_micros(clock: Clock) -> int:
         raise InvalidOptionError(
             f"the storage clock returned {now!r}; it must return an aware datetime"
         )
+    try:
+        now.astimezone(UTC)
+    except OverflowError:
+        raise InvalidOptionError(
+            f"the storage clock returned {now.isoformat()}, which falls outside the years 1 "
+            "to 9999 in UTC; it must return a time a datetime can hold in UTC"
+        ) from None
     return to_micros(now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import warnings
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from loom_core import (
     FenceStale,
     InvalidEventError,
     InvalidInputError,
+    InvalidOptionError,
     InvalidSequenceError,
     JsonValue,
     NewEvent,
@@ -87,6 +88,22 @@ async def test_recorded_at_comes_from_the_clock_option(db_url: str) -> None:
         written = await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
         assert written[0].recorded_at == instant
         assert (await storage.events.read("e"))[0].recorded_at == instant
+
+
+async def test_a_clock_past_the_year_9999_in_utc_is_refused_and_writes_nothing(
+    db_url: str,
+) -> None:
+    # 9999-12-31 23:00 at -05:00 is 10000-01-01 04:00 UTC: no datetime can hold it.
+    now = [datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))]
+    async with open_storage(db_url, options={"clock": lambda: now[0]}) as storage:
+        with pytest.raises(InvalidOptionError, match="the storage clock returned"):
+            await storage.events.append("e", [NewEvent("A")], expected_sequence=0)
+        with pytest.raises(InvalidOptionError, match="the storage clock returned"):
+            await storage.leases.acquire("k", "node-a", ttl_seconds=5)
+        now[0] = datetime(2031, 1, 1, tzinfo=UTC)
+        assert await storage.events.read("e") == ()
+        assert await storage.events.head("e") == 0
+        assert await storage.leases.inspect("k") is None
 
 
 async def test_moved_head_is_a_sequence_conflict_and_writes_nothing(storage: Storage) -> None:
