@@ -34,6 +34,10 @@ from loom_core.spi import MAX_ID_BYTES, check_key
 
 __all__ = ["MAX_TENANT_BYTES", "TenantCodec", "check_tenant"]
 
+_WIDEST: Final = ("", "~", "\u07ff", "\uffff")
+"""The greatest character an id may hold in 0 to 3 UTF-8 bytes (U+007F is a control
+character, so one byte's is ``~``)."""
+
 MAX_TENANT_BYTES: Final = 128
 """The longest tenant name, in UTF-8 bytes; leaves at least 379 bytes for every id."""
 
@@ -87,6 +91,26 @@ class TenantCodec:
                 what,
             )
         return self.prefix + raw
+
+    def position(self, after: object) -> str:
+        """The stored cursor of ``list_executions(after=...)``: a position, so any key
+        (up to the store's :data:`~loom_core.spi.MAX_ID_BYTES`) is accepted, as on a bare
+        store, even one longer than the tenant's :attr:`id_budget`.
+
+        Such an ``after`` cannot be stored under the prefix, so the cursor is the greatest
+        string that fits the budget and is not above ``after``: no tenant id lies between
+        the two, so the page is the same. It is ``after`` cut to the budget, plus, when the
+        cut splits off a character too wide for the bytes left, the greatest character
+        that fills them (every id that fits there is below ``after`` only if its next
+        character is below the one cut off).
+        """
+        raw = check_key(after, "after")
+        data = raw.encode("utf-8")
+        if len(data) <= self.id_budget:
+            return self.prefix + raw
+        kept = data[: self.id_budget].decode("utf-8", errors="ignore")
+        left = self.id_budget - len(kept.encode("utf-8"))
+        return self.prefix + kept + _WIDEST[left]
 
     def decode(self, stored: str) -> str | None:
         """The tenant's id for a stored id, or None when it is not this tenant's."""

@@ -160,7 +160,7 @@ class TenantEventStore(EventStoreDecorator):
         order (see :mod:`loom_tenant.codec`): the page starts after the prefix (or after
         the encoded ``after``) and ends at the first id that is not the tenant's.
         """
-        cursor = self.codec.prefix if after is None else self.codec.encode(after, "after")
+        cursor = self.codec.prefix if after is None else self.codec.position(after)
         limit = check_limit(limit)
         with self._errors():
             stored = await self.inner.list_executions(after=cursor, limit=limit)

@@ -159,6 +159,32 @@ async def test_list_executions_pages_in_code_point_order_of_the_tenants_ids(
     assert await view.events.list_executions(after="a:", limit=2) == tuple(later[:2])
 
 
+@pytest.mark.parametrize("tail", ["zz", "\u00e9\u00e9", "\u4e00\u4e00", "\U0001f600x"])
+@pytest.mark.parametrize("short", [0, 1, 2, 3])
+async def test_an_after_longer_than_the_tenant_budget_is_a_position_like_any_other(
+    shared: Storage, tail: str, short: int
+) -> None:
+    """``after`` is a position, not an id to store: up to the store's 512 bytes it is
+    accepted as on a bare store, and the page holds exactly the ids above it, though the
+    tenant's own ids are shorter."""
+    view = tenant_view(shared, "acme")
+    budget = TenantCodec("acme").id_budget
+    base = "a" * (budget - short)
+    after = base + tail  # longer than the budget by 1 to 4 + len(tail) bytes
+    near = [base + c for c in ("}", "~", "\x7e}", "\u07ff", "\uffff", "\u00e9", "\u4e00")]
+    ids = sorted({i for i in [*near, "a", "b", base, base[:-1] + "b"] if len(i.encode()) <= budget})
+    for execution_id in ids:
+        await _start(view, execution_id, "acme")
+    alone = await open_storage("memory://")
+    for execution_id in ids:
+        await _start(alone, execution_id, "acme")
+    expected = await alone.events.list_executions(after=after, limit=1000)
+    await alone.close()
+    assert expected == tuple(i for i in ids if i > after)
+    assert await view.events.list_executions(after=after, limit=1000) == expected
+    assert await view.events.list_executions(after=after, limit=1) == expected[:1]
+
+
 async def test_an_empty_tenant_name_is_a_tenant_of_its_own(shared: Storage) -> None:
     empty, other = tenant_view(shared, ""), tenant_view(shared, "0")
     await _start(empty, "x", "")
