@@ -135,6 +135,10 @@ async def _first_item(store: EventStore, execution_id: str, from_sequence: int) 
         await close_iterator(iterator)
 
 
+_BAD_AFTERS: Final = tuple(a for a in BAD_EXECUTION_IDS if a is not None)
+"""``list_executions(after=None)`` means "from the start"; every other bad id is a bad
+``after``."""
+
 _BadCall = Callable[[EventStore], Coroutine[Any, Any, object]]
 
 _BAD_CALLS: Final[tuple[tuple[str, OptionalMethod | None, _BadCall], ...]] = (
@@ -664,10 +668,7 @@ class EventStoreRequiredContract:
                 await _call_optional(loom_events, method, execution_id)
         assert await snapshot(loom_events) == before
 
-    @pytest.mark.parametrize(
-        "after", [a for a in BAD_EXECUTION_IDS if a is not None],
-        ids=_ids([a for a in BAD_EXECUTION_IDS if a is not None]),
-    )
+    @pytest.mark.parametrize("after", _BAD_AFTERS, ids=_ids(_BAD_AFTERS))
     async def test_a_bad_after_is_refused_naming_after(
         self, loom_events: EventStore, after: object
     ) -> None:
