@@ -226,14 +226,12 @@ class ShardedEventStore(EventStoreDecorator):
     async def copy_prefix(self, source: str, target: str, *, through_sequence: int) -> int:
         """Copy within the owning shard; a source and target on different shards are
         refused (see the class docstring for why)."""
-        if self.placement.closed:
-            check_execution_id(source)
-            check_execution_id(target)
-            check_sequence(through_sequence, "through_sequence")
-        source, store, shard = self.placement.route(source, "source")
+        source = check_key(source, "source")
         target = check_execution_id(target)
+        through_sequence = check_sequence(through_sequence, "through_sequence")
         if source == target:
             raise InvalidInputError(f"copy_prefix source and target are both {source!r}")
+        source, store, shard = self.placement.route(source, "source")
         target_index = self.placement.index_of(target)
         if target_index != shard.index:
             raise CrossShardError(
