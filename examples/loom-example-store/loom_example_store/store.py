@@ -38,6 +38,7 @@ from loom_core.spi import (
     check_append,
     check_execution_id,
     check_fence,
+    check_key,
     check_limit,
     check_read,
     check_sequence,
@@ -129,7 +130,7 @@ class DictEventStore(RefusesUnoffered):
         self, *, after: str | None = None, limit: int = 100
     ) -> tuple[str, ...]:
         if after is not None:
-            after = check_execution_id(after)
+            after = check_key(after, "after")
         limit = check_limit(limit)
         await self._tick()
         # Python compares str by code point: the order the contract asks for.
