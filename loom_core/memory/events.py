@@ -169,6 +169,10 @@ class MemoryEventStore(RefusesUnoffered):
         self._clock: Clock = clock or functools.partial(datetime.now, UTC)
         self._logs: dict[str, _Log] = {}
         self._fences: dict[str, int] = {}
+        # The ids in order, sorted again only when the logs changed since (see _sorted_ids):
+        # a listing that pages through n executions sorts them once, not once a page.
+        self._ids: list[str] = []
+        self._ids_stale = False
         # One signal per subscription waiting for its log to grow, each taken away when
         # its subscription stops waiting: one abandoned on a log never written again (a
         # finished execution's) leaves nothing behind.
@@ -394,9 +398,18 @@ class MemoryEventStore(RefusesUnoffered):
             after = check_key(after, "after")
         limit = check_limit(limit)
         await self._tick()
-        ids = sorted(self._logs)
+        ids = self._sorted_ids()
         start = 0 if after is None else bisect.bisect_right(ids, after)
         return tuple(ids[start : start + limit])
+
+    def _sorted_ids(self) -> list[str]:
+        # Logs are only ever added (an append, a copy) between deletions, and a deletion
+        # marks the list stale: the count tells whether one was added since the last sort,
+        # so the append path pays nothing for it.
+        if self._ids_stale or len(self._ids) != len(self._logs):
+            self._ids = sorted(self._logs)
+            self._ids_stale = False
+        return self._ids
 
     async def close(self) -> None:
         self._closed = True
@@ -484,6 +497,7 @@ class MemoryEventStore(RefusesUnoffered):
         await self._tick()
         if self._logs.pop(execution_id, None) is None:
             return False
+        self._ids_stale = True
         # The token moves one past its current value: whoever held it, the runner of the
         # deleted log included, is stale on a re-created one (docs/design.md, "Deleting a
         # log fences out its writers").
