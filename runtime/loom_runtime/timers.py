@@ -102,6 +102,14 @@ def _seconds(name: str, value: object, *, most: float, positive: bool = False) -
     return float(value)
 
 
+def _retired(fired: dict[TimerRecord, Fired]) -> int:
+    """How many of a poll's rows it retired (answered, obsolete, timed out)."""
+    return sum(1 for outcome in fired.values() if outcome in _RETIRING)
+
+
+_RETIRING: Final = frozenset(("resumed", "obsolete", "timed-out"))
+
+
 def _order(row: TimerRecord) -> tuple[datetime, str]:
     """Where ``row`` comes in the order ``TimerStore.due`` returns rows in."""
     return (row.wake_at, row.execution_id)
@@ -182,7 +190,8 @@ class TimerService:
         On a clock that moves only when told (one with ``tick``: the test kit's virtual
         clock), each poll after the first waits for the clock's next instant instead of
         ``poll_interval``; the first also tells the clock of every row already written
-        (``note_wake``), so that it stops when they fall due."""
+        (``note_wake``), so that it stops when they fall due. Otherwise a poll that
+        retired a whole ``batch`` is followed by the next at once."""
         clock = self.app.clock
         tick = getattr(clock, "tick", None)
         note = getattr(clock, "note_wake", None)
@@ -196,6 +205,12 @@ class TimerService:
             self.last_fired = await self.poll_reporting()
             if tick is not None:
                 await tick(self)
+            elif _retired(self.last_fired) >= self.batch:
+                # A backlog (thousands of rows due at once): the next batch now, not a
+                # poll_interval later, which would cap a node at batch rows a interval.
+                # Only rows retired count, so this ends as the backlog does, and rows
+                # that keep failing still wait their interval.
+                await asyncio.sleep(0)
             else:
                 await clock.sleep(self.poll_interval)
 
