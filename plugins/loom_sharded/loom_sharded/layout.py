@@ -166,7 +166,9 @@ async def check_records(placement: Placement[EventStore]) -> None:
     down is skipped with a WARNING, as ``due`` skips it, so the others open and serve
     their executions (every other shard's record names the shards, so an added, removed
     or renamed shard is still found); only its own record goes unchecked. With every shard
-    down the first one's :class:`~loom_sharded.errors.ShardUnavailableError` is raised.
+    down, or every shard that answers without a record while one is down (a first open
+    cannot then be told from a reopen whose recorded shards are down), the first down
+    one's :class:`~loom_sharded.errors.ShardUnavailableError` is raised.
     """
     names = placement.router.names
     current = [Layout(names, name, placement.router.colocate) for name in names]
@@ -177,6 +179,10 @@ async def check_records(placement: Placement[EventStore]) -> None:
     for error in down:
         logger.warning("a shard is down at open; its layout record is not checked: %s", error)
     deployment = _check_all(placement, current, recorded)
+    if deployment is None and down:
+        # No shard that answers holds a record: a reopen whose recorded shards are all
+        # down (a shard added meanwhile included) cannot be told from a first open.
+        raise down[0]
     # Every record present matches; a shard without one is new with all the others (a
     # first open), or its first open stopped part way. A shard added to recorded ones never
     # gets here: their records do not name it. The first record written decides the

@@ -118,7 +118,8 @@ async def check_layout(storage: Storage) -> None:
     :class:`~loom_sharded.errors.ShardLayoutChangedError` (nothing written) when a shard was
     added, removed or renamed, default-named shards were reordered, ``colocate`` changed,
     or one database is given as two shards. A shard that is down is skipped with a WARNING
-    (the others open and serve their executions); with every shard down the first one's
+    (the others open and serve their executions); with every shard down, or no shard that
+    answers holding a record while one is down, the first down one's
     :class:`~loom_sharded.errors.ShardUnavailableError` is raised. One read per shard;
     appends never look at the record.
     """

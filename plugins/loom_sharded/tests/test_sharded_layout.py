@@ -264,3 +264,26 @@ async def test_two_first_opens_at_once_agree_on_one_record(tmp_path: Path) -> No
     finally:
         await first.close()
         await second.close()
+
+
+async def test_an_added_shard_is_found_while_every_recorded_shard_is_down(
+    tmp_path: Path,
+) -> None:
+    """With no shard that answers holding a record, a reopen cannot be told from a first
+    open: writing a fresh record would open a changed layout. Refused until one answers."""
+    three = urls(tmp_path, 3)
+    async with await open_sharded(three[:2]) as storage:
+        await write_ids(storage)
+    shards = [await open_storage(url) for url in three]
+    for shard in shards[:2]:
+        await shard.close()
+    try:
+        with pytest.raises(ShardUnavailableError, match="shard 0"):
+            await check_layout(sharded_storage(shards))
+        assert await shards[2].events.list_executions() == ()
+    finally:
+        await shards[2].close()
+    async with await open_sharded(three[:2]) as storage:
+        assert await storage.events.head(IDS[0]) == 1
+    with pytest.raises(ShardLayoutChangedError, match=r"added \['shard-2'\]"):
+        await open_sharded(three)
