@@ -370,8 +370,13 @@ async def open_postgres(url: str, options: Mapping[str, object]) -> Storage:
     db = Database(pool, opts)
 
     async def listen_connection() -> Connection:
+        # UTF8 whatever the URL's client_encoding: a notification names an execution id,
+        # and one the URL's encoding cannot hold makes the server end the connection.
         return await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=max(1, round(opts.connect_timeout))
+            url,
+            autocommit=True,
+            connect_timeout=max(1, round(opts.connect_timeout)),
+            client_encoding="UTF8",
         )
 
     listener = Listener(

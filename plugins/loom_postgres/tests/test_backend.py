@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -693,3 +694,38 @@ def test_a_missing_server_fails_under_ci_and_skips_elsewhere(
         cwd=directory, env=env, capture_output=True, text=True, timeout=120,
     )
     assert f"1 {outcome}" in result.stdout, result.stdout + result.stderr
+
+
+async def test_a_client_encoding_in_the_url_does_not_break_the_listen_connection(
+    pg_url: str, schema: str
+) -> None:
+    # A notification carries the execution id: in the URL's LATIN1 the server could not
+    # send "é😀" and ended the LISTEN connection (a warning, then polling until it was back).
+    reader = await open_storage(
+        f"{pg_url}?client_encoding=LATIN1",
+        options={"schema": schema, "subscribe_poll_interval": 60.0},
+    )
+    writer = await open_storage(pg_url, options={"schema": schema})
+    try:
+        await writer.events.append("é😀", [NewEvent("A")], expected_sequence=0)
+        first = asyncio.Event()
+        seen: list[int] = []
+
+        async def collect() -> None:
+            async for event in reader.events.subscribe("é😀"):
+                seen.append(event.sequence)
+                first.set()
+                if len(seen) == 2:
+                    return
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            task = asyncio.create_task(collect())
+            await first.wait()
+            await writer.events.append("é😀", [NewEvent("B")], expected_sequence=1)
+            await asyncio.wait_for(task, 60)
+        assert seen == [0, 1]
+        assert not [w for w in caught if "LISTEN connection failed" in str(w.message)]
+    finally:
+        await reader.close()
+        await writer.close()
