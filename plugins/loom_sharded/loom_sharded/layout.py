@@ -22,6 +22,7 @@ records cannot tell apart).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from loom_core import NewEvent
-from loom_core.errors import ConflictError
+from loom_core.errors import ConflictError, LoomError
 from loom_core.spi import EventStore
 from loom_sharded.errors import Shard, ShardLayoutChangedError, ShardUnavailableError
 from loom_sharded.placement import Placement, on_shard
@@ -188,15 +189,33 @@ async def check_records(placement: Placement[EventStore]) -> None:
     # gets here: their records do not name it. The first record written decides the
     # deployment id (re-read, so two processes opening at once agree on one).
     missing = [i for i, layout in enumerate(recorded) if layout is None]  # down: not written
-    for index in missing:
-        if deployment is None:
-            await _write(placement, index, replace(current[index], deployment=uuid.uuid4().hex))
-            recorded = await _recorded(placement)
-            deployment = _check_all(placement, current, recorded)
-        elif recorded[index] is None:
-            await _write(placement, index, replace(current[index], deployment=deployment))
-    if missing:
-        _check_all(placement, current, await _recorded(placement))
+    drawn: str | None = None  # the deployment id this open drew, if it is the first
+    try:
+        for index in missing:
+            if deployment is None:
+                drawn = uuid.uuid4().hex
+                await _write(placement, index, replace(current[index], deployment=drawn))
+                recorded = await _recorded(placement)
+                deployment = _check_all(placement, current, recorded)
+            elif recorded[index] is None:
+                await _write(placement, index, replace(current[index], deployment=deployment))
+        if missing:
+            _check_all(placement, current, await _recorded(placement))
+    except ShardLayoutChangedError:
+        if drawn is not None:
+            await _take_back(placement, drawn)
+        raise
+
+
+async def _take_back(placement: Placement[EventStore], drawn: str) -> None:
+    """Delete the records this refused first open wrote (those of the deployment it drew,
+    ``drawn``), so that a refusal writes nothing: one database given as two shards is
+    found only once its first record is written, and left, it would refuse the corrected
+    layout next time."""
+    for index, layout in enumerate(await _recorded(placement)):
+        if isinstance(layout, Layout) and layout.deployment == drawn:
+            with contextlib.suppress(LoomError), on_shard(placement.shards[index]):
+                await placement.stores[index].delete_execution(LAYOUT_ID)
 
 
 def _check_all(

@@ -135,6 +135,10 @@ async def test_one_database_under_two_urls_is_refused_at_the_first_open(
     (tmp_path / "x").mkdir()
     with pytest.raises(ShardLayoutChangedError, match="one database is given as two shards"):
         await open_sharded([first, again])
+    assert await heads([first]) == [()]  # the refusal took back the record it wrote
+    second = f"sqlite:///{tmp_path / 'shard1.db'}"
+    async with await open_sharded([first, second]):  # the layout corrected opens
+        pass
 
 
 async def test_the_record_is_not_an_execution(tmp_path: Path) -> None:
