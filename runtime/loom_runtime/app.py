@@ -834,6 +834,11 @@ class Loom:
         self.timer_task = None
         self._carrying_on = None
         self._relist = False
+        # An outage met while the app ran is this entry's: the next entry reports its own.
+        self._relist_failing = None
+        self._relist_failures = 0
+        self.timer_service.app_left()
+        self.hooks.app_left()
         self._stranded.clear()
         self._quiet_takeovers.clear()
         self._runs.clear()

@@ -142,6 +142,12 @@ class Hooks:
         self._storage_failing = None
         self._storage_failures = 0
 
+    def app_left(self) -> None:
+        """The app was left: the runs a store failure stopped are its next entry's to
+        carry on, and that entry's first store failure is logged at WARNING again."""
+        self._storage_failing = None
+        self._storage_failures = 0
+
     def error(self, error: BaseException) -> None:
         if self.on_error is None:
             execution_id = getattr(error, "execution_id", None)

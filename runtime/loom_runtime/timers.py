@@ -168,6 +168,12 @@ class TimerService:
         self._failed_polls = 0
         self._failing: type[Exception] | None = None
 
+    def app_left(self) -> None:
+        """The app was left: a run of failing polls is over, and the next entry's first
+        failing poll is reported."""
+        self._failed_polls = 0
+        self._failing = None
+
     def register_redriver(self, redriver: Redriver) -> None:
         self.redrivers.append(redriver)
 

@@ -803,3 +803,53 @@ async def test_with_no_on_storage_error_an_outage_is_logged_once_and_its_end_onc
     finally:
         await storage.close()
     assert errors == []
+
+
+async def test_with_no_on_storage_error_an_outage_at_the_next_entry_is_logged_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The app is left while a store failure keeps its runs stopped, and entered again:
+    that entry's first store failure under a run is logged at WARNING, as the first
+    entry's was, rather than at DEBUG as a repeat of an outage the app was left in."""
+    base = await open_storage("memory://")
+    switch = Switch()
+    storage = Storage(
+        FailingEventStore(base.events, switch),
+        FailingTimerStore(base.timers, switch),
+        base.leases,
+        url=base.url,
+        on_close=base.close,
+    )
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n1", clock=clock, random=random.Random(7), timers=False,
+               recover=False, on_error=errors.append)
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+
+    async def charge() -> str:
+        switch.down = True  # the store goes down while the step runs, at every entry
+        return "charged"
+
+    @app.workflow()
+    async def order(ctx: Context) -> str:
+        return await ctx.step(charge)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and r.getMessage().startswith("a store call failed")]
+
+    try:
+        async with app:
+            await app.start(order, id="o1")
+            await app.drain()
+            assert app.stranded == {"o1"}
+        assert len(warned()) == 1
+        switch.down = False
+        async with app:
+            await app.start(order, id="o2")
+            await app.drain()
+            assert "o2" in app.stranded
+        assert len(warned()) == 2
+        assert "under o2" in warned()[1]
+    finally:
+        await storage.close()

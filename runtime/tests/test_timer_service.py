@@ -978,3 +978,30 @@ async def test_an_outage_is_reported_once_per_run_of_failing_polls_not_once_a_po
     assert len(answered) == 2
     assert all("the timer service's polls answer again" in m for m in answered)
     assert all("100 failed" in m for m in answered)
+
+
+async def test_an_outage_met_again_at_the_next_entry_is_reported_again() -> None:
+    """The app is left while the store is down, and entered again before it is back: the
+    new entry's first failing poll is reported, as the first entry's was; the outage
+    the app was left in is not taken to go on across the entries."""
+    base = await open_storage("memory://")
+    timers = OutageTimers(base.timers)
+    storage = Storage(base.events, timers, base.leases, url=base.url, on_close=base.close)
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n1", clock=clock, recover=False, on_error=errors.append)
+    timers.down = True
+    reported: list[int] = []
+    try:
+        for _ in range(2):
+            async with app:
+                for _ in range(3):
+                    await clock.advance(1)
+                reported.append(len(errors))
+    finally:
+        await storage.close()
+    # The virtual clock's first listing of every row fails too, and is reported apart.
+    assert reported[0] >= 1
+    assert reported == [reported[0], 2 * reported[0]]
+    assert timers.failed >= 6
+    assert all(isinstance(e, StorageUnavailableError) for e in errors)

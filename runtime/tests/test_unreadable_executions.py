@@ -212,3 +212,34 @@ async def test_a_listing_that_keeps_failing_is_reported_once_and_its_end_logged(
             repeats = [r for r in caplog.records if r.levelno == logging.DEBUG
                        and "failed again" in r.getMessage()]
             assert len(repeats) > 100
+
+
+async def test_a_listing_that_fails_at_the_next_entry_is_reported_again() -> None:
+    """The app is left while the store still fails its listings, and entered again with
+    the store down: that entry's recovery is a new one, and on_error hears of its first
+    failure as it did of the first entry's (the repeats it does not hear of belong to one
+    entry's outage)."""
+    async with open_storage("memory://") as base:
+        probe = ProbedEventStore(base.events)
+        down = StorageUnavailableError("shard 1 refused the connection")
+        failing: list[LoomError] = [down]
+
+        def after_list() -> None:
+            if failing:
+                raise failing[0]
+
+        probe.after_list = after_list
+        storage = Storage(probe, base.timers, base.leases)
+        clock = VirtualClock()
+        errors: list[BaseException] = []
+        app = Loom(storage, node="n1", clock=clock, random=random.Random(3),
+                   on_error=errors.append, timers=False)
+        app.workflow(name="left")(left_behind)
+        async with app:
+            await app.drain()
+            assert errors == [down]
+        again = StorageUnavailableError("shard 1 is still down")
+        failing[0] = again
+        async with app:
+            await app.drain()
+            assert errors == [down, again]
