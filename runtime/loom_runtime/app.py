@@ -90,6 +90,7 @@ from loom_runtime.errors import (
     ExecutionCancelledError,
     ExecutionTimedOutError,
     InvalidDurationError,
+    LogFormatError,
     OtherEventLoopError,
     RecoveryLimitError,
     ReplayDivergedError,
@@ -1926,13 +1927,19 @@ class Loom:
         app does not (a sender beside the workers; it is refused before any token is
         taken), or once the store answers again (an answer whose outcome was lost is
         carried on by the app). So is an app left meanwhile: its next start delivers (an
-        answer that landed as it was left is carried on by that start's recovery)."""
+        answer that landed as it was left is carried on by that start's recovery). So is
+        a log this runtime cannot read (a kind a newer one wrote): the message waits in
+        the inbox for a node that can, and the timer service reports the log."""
         if not self._entered:
             return "left"
         try:
             return await self._deliver(wake, onward=onward)
         except (
-            ResumeContendedError, WorkflowNotFoundError, ReplayDivergedError, AppNotRunningError
+            ResumeContendedError,
+            WorkflowNotFoundError,
+            ReplayDivergedError,
+            AppNotRunningError,
+            LogFormatError,
         ):
             return "left"
         except StoreClosedError:

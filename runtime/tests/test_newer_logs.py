@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from loom_runtime import Context, LogFormatError, Loom
 from loom_runtime.fold import fold
+from loom_runtime.records import inbox_of
 from loom_runtime.testing import VirtualClock
 
 from loom_core import EventKind, JsonObject, NewEvent, open_storage
@@ -120,3 +121,38 @@ async def test_a_timer_row_over_a_kernel_kind_a_newer_runtime_wrote_is_reported_
     assert [row.execution_id for row in await app.storage.timers.pending("a")] == ["a"]
     attempts, _ = app.timer_service.backing_off()["a"]
     assert attempts > 10  # tried again and again, reported once
+
+
+async def test_a_send_to_a_log_a_newer_runtime_wrote_returns_its_stored_message(
+    app: Loom,
+) -> None:
+    """app.send stores the message in the receiver's inbox before it delivers it: when the
+    delivery finds a kind a newer runtime wrote, the message waits there for a node that
+    can read the log, as for a replay that diverges, and send returns its id. Raising
+    would tell the caller nothing was sent, and a caller that sends it again (without a
+    key) has it received twice once a newer node delivers both."""
+
+    @app.workflow(name="w")
+    async def w(ctx: Context) -> object:
+        return await ctx.receive("t")
+
+    handle = await app.start(w, id="a")
+    await app.drain()
+    assert await handle.status() == "suspended"
+    events = app.storage.events
+    head = len(await events.read("a"))
+    newer = await events.acquire_fence("a")
+    await events.append(
+        "a", [NewEvent("EXECUTION_PAUSED", {"by": "ops"}, {"kernel": True})],
+        expected_sequence=head, fence=newer,
+    )
+    before = await events.read("a")
+    sequence = await app.send("a", "t", 1)
+    assert await events.read("a") == before  # nothing written to the log
+    inbox = await events.read(inbox_of("a"))
+    assert [e.sequence for e in inbox] == [sequence]
+    stored = inbox[0].payload
+    assert isinstance(stored, dict)
+    assert (stored["topic"], stored["value"]) == ("t", 1)
+    # Its wake row stays, for a node that can read the log to deliver it.
+    assert [row.execution_id for row in await app.storage.timers.pending("a")] == ["a"]
