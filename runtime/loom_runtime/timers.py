@@ -206,6 +206,9 @@ class TimerService:
                 for row in await self._every_row():
                     note(row.wake_at)
             except LoomError as exc:
+                # The first failing call of an outage, as a poll's is: reported once.
+                self._failed_polls += 1
+                self._failing = type(exc)
                 self.app.hooks.error(exc)
         while True:
             self.last_fired = await self.poll_reporting()
