@@ -1556,7 +1556,6 @@ class Loom:
                             limited=strand.limited,
                             settled=strand.settled,
                         )
-                    self.hooks.store_answered()
                 except StoreClosedError as exc:
                     # The storage was closed under the app: nothing will answer again.
                     self.hooks.error(exc)

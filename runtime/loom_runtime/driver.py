@@ -1242,6 +1242,8 @@ class Run:
                         app.lost_reply(self.execution_id, self._head, self.token, batch)
                     hooks.storage_error(self.execution_id, exc)
                     self._halt(exc)
+            if hooks.store_failing:
+                hooks.store_answered()
             if pending:
                 # Only what this batch carried: a gather branch may have added more meanwhile.
                 del self._pending[:pending]

@@ -9,8 +9,8 @@
   differ from the log's.
 - ``on_storage_error(execution_id, error)``: a store call failed under a run. With none
   given, it is logged at WARNING: the first of a run of such failures, and one of another
-  type of error; the others at DEBUG, and once at INFO when the app carries a run the
-  store stopped on again (an outage stops every run at once, and fails each carry-on try).
+  type of error; the others at DEBUG, and once at INFO when a run's write goes through
+  again (an outage stops every run at once, and fails each carry-on try).
 - ``on_error(error)``: a failure with no caller to raise to (a diverged replay in the
   background, an exhausted re-drive, a failing poll).
 
@@ -131,12 +131,19 @@ class Hooks:
             _log.debug("a store call failed again under %s: %s", execution_id, error,
                        extra=about)
 
+    @property
+    def store_failing(self) -> bool:
+        """Whether store failures under runs were logged for want of ``on_storage_error``
+        since a run's write last went through."""
+        return self._storage_failures != 0
+
     def store_answered(self) -> None:
-        """The app carried on a run a store call stopped: the failures logged for want of
-        ``on_storage_error`` are over."""
+        """A run's write went through: the failures logged for want of
+        ``on_storage_error`` are over. Not a take-back's: a store that takes the
+        take-back's small write and fails the run's next one is one outage still."""
         if self._storage_failures and self.on_storage_error is None:
             _log.info(
-                "the store answers again: a run it stopped is carried on, after %d store "
+                "the store answers again: a run's write went through, after %d store "
                 "calls failed under runs", self._storage_failures,
             )
         self._storage_failing = None

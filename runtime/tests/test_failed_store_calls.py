@@ -853,3 +853,63 @@ async def test_with_no_on_storage_error_an_outage_at_the_next_entry_is_logged_ag
         assert "under o2" in warned()[1]
     finally:
         await storage.close()
+
+
+async def test_with_no_on_storage_error_a_store_that_takes_only_the_take_back_is_one_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store that takes each carry-on's small write but fails the step's result: the
+    run stops again at every try. With no on_storage_error, that is one WARNING for as
+    long as it lasts, not a WARNING and an INFO ("the store answers again") at each try;
+    the INFO comes once a run's write goes through."""
+    base = await open_storage("memory://")
+    switch = Switch(refused={EventKind.STEP_COMPLETED})
+    storage = Storage(
+        FailingEventStore(base.events, switch),
+        FailingTimerStore(base.timers, switch),
+        base.leases,
+        url=base.url,
+        on_close=base.close,
+    )
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n1", clock=clock, random=random.Random(7), timers=False,
+               recover=False, on_error=errors.append)
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+    tries: list[int] = []
+
+    async def charge() -> str:
+        tries.append(1)
+        return "charged"
+
+    @app.workflow()
+    async def order(ctx: Context) -> str:
+        return await ctx.step(charge)
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+    try:
+        async with app:
+            handle = await app.start(order, id="o1")
+            await app.drain()
+            for _ in range(60):  # half an hour of carry-on tries
+                await asyncio.sleep(0)
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert len(tries) > 10  # carried on, and stopped again, many times
+            assert app.stranded == {"o1"}
+            assert len(said(logging.WARNING)) == 1
+            assert said(logging.INFO) == []
+            switch.refused.clear()
+            for _ in range(3):
+                await asyncio.sleep(0)
+                await clock.advance(CARRY_ON_CAP)
+                await app.drain()
+            assert await handle.result(timeout=5) == "charged"
+            back = said(logging.INFO)
+            assert len(back) == 1
+            assert back[0].startswith("the store answers again")
+    finally:
+        await storage.close()
+    assert errors == []
