@@ -913,3 +913,60 @@ async def test_with_no_on_storage_error_a_store_that_takes_only_the_take_back_is
     finally:
         await storage.close()
     assert errors == []
+
+
+async def test_with_no_on_storage_error_a_failure_that_stopped_no_run_does_not_hide_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A message's delivery that the store fails (the message waits for the timer
+    service) stops no run, so no carry-on ends it. A run's write that goes through ends
+    it, and a later outage that stops runs is logged at WARNING again, not taken for
+    more of the first."""
+    base = await open_storage("memory://")
+    switch = Switch()
+    storage = Storage(
+        FailingEventStore(base.events, switch),
+        FailingTimerStore(base.timers, switch),
+        base.leases,
+        url=base.url,
+        on_close=base.close,
+    )
+    clock = VirtualClock()
+    errors: list[BaseException] = []
+    app = Loom(storage, node="n1", clock=clock, random=random.Random(7), timers=False,
+               recover=False, on_error=errors.append)
+    caplog.set_level(logging.DEBUG, logger="loom_runtime")
+
+    @app.workflow()
+    async def inbox(ctx: Context) -> object:
+        return await ctx.receive("t")
+
+    async def charge(down: bool) -> str:
+        if down:
+            switch.trip()
+        return "charged"
+
+    @app.workflow()
+    async def order(ctx: Context, down: bool) -> str:
+        return await ctx.step(charge, down)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    try:
+        async with app:
+            await app.start(inbox, id="r")
+            await app.drain()
+            switch.refused = {EventKind.EXECUTION_RESUMED}
+            await app.send("r", "t", 1)  # stored; its delivery fails
+            assert len(warned()) == 1
+            assert app.stranded == frozenset()
+            switch.refused = set()
+            assert await app.execute(order, False, id="o1") == "charged"
+            await app.start(order, True, id="o2")  # the store goes down under it
+            await app.drain()
+            assert app.stranded == {"o2"}
+            assert len(warned()) == 2
+            assert "under o2" in warned()[1]
+    finally:
+        await storage.close()
