@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -16,6 +16,7 @@ from loom_core import (
     EventStore,
     FenceAcquired,
     FenceNotIssuedError,
+    InvalidInputError,
     JsonValue,
     NewEvent,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "SAME_VALUES",
     "Snapshot",
     "app",
+    "assert_refused_alike_when_closed",
     "assert_the_same_values",
     "bump_token",
     "close_iterator",
@@ -78,6 +80,35 @@ def app(kind: str = "order.placed", payload: JsonValue = None, **metadata: JsonV
 
 async def guard(awaitable: Awaitable[_T]) -> _T:
     return await asyncio.wait_for(awaitable, GUARD_SECONDS)
+
+
+async def assert_refused_alike_when_closed(
+    calls: Sequence[tuple[str, Callable[[], Awaitable[object]]]],
+    close: Callable[[], Awaitable[object]],
+    what: str,
+) -> None:
+    """Each of ``calls`` (named, each with a bad argument) raises an InvalidInputError on
+    the open store, then, once ``close()`` has run, the very same type: arguments are
+    checked before the store is, never StoreClosedError for a bad call."""
+    open_errors: dict[str, type[BaseException]] = {}
+    for name, call in calls:
+        with pytest.raises(InvalidInputError) as caught:
+            await guard(call())
+        open_errors[name] = type(caught.value)
+    await close()
+    wrong: list[str] = []
+    for name, call in calls:
+        try:
+            await guard(call())
+        except Exception as exc:
+            if type(exc) is not open_errors[name]:
+                wrong.append(f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            wrong.append(f"{name}: returned normally")
+    assert not wrong, (
+        f"calls with a bad argument on a closed {what} that did not raise the "
+        f"InvalidInputError an open one raises: {wrong}"
+    )
 
 
 def nested(kind: str = "order.placed", n: int = 0) -> NewEvent:

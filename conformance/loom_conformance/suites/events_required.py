@@ -18,6 +18,7 @@ from loom_conformance.suites._races import MAX_TURNS, race_after_turns
 from loom_conformance.suites._support import (
     SAME_VALUES,
     app,
+    assert_refused_alike_when_closed,
     assert_the_same_values,
     close_iterator,
     guard,
@@ -862,28 +863,10 @@ class EventStoreRequiredContract:
         events = storage.events
         await events.append("exec-closed", [app()], expected_sequence=0)
         calls = [
-            (name, call) for name, needs, call in _BAD_CALLS
+            (name, partial(call, events)) for name, needs, call in _BAD_CALLS
             if needs is None or needs in events.capabilities
         ]
-        open_errors: dict[str, type[BaseException]] = {}
-        for name, call in calls:
-            with pytest.raises(InvalidInputError) as caught:
-                await guard(call(events))
-            open_errors[name] = type(caught.value)
-        await storage.close()
-        wrong: list[str] = []
-        for name, call in calls:
-            try:
-                await guard(call(events))
-            except Exception as exc:
-                if type(exc) is not open_errors[name]:
-                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
-            else:
-                wrong.append(f"{name}: returned normally")
-        assert not wrong, (
-            "calls with a bad argument on a closed store that did not raise the "
-            f"InvalidInputError an open store raises: {wrong}"
-        )
+        await assert_refused_alike_when_closed(calls, storage.close, "store")
 
     async def test_close_is_idempotent(self, loom_storage_factory: StorageFactory) -> None:
         storage = await loom_storage_factory()

@@ -9,10 +9,9 @@ from typing import Any, Final, get_args
 
 import pytest
 
-from loom_conformance.suites._support import GUARD_SECONDS
+from loom_conformance.suites._support import GUARD_SECONDS, assert_refused_alike_when_closed
 from loom_core import (
     InvalidExecutionIdError,
-    InvalidInputError,
     InvalidOptionError,
     Lease,
     LeaseError,
@@ -200,22 +199,7 @@ class TestLeaseStoreContract:
             ("release, empty holder", lambda: loom_leases.release("job-1", "")),
             ("inspect, empty key", lambda: loom_leases.inspect("")),
         )
-        open_errors: dict[str, type[BaseException]] = {}
-        for name, call in calls:
-            with pytest.raises(InvalidInputError) as caught:
-                await call()
-            open_errors[name] = type(caught.value)
-        await loom_leases.close()
-        wrong: list[str] = []
-        for name, call in calls:
-            try:
-                await call()
-            except Exception as exc:
-                if type(exc) is not open_errors[name]:
-                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
-            else:
-                wrong.append(f"{name}: returned normally")
-        assert not wrong, f"bad input on a closed lease store not refused as bad input: {wrong}"
+        await assert_refused_alike_when_closed(calls, loom_leases.close, "lease store")
 
     async def test_every_method_after_close_raises_store_closed(
         self, loom_leases: LeaseStore

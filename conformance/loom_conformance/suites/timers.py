@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import pytest
 
+from loom_conformance.suites._support import assert_refused_alike_when_closed
 from loom_conformance.suites.timers_reference import TimerStoreReferenceContract
 from loom_core import (
     InvalidExecutionIdError,
@@ -294,22 +295,7 @@ class TestTimerStoreContract(TimerStoreReferenceContract):
             ("cancel, empty id", lambda: loom_timers.cancel("")),
             ("cancel, naive wake_at", lambda: loom_timers.cancel("exec-1", bad)),
         )
-        open_errors: dict[str, type[BaseException]] = {}
-        for name, call in calls:
-            with pytest.raises(InvalidInputError) as caught:
-                await call()
-            open_errors[name] = type(caught.value)
-        await loom_timers.close()
-        wrong: list[str] = []
-        for name, call in calls:
-            try:
-                await call()
-            except Exception as exc:
-                if type(exc) is not open_errors[name]:
-                    wrong.append(f"{name}: {type(exc).__name__}: {exc}")
-            else:
-                wrong.append(f"{name}: returned normally")
-        assert not wrong, f"bad input on a closed timer store not refused as bad input: {wrong}"
+        await assert_refused_alike_when_closed(calls, loom_timers.close, "timer store")
 
 
 async def _every_call_refuses(timers: TimerStore, *instants: datetime) -> None:
