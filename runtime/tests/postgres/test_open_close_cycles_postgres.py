@@ -11,7 +11,7 @@ import gc
 import os
 import threading
 
-import psycopg
+import psycopg  # type: ignore[import-not-found, unused-ignore]
 from loom_conformance.postgres import PostgresServer, loom_postgres_server
 from loom_runtime import Context, Loom
 
